@@ -1,0 +1,172 @@
+"""The sim backend's *fast* ops: what a GPU engine naturally does, in real arithmetic.
+
+Each is a genuinely different evaluation, not noise added to the reference, so
+its DIFFs behave like a GPU's: they appear in the op's output, propagate, and
+vanish when the op's toggle is switched to exact. The orders, so GPU fast
+kernels can mirror them:
+
+* tree sum (`tree_sum`): pad to a power of two with +0, then v = v[:n/2] + v[n/2:]
+  until one value is left — a shared-memory block reduction.
+* norm: ss = tree_sum(x*x); rms = 1/sqrt(ss*(1/d) + eps) (reciprocal-multiply
+  instead of ss/d); out = x * (rms*w).
+* gemm: term = (float(isum)*dw)*dx; the block terms are combined by a split-K
+  whose split count depends on M (1 split for M=1, 2 for M>1): each split
+  sums its blocks sequentially, then the splits are added — so batch-verify
+  columns differ from M=1 decode, as with real tiled GEMMs. f32 weights:
+  numpy matmul (BLAS order).
+* rope: numpy's own float32 cos/sin.
+* expf: numpy's own float32 exp.
+* attention: two-pass softmax without query quantization — s = (q . (k*ks)) by
+  matmul * scale, m = max, e = exp(s-m), l = tree_sum(e), out = (e @ V) * (1/l).
+* kvquant: q = rint(x * (127/amax)) (round half to even, reciprocal computed
+  directly), scale amax/127.
+* moe: softmax with tree_sum and reciprocal-multiply, renormalise by
+  reciprocal-multiply, silu = x * (1/(1+exp(-x))), experts combined by a
+  pairwise tree over the k slots.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from ..model.weights import Linear
+from ..numerics import transcend
+from ..numerics.linalg import quantize_act
+from .decoder import EXACT, Ops
+
+F32 = np.float32
+
+
+def tree_sum(t: np.ndarray, axis: int = -1) -> np.ndarray:
+    t = np.moveaxis(t, axis, 0)
+    n = 1 << max(0, (t.shape[0] - 1).bit_length())
+    if n != t.shape[0]:
+        t = np.concatenate([t, np.zeros((n - t.shape[0], *t.shape[1:]), t.dtype)])
+    while t.shape[0] > 1:
+        half = t.shape[0] // 2
+        t = t[:half] + t[half:]
+    return t[0]
+
+
+def _normalize(x, ss, w, eps):
+    rms = F32(1) / np.sqrt(ss * (F32(1) / F32(x.shape[-1])) + F32(eps))
+    return x * (rms[..., None] * w)
+
+
+def rmsnorm(x, w, eps):
+    return _normalize(x, tree_sum(x * x), w, eps)
+
+
+def qknorm(x, w, eps):
+    return _normalize(x, tree_sum(x * x), w, eps)
+
+
+def _split_k(terms: np.ndarray, n_split: int) -> np.ndarray:
+    """terms [..., nb, out] -> [..., out]: sequential within each split, then splits added."""
+    parts = np.array_split(np.moveaxis(terms, -2, 0), n_split)
+    sums = [np.add.accumulate(p, axis=0)[-1] for p in parts if len(p)]
+    out = sums[0]
+    for s in sums[1:]:
+        out = out + s
+    return out
+
+
+def _gemv_fast(lin: Linear, x: np.ndarray, xq, M: int, expert=None) -> np.ndarray:
+    if lin.w is not None:
+        w = lin.w if expert is None else lin.w[expert]
+        return np.matmul(w, x[..., None])[..., 0]
+    qx, dx = xq
+    if expert is None:
+        wq, wd = lin.qsf, lin.d
+    else:
+        wq = lin.qsf[expert] if lin.qsf is not None else lin.qs[expert].astype(F32)
+        wd = lin.d[expert]
+    isum = np.matmul(wq, qx[..., None])[..., 0]  # [..., nb, out]
+    terms = (isum * wd) * dx[..., None]
+    return _split_k(terms, 1 if M == 1 else 2)
+
+
+def project(lins, x):
+    xq = quantize_act(x) if lins[0].w is None else None
+    return tuple(_gemv_fast(lin, x, xq, x.shape[0]) for lin in lins)
+
+
+def project_experts(lin, x, expert):
+    xq = quantize_act(x) if lin.w is None else None
+    return _gemv_fast(lin, x, xq, x.shape[0], expert)
+
+
+def rope_cos_sin(pos, inv_freq):
+    ang = pos.astype(F32)[:, None] * inv_freq[None, :]
+    return np.cos(ang), np.sin(ang)
+
+
+def expf(x):
+    return np.exp(np.asarray(x, F32))
+
+
+def kvquant(x):
+    amax = np.abs(x).max(axis=-1)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax == 0, F32(0), F32(127) / amax).astype(F32)
+    q = np.clip(np.rint(x * inv[..., None]), -127, 127).astype(np.int8)
+    return q, amax / F32(127)
+
+
+def attention(q, cache, pos, scale, expf_fn=None):
+    expf_fn = expf_fn or transcend.expf
+    k, ks, v, vs = cache["k"], cache["ks"], cache["v"], cache["vs"]
+    M, nh, hd = q.shape
+    T, nkv = k.shape[0], k.shape[1]
+    kf = k.astype(F32) * ks[..., None] if k.dtype == np.int8 else k  # [T, n_kv, hd]
+    vf = v.astype(F32) * vs[..., None] if v.dtype == np.int8 else v
+    qg = q.reshape(M, nkv, nh // nkv, hd)
+    s = np.matmul(qg, kf.transpose(1, 2, 0)[None]) * scale  # [M, n_kv, g, T]
+    valid = (np.arange(T)[None, :] <= pos[:, None])[:, None, None, :]
+    s = np.where(valid, s, F32(-np.inf))
+    e = np.where(valid, expf_fn(s - s.max(axis=-1, keepdims=True)), F32(0))
+    inv_l = F32(1) / tree_sum(e)
+    out = np.matmul(e, vf.transpose(1, 0, 2)[None]) * inv_l[..., None]  # [M, n_kv, g, hd]
+    return out.reshape(M, nh * hd)
+
+
+def route(logits, top_k, norm_topk_prob, expf_fn=None):
+    expf_fn = expf_fn or transcend.expf
+    e = expf_fn(logits - logits.max(axis=-1, keepdims=True))
+    p = e * (F32(1) / tree_sum(e))[..., None]
+    idx = np.argsort(-p, axis=-1, kind="stable")[:, :top_k]
+    w = np.take_along_axis(p, idx, axis=-1)
+    if norm_topk_prob:
+        w = w * (F32(1) / tree_sum(w))[..., None]
+    return idx, w
+
+
+def silu(x, expf_fn=None):
+    expf_fn = expf_fn or transcend.expf
+    return x * (F32(1) / (F32(1) + expf_fn(-x)))
+
+
+def combine(y, w):
+    return tree_sum(w[..., None] * y, axis=1)
+
+
+FAST: dict[str, dict] = {
+    "norm": dict(rmsnorm=rmsnorm, qknorm=qknorm),
+    "gemm": dict(project=project, project_experts=project_experts),
+    "rope": dict(rope_cos_sin=rope_cos_sin),
+    "expf": dict(expf=expf),
+    "attention": dict(attention=attention),
+    "kvquant": dict(kvquant=kvquant),
+    "moe": dict(route=route, combine=combine, silu=silu),
+}
+
+
+def sim_ops(exact: frozenset[str]) -> Ops:
+    """The op table with every toggle not in `exact` swapped for its fast version."""
+    changes: dict = {}
+    for toggle, fns in FAST.items():
+        if toggle not in exact:
+            changes.update(fns)
+    return replace(EXACT, **changes)
+

@@ -1,0 +1,130 @@
+"""`kestrel-tui bench`: speed figures, printed (the committed copies live in results/).
+
+reference  ms/token of the CPU reference decode (P prompt + N generated tokens),
+           the hashing cost per token, and HF transformers eager on the same
+           weights as the peer figure (skipped with a note when torch is absent).
+toggle     wall time from changing one toggle to the new first DIFF (sim subject).
+"""
+from __future__ import annotations
+
+import argparse
+import platform
+import time
+
+import numpy as np
+from rich.table import Table
+
+from .cli import console
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f}"
+
+
+def bench_reference(model, prompt: list[int], n_tokens: int) -> dict:
+    from .backends.base import NumpyBackend
+    from .trace.fnv import fnv1a64
+
+    backend = NumpyBackend(model)
+    backend.reset(len(prompt) + n_tokens)
+    t0 = time.perf_counter()
+    out = backend.step(np.array(prompt), 0)
+    prefill = time.perf_counter() - t0
+    tok = int(np.argmax(out.logits[-1]))
+    steps, hash_times = [], []
+    for i in range(n_tokens):
+        t0 = time.perf_counter()
+        out = backend.step(np.array([tok]), len(prompt) + i)
+        steps.append(time.perf_counter() - t0)
+        bufs = list(out.raw[0].values())
+        t0 = time.perf_counter()
+        for b in bufs:
+            fnv1a64(b)
+        hash_times.append(time.perf_counter() - t0)
+        tok = int(np.argmax(out.logits[0]))
+    return {"prefill_s": prefill, "step_s": float(np.median(steps)), "hash_s": float(np.median(hash_times)),
+            "keys_per_token": len(out.hashes[0])}
+
+
+def bench_hf_peer(model, prompt: list[int], n_tokens: int) -> dict | None:
+    try:
+        import torch
+        from .model.hf_export import to_hf_model
+    except ImportError as e:
+        return {"skipped": f"{e.name or e} not installed (pip install -e '.[test]')"}
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    hf = to_hf_model(model)
+    ids = torch.tensor([prompt])
+    steps = []
+    with torch.no_grad():
+        t0 = time.perf_counter()
+        out = hf(ids, use_cache=True)
+        prefill = time.perf_counter() - t0
+        past = out.past_key_values
+        tok = out.logits[0, -1].argmax()
+        for _ in range(n_tokens):
+            t0 = time.perf_counter()
+            out = hf(tok.view(1, 1), past_key_values=past, use_cache=True)
+            steps.append(time.perf_counter() - t0)
+            past, tok = out.past_key_values, out.logits[0, -1].argmax()
+    return {"prefill_s": prefill, "step_s": float(np.median(steps)), "threads": torch.get_num_threads()}
+
+
+def bench_toggle(model, prompt: list[int], n_tokens: int) -> dict:
+    from .backends.toggles import TOGGLES
+    from .engine.session import RunSettings, Session
+
+    session = Session(model, prompt, n_tokens, subject="sim")
+    t0 = time.perf_counter()
+    session.reference()
+    ref_s = time.perf_counter() - t0
+    base = RunSettings(exact=frozenset(TOGGLES) - {"norm", "gemm"})
+    session.run(base)
+    rows = []
+    for toggled in ("norm", "gemm"):
+        settings = RunSettings(exact=base.exact | {toggled})
+        t0 = time.perf_counter()
+        first = session.run(settings, stop_at_first_diff=True, record=False)
+        t_first = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        full = session.run(settings, record=False)
+        rows.append((f"+{toggled}", first.first_diff or "all ok", t_first, time.perf_counter() - t0,
+                     full.first_diff or "all ok"))
+    return {"reference_s": ref_s, "rows": rows}
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from .commands import load_model_args, resolve_prompt
+
+    model = load_model_args(args)
+    prompt = resolve_prompt(args, model)
+    what = args.what
+    console.print(f"model {model.name} ({model.cfg.n_layers} layers, hidden {model.cfg.hidden}, {model.fmt}),"
+                  f" {len(prompt)} prompt + {args.tokens} tokens; {platform.processor() or platform.machine()},"
+                  f" numpy {np.__version__}")
+    if what in ("reference", "all"):
+        ref = bench_reference(model, prompt, args.tokens)
+        peer = bench_hf_peer(model, prompt, args.tokens)
+        t = Table(title="reference decode (CPU)", title_justify="left")
+        for col in ("what", "ms/token", "note"):
+            t.add_column(col)
+        t.add_row("kestrel reference step", _ms(ref["step_s"]), f"median of {args.tokens}; target <= 100")
+        t.add_row("  of which hashing", _ms(ref["hash_s"]),
+                  f"{ref['keys_per_token']} keys, {100 * ref['hash_s'] / ref['step_s']:.1f}% of the step; target <= 10%")
+        t.add_row("kestrel prefill (whole prompt)", _ms(ref["prefill_s"]), f"{len(prompt)} positions in one step")
+        if peer and "skipped" not in peer:
+            t.add_row("HF transformers eager step", _ms(peer["step_s"]), f"torch threads {peer['threads']}, f32")
+            t.add_row("HF prefill", _ms(peer["prefill_s"]), "")
+        else:
+            t.add_row("HF transformers eager", "-", peer["skipped"] if peer else "")
+        console.print(t)
+    if what in ("toggle", "all"):
+        tog = bench_toggle(model, prompt, args.tokens)
+        t = Table(title=f"toggle -> first DIFF (sim subject; reference computed once in {tog['reference_s']:.2f} s)",
+                  title_justify="left")
+        for col in ("change", "first DIFF", "to first DIFF (s)", "full run (s)", "after full run"):
+            t.add_column(col)
+        for change, first, t_first, t_full, full in tog["rows"]:
+            t.add_row(change, first, f"{t_first:.2f}", f"{t_full:.2f}", full)
+        console.print(t)
+    return 0

@@ -1,0 +1,99 @@
+"""`kestrel-tui` command line: the app by default, and headless subcommands.
+
+Every failure the user can cause ends in one line on stderr and exit status 2;
+`diff` and `run` exit 1 when they find a DIFF and 0 when all keys agree.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from .errors import UsageError
+
+console = Console(highlight=False)
+err_console = Console(stderr=True, highlight=False)
+
+
+def _model_args(p: argparse.ArgumentParser, tokens_default: int = 16) -> None:
+    p.add_argument("--model", metavar="DIR", help="HF model directory (config.json + *.safetensors);"
+                   " default: the embedded synthetic Qwen3-MoE")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--prompt-ids", metavar="1,2,3", help="prompt as comma-separated token ids")
+    g.add_argument("--prompt", metavar="TEXT", help="prompt text (needs the model's tokenizer.json)")
+    p.add_argument("--tokens", type=int, default=tokens_default, metavar="N", help="tokens to generate")
+    p.add_argument("--weights", choices=("q4_0", "f32"), default="q4_0", help="weight format (default q4_0)")
+    p.add_argument("--kv", choices=("q8", "f32"), default="q8", help="KV cache format (default q8)")
+    p.add_argument("--deep", action="store_true", help="also probe MoE internals and pre-quantization K")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="kestrel-tui", description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd")
+
+    p = sub.add_parser("tui", help="the interactive debugger (default)")
+    _model_args(p)
+    p.add_argument("--subject", choices=("auto", "sim", "cuda"), default="auto")
+
+    p = sub.add_parser("dump", help="write a reference L2 dump file (<tag> <hash16> per key)")
+    _model_args(p)
+    p.add_argument("--out", required=True, metavar="FILE", help="dump file to create (never overwritten)")
+    p.add_argument("--backend", default="cpu", help="cpu (reference), sim or cuda")
+    p.add_argument("--exact", default="all", help="exact toggles for sim/cuda: all, none or a list")
+
+    p = sub.add_parser("generate", help="greedy-decode with the reference and print the tokens")
+    _model_args(p)
+
+    p = sub.add_parser("diff", help="compare two dump files; exit 0 identical, 1 DIFF, 2 bad input")
+    p.add_argument("a", metavar="A")
+    p.add_argument("b", metavar="B")
+    p.add_argument("--tui", action="store_true", help="open the grid over the two files")
+
+    p = sub.add_parser("run", help="reference vs subject, headless; exit 0 all ok, 1 DIFF, 2 bad input")
+    _model_args(p)
+    p.add_argument("--subject", default="sim", help="sim or cuda")
+    p.add_argument("--exact", default="none", help="exact toggles: all, none or a comma list")
+    p.add_argument("--mode", choices=("chain", "isolate"), default="chain")
+    p.add_argument("--prefill", choices=("reference", "subject"), default="reference")
+    p.add_argument("--forcing", choices=("teacher", "free"), default="teacher")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+    p = sub.add_parser("bisect", help="switch ops to exact one by one until all keys agree")
+    _model_args(p)
+    p.add_argument("--subject", default="sim")
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("iso", help="batch-verify (M columns) vs M=1 decode, full logits byte by byte")
+    _model_args(p)
+    p.add_argument("--subject", default="sim")
+    p.add_argument("--m", type=int, default=5, help="batch-verify width M")
+    p.add_argument("--exact", default="none")
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("bench", help="print speed figures")
+    _model_args(p)
+    p.add_argument("--what", default="reference", help="reference | toggle | all")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
+        argv = ["tui", *argv]
+    args = build_parser().parse_args(argv)
+    from . import commands
+
+    try:
+        return getattr(commands, f"cmd_{args.cmd}")(args)
+    except UsageError as e:
+        err_console.print(f"kestrel-tui {args.cmd}: error: {e}", markup=False, soft_wrap=True)
+        return 2
+    except KeyboardInterrupt:
+        err_console.print("interrupted")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,25 @@
+"""Backends by name: cpu (the reference), sim (GPU-order emulation), cuda (PyCUDA)."""
+from __future__ import annotations
+
+from ..backends.base import Backend, NumpyBackend
+from ..backends.toggles import describe, parse_exact
+from ..errors import UsageError
+from ..model.weights import Model
+
+BACKENDS = ("cpu", "sim", "cuda")
+
+
+def make_backend(name: str, model: Model, kv: str = "q8", exact: str | frozenset = "all",
+                 deep: bool = False) -> Backend:
+    toggles = parse_exact(exact) if isinstance(exact, str) else frozenset(exact)
+    if name == "cpu":
+        return NumpyBackend(model, kv=kv, name="cpu", deep=deep)
+    if name == "sim":
+        from ..backends.ops_fast import sim_ops
+
+        return NumpyBackend(model, kv=kv, ops=sim_ops(toggles), name=f"sim ({describe(toggles)})", deep=deep)
+    if name == "cuda":
+        from ..backends.cuda import make_cuda_backend
+
+        return make_cuda_backend(model, kv=kv, exact=toggles, deep=deep)
+    raise UsageError(f"unknown backend {name!r}; choose from {', '.join(BACKENDS)}")

@@ -1,0 +1,114 @@
+"""One backend's run over a prompt: prefill, then greedy or teacher-forced decode.
+
+A run of P prompt tokens and N generated tokens covers P+N positions: the
+prefill consumes the prompt (positions 0..P-1), then each generated token is
+consumed at the next position, so every generated token has its keys in the
+trace. Every position's logits give its top-1; `generated` lists the top-1s
+from position P-1 on (N+1 of them — the last one is predicted, not consumed).
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from ..backends.base import Backend
+
+
+class Cancelled(Exception):
+    """The run was cancelled (the app's worker checks this between positions)."""
+
+
+@dataclass
+class Position:
+    t: int
+    token: int  # consumed at this position
+    prompt: bool
+    hashes: dict[str, int]
+    raw: dict[str, np.ndarray] | None
+    logits: np.ndarray  # [vocab] f32
+
+    @property
+    def top1(self) -> int:
+        return int(np.argmax(self.logits))  # ties: the lowest id
+
+
+@dataclass
+class Trace:
+    backend: str
+    prompt: list[int]
+    positions: list[Position] = field(default_factory=list)
+
+    @property
+    def generated(self) -> list[int]:
+        return [p.top1 for p in self.positions[len(self.prompt) - 1:]]
+
+    def hashes(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for p in self.positions:
+            out.update(p.hashes)
+        return out
+
+    def raw(self, key: str) -> np.ndarray | None:
+        t = int(key[1:key.index("_")])
+        if t < len(self.positions) and self.positions[t].raw is not None:
+            return self.positions[t].raw.get(key)
+        return None
+
+
+def argmax_token(logits: np.ndarray) -> int:
+    return int(np.argmax(logits))
+
+
+def run_decode(backend: Backend, prompt: list[int], n_tokens: int, *, forced: list[int] | None = None,
+               raw: bool = True, prefill_from: Trace | None = None, feed_from: Trace | None = None,
+               on_position: Callable[[Position], None] | None = None,
+               cancel: threading.Event | None = None, stop: Callable[[], bool] | None = None) -> Trace:
+    """Run the prompt and n_tokens decode positions.
+
+    forced: the tokens to consume after the prompt (teacher forcing), else greedy.
+    prefill_from: a trace whose prompt positions (hashes, raw buffers and KV rows)
+    stand in for this backend's own prefill. feed_from: isolate mode — every op
+    takes the reference trace's buffers as inputs.
+    """
+    if not prompt:
+        raise ValueError("the prompt is empty; give at least one token")
+    P = len(prompt)
+    backend.reset(P + n_tokens)
+    trace = Trace(backend=backend.describe(), prompt=list(prompt))
+
+    def check_cancel():
+        if cancel is not None and cancel.is_set():
+            raise Cancelled()
+
+    def feed(pos0: int, m: int):
+        return None if feed_from is None else [feed_from.positions[pos0 + i].raw for i in range(m)]
+
+    def record(out, pos0: int, tokens: list[int]):
+        for m, tok in enumerate(tokens):
+            pos = Position(t=pos0 + m, token=tok, prompt=pos0 + m < P, hashes=out.hashes[m],
+                           raw=out.raw[m] if out.raw else None, logits=out.logits[m])
+            trace.positions.append(pos)
+            if on_position:
+                on_position(pos)
+
+    check_cancel()
+    if prefill_from is not None:
+        src = prefill_from.positions[:P]
+        backend.load_kv(0, [p.raw for p in src])
+        for p in src:
+            trace.positions.append(p)
+            if on_position:
+                on_position(p)
+    else:
+        record(backend.step(np.array(prompt), 0, raw=raw, feed=feed(0, P)), 0, list(prompt))
+    for i in range(n_tokens):
+        check_cancel()
+        if stop is not None and stop():
+            break
+        t = P + i
+        tok = forced[i] if forced is not None else trace.positions[-1].top1
+        record(backend.step(np.array([tok]), t, raw=raw, feed=feed(t, 1)), t, [tok])
+    return trace
