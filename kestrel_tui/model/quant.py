@@ -24,6 +24,14 @@ def _roundf(x: np.ndarray) -> np.ndarray:
     return np.copysign(fl + np.floor((a - fl) * np.float32(2)), x)
 
 
+def _inverse(d: np.ndarray) -> np.ndarray:
+    """1/d, or 0 where that is not finite (d == 0, or d so tiny that 1/d overflows:
+    then every x*id would be inf or NaN and the int8 cast undefined)."""
+    with np.errstate(divide="ignore", over="ignore"):
+        inv = np.float32(1) / d
+    return np.where(np.isfinite(inv), inv, np.float32(0)).astype(np.float32)
+
+
 def quantize_q4_0(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """[..., out, in] f32 -> (qs int8 [..., nb, out, 32] in -8..7, d f32 [..., nb, out])."""
     w = np.asarray(w, dtype=np.float32)
@@ -69,8 +77,7 @@ def quantize_q8_0(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     x = np.asarray(x, dtype=np.float32)
     blocks = x.reshape(*x.shape[:-1], x.shape[-1] // QK, QK)
     d = np.abs(blocks).max(axis=-1) / np.float32(127)
-    with np.errstate(divide="ignore"):
-        inv = np.where(d == 0, np.float32(0), np.float32(1) / d).astype(np.float32)
+    inv = _inverse(d)
     qs = _roundf(blocks * inv[..., None]).astype(np.int8)
     return qs, d.astype(np.float16).astype(np.float32)
 
@@ -84,7 +91,6 @@ def quantize_rows_q8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """KV / query rows: [..., n] f32 -> (int8 [..., n], f32 scale [...]); scale kept in f32."""
     x = np.asarray(x, dtype=np.float32)
     d = np.abs(x).max(axis=-1) / np.float32(127)
-    with np.errstate(divide="ignore"):
-        inv = np.where(d == 0, np.float32(0), np.float32(1) / d).astype(np.float32)
+    inv = _inverse(d)
     q = np.clip(_roundf(x * inv[..., None]), -127, 127).astype(np.int8)
     return q, d

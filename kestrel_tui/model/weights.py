@@ -130,9 +130,13 @@ def synthetic_q4(seed: int, name: str, shape: tuple[int, ...], std: float) -> tu
     raw = bits.random_raw(n_vals // 16)  # 16 nibbles per draw
     nib = (raw[:, None] >> (np.arange(16, dtype=np.uint64) * np.uint64(4))) & np.uint64(15)
     qs = (nib.astype(np.int8) - np.int8(8)).reshape(*lead, nb, out, QK)
-    # nibble-8 has std ~4.61; jitter the block scales by +-25% so blocks differ
+    # nibble-8 has std ~4.61 but mean -0.5: a random sign per block scale cancels
+    # that bias (a shared direction would make every token predict the same next
+    # one); the magnitude is jittered by +-25% so blocks differ
     u = _uniform(bits, int(np.prod(lead, dtype=np.int64)) * nb * out).reshape(*lead, nb, out)
-    d = (np.float32(std / 4.61) * (np.float32(0.75) + np.float32(0.5) * u)).astype(np.float16).astype(np.float32)
+    sign = np.where(u < 0.5, np.float32(-1), np.float32(1))
+    mag = np.float32(0.75) + np.float32(0.5) * (np.float32(2) * u - (u >= 0.5))
+    d = (sign * np.float32(std / 4.61) * mag).astype(np.float16).astype(np.float32)
     return qs, d
 
 
