@@ -175,7 +175,8 @@ def run_report(res) -> dict:
 
 def print_run(res) -> None:
     cmp = res.comparison
-    table = Table(title=f"cpu vs {res.sub.backend}", title_justify="left")
+    console.print(f"reference cpu vs subject {res.sub.backend}, {len(res.sub.positions)} positions")
+    table = Table()
     for col in ("status", "keys"):
         table.add_column(col, justify="right" if col == "keys" else "left")
     for st, n in cmp.counts.items():

@@ -143,10 +143,9 @@ def _ffn(model: Model, L, h_in: np.ndarray, ops: Ops, emit: Emit | None, li: int
     (router,) = ops.project((L.gate,), h)  # [M, E]
     idx, w = ops.route(router, cfg.top_k, cfg.norm_topk_prob, ops.expf)  # [M, k]
     hx = h[:, None, :]  # [M, 1, hidden], shared by the k experts
-    g = ops.project_experts(L.gate_proj, hx, idx)  # [M, k, ffn]
-    u = ops.project_experts(L.up_proj, hx, idx)
+    g, u = ops.project_experts((L.gate_proj, L.up_proj), hx, idx)  # [M, k, ffn] each
     a = ops.silu(g, ops.expf) * u
-    y = ops.project_experts(L.down_proj, a, idx)  # [M, k, hidden]
+    (y,) = ops.project_experts((L.down_proj,), a, idx)  # [M, k, hidden]
     moe = ops.combine(y, w)
     if emit is not None:
         emit("pnrm", li, h)

@@ -19,7 +19,7 @@ kernels can mirror them:
 * attention: two-pass softmax without query quantization — s = (q . (k*ks)) by
   matmul * scale, m = max, e = exp(s-m), l = tree_sum(e), out = (e @ V) * (1/l).
 * kvquant: q = rint(x * (127/amax)) (round half to even, reciprocal computed
-  directly), scale amax/127.
+  directly), scale amax * f32(1/127) (multiply by a rounded constant).
 * moe: softmax with tree_sum and reciprocal-multiply, renormalise by
   reciprocal-multiply, silu = x * (1/(1+exp(-x))), experts combined by a
   pairwise tree over the k slots.
@@ -92,9 +92,9 @@ def project(lins, x):
     return tuple(_gemv_fast(lin, x, xq, x.shape[0]) for lin in lins)
 
 
-def project_experts(lin, x, expert):
-    xq = quantize_act(x) if lin.w is None else None
-    return _gemv_fast(lin, x, xq, x.shape[0], expert)
+def project_experts(lins, x, expert):
+    xq = quantize_act(x) if lins[0].w is None else None
+    return tuple(_gemv_fast(lin, x, xq, x.shape[0], expert) for lin in lins)
 
 
 def rope_cos_sin(pos, inv_freq):
@@ -108,10 +108,11 @@ def expf(x):
 
 def kvquant(x):
     amax = np.abs(x).max(axis=-1)
-    with np.errstate(divide="ignore"):
-        inv = np.where(amax == 0, F32(0), F32(127) / amax).astype(F32)
+    with np.errstate(divide="ignore", over="ignore"):
+        inv = F32(127) / amax
+    inv = np.where(np.isfinite(inv), inv, F32(0)).astype(F32)
     q = np.clip(np.rint(x * inv[..., None]), -127, 127).astype(np.int8)
-    return q, amax / F32(127)
+    return q, amax * F32(1 / 127)
 
 
 def attention(q, cache, pos, scale, expf_fn=None):

@@ -46,6 +46,17 @@ class Linear:
         return np.ascontiguousarray(vals.transpose(1, 0, 2).reshape(len(idx), self.inp))
 
 
+def concat_rows(lins: tuple[Linear, ...]) -> Linear:
+    """Stack several matrices of one input along `out` (q/k/v, gate/up): each output
+    row is computed on its own, so one GEMV over the stack equals the separate ones."""
+    if lins[0].w is not None:
+        return Linear(sum(l.out for l in lins), lins[0].inp, w=np.concatenate([l.w for l in lins], axis=-2))
+    qs = np.concatenate([l.qs for l in lins], axis=-2)
+    qsf = np.concatenate([l.qsf for l in lins], axis=-2) if all(l.qsf is not None for l in lins) else None
+    return Linear(sum(l.out for l in lins), lins[0].inp, qs=qs, d=np.concatenate([l.d for l in lins], axis=-1),
+                  qsf=qsf)
+
+
 def make_linear(w: np.ndarray, fmt: str, widen: bool = True) -> Linear:
     w = np.asarray(w, dtype=np.float32)
     out, inp = w.shape[-2:]

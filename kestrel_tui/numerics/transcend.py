@@ -85,19 +85,15 @@ from .fma import _fma_tail, _ro_add, _split, _two_prod, fma64  # noqa: F401
 __all__ = ["expf", "cosf", "sinf", "sincosf", "silu"]
 
 
-def _d(bits: int) -> float:
-    """The binary64 value with the given IEEE bit pattern."""
-    return float(np.array(bits, dtype=np.uint64).view(np.float64))
+def _d(bits: int) -> np.ndarray:
+    """The binary64 with the given IEEE bit pattern, as a 0-d array (numpy
+    combines 0-d arrays with arrays faster than Python floats)."""
+    return np.array(bits, dtype=np.uint64).view(np.float64)
 
 
-def _f(bits: int) -> float:
-    """The binary32 value with the given IEEE bit pattern (as a Python float)."""
-    return float(np.array(bits, dtype=np.uint32).view(np.float32))
-
-
-def _hi_lo(v: float) -> tuple[float, float]:
-    hi, lo = _split(np.float64(v))
-    return float(hi), float(lo)
+def _f(bits: int) -> np.ndarray:
+    """The binary32 with the given IEEE bit pattern, widened to a 0-d float64."""
+    return np.array(bits, dtype=np.uint32).view(np.float32).astype(np.float64)
 
 
 def _as_f32(x, name: str) -> np.ndarray:
@@ -114,10 +110,13 @@ _EXP_K = _d(0x40571547652B82FE)  # 64/ln2
 _EXP_C2 = _d(0x3F862E42FEFA39EF)  # ln2/64
 _EXP_C0 = _d(0x3FC5555555555555)  # 1/6
 _EXP_C1 = _d(0x3FE0000000000000)  # 1/2
-_EXP_C2_HI, _EXP_C2_LO = _hi_lo(_EXP_C2)
-_EXP_C0_HI, _EXP_C0_LO = _hi_lo(_EXP_C0)
+# C2 = C2_HI + C2_LO exactly, C2_HI with 39 significant bits and C2_LO with
+# 14: for |n| < 2**14 both n*C2_HI and n*C2_LO are exact.
+_EXP_C2_HI = _d(0x3F862E42FEFA0000)
+_EXP_C2_LO = np.array(_EXP_C2 - _EXP_C2_HI)
+_EXP_C0_HI, _EXP_C0_LO = (np.array(v) for v in _split(_EXP_C0))
 _EXP_X_MAX = _f(0x42B17218)  # 88.7228394f: above it the UCRT returns +inf
-_EXP_X_MIN = -104.0  # below it the UCRT returns +0
+_EXP_X_MIN = np.array(-104.0)  # below it the UCRT returns +0
 _RINT_SHIFT = _d(0x4338000000000000)  # 1.5 * 2**52: (t + S) - S == rint(t)
 
 # T[j] = 2^(j/64) correctly rounded to binary64 (tests re-derive them).
@@ -146,6 +145,8 @@ _EXP_T_BITS = np.array(
 # complement), and (bits(kd) << 46) == (m << 52) + (j << 46) mod 2**64. Adding
 # bits(T[j]) - (j << 46) therefore yields the encoding of T[j] * 2**m.
 _EXP_T_ADJ = _EXP_T_BITS - (np.arange(64, dtype=np.uint64) << np.uint64(46))
+_U46 = np.array(46, dtype=np.uint64)
+_I63 = np.array(63, dtype=np.int64)
 
 
 def expf(x):
@@ -166,10 +167,9 @@ def expf(x):
         xd = np.minimum(np.maximum(x.astype(np.float64), _EXP_X_MIN), _EXP_X_MAX)
         kd = xd * _EXP_K + _RINT_SHIFT  # rint(RN(x*K)) + shift, ties to even
         n = kd - _RINT_SHIFT
-        # r = fma(-n, C2, x): n*C2 = P + e exactly (|n| < 2**14, C2 pre-split);
-        # x - P is exact (x and P within a factor 2, or n = 0); one rounding left.
-        P = n * _EXP_C2
-        r = (xd - P) - ((n * _EXP_C2_HI - P) + n * _EXP_C2_LO)
+        # r = fma(-n, C2, x): x - n*C2_HI is exact (n = 0, or x and n*C2_HI
+        # within a factor 2 on a 2**-45 grid), so one rounding remains.
+        r = (xd - n * _EXP_C2_HI) - n * _EXP_C2_LO
         z = r * r
         # q = fma(r, C0, C1)
         rh, rl = _split(r)
@@ -182,9 +182,7 @@ def expf(x):
         p = _fma_tail(P, _two_prod(P, qh, ql, zh, zl), r)
         # 2^m * fma(T[j], p, T[j]) == fma(S, p, S) with S = T[j] * 2^m (exact
         # scaling, m in [-152, 128] keeps everything normal in binary64).
-        S = (_EXP_T_ADJ.take(kd.view(np.int64) & 63) + (kd.view(np.uint64) << np.uint64(46))).view(
-            np.float64
-        )
+        S = (_EXP_T_ADJ.take(kd.view(np.int64) & _I63) + (kd.view(np.uint64) << _U46)).view(np.float64)
         sh, sl = _split(S)
         ph, pl = _split(p)
         P = S * p
@@ -205,7 +203,7 @@ def silu(x):
 _INV_PIO2 = _d(0x3FE45F306DC9C883)  # 2/pi
 _PIO2_HI = _d(0x3FF921FB54400000)  # pi/2, leading 31 bits
 _PIO2_LO = _d(0x3DD0B4611A626331)  # pi/2 - PIO2_HI
-# __Lcosfarray c1..c4 and __Lsinfarray s1..s4
+# __Lcosfarray c1..c4 (A) and __Lsinfarray s1..s4 (B)
 _A3, _A5, _A7, _A9 = (_d(b) for b in (0x3FA5555555555555, 0xBF56C16C16C16C16, 0x3EFA01A01A01A019, 0xBE927E4FB7789F5C))
 _B3, _B5, _B7, _B9 = (_d(b) for b in (0xBFC5555555555555, 0x3F81111111111111, 0xBF2A01A01A01A01A, 0x3EC71DE3A556C734))
 
@@ -214,27 +212,34 @@ _AU_TINY = 0x39000000  # 2**-13
 _AU_SMALL = 0x3C000000  # 2**-7
 _AU_CW_EXACT = 0x4AC65D40  # 6.5e6: below it n < 2**22 and n*PIO2_HI is exact
 _AU_HUGE = {"cos": 0x4F490FDB, "sin": 0x4B800456}  # Payne-Hanek in the UCRT
-_AU_INF = 0x7F800000
+_ABS_MASK = np.array(0x7FFFFFFF, dtype=np.uint32)
+_HALF = np.array(0.5)
+_ONE = np.array(1.0)
+_NEAR_INT = 0.5 - 2.0**-20  # |frac(q) - 1/2| above this: n may be off by one
+_TWO52 = np.array(2.0**52)  # nf + 2**52: the low bits of the encoding are n
+_I3 = np.array(3, dtype=np.int64)
 
-# Per-element polynomial selection. Index = quadrant n&3 for cosf, and
-# 4 + (n&3) + 4*signbit(x) for sinf. KIND 0 = cos-type C(r), 1 = sin-type S(r).
+# Per-element polynomial selection, one table row per quantity, one column
+# per index: index = n&3 for cosf; 4 + (n&3) + 4*signbit(x) for sinf.
+# KIND 0 = cos-type C(r), 1 = sin-type S(r); SIGN is the final +-1.
 _KIND = np.array([0, 1, 0, 1, 1, 0, 1, 0, 1, 0, 1, 0], dtype=bool)
 _SIGN = np.array([1, -1, -1, 1, 1, 1, -1, -1, -1, -1, 1, 1], dtype=np.float64)
-_COEF = {}
-for _name, _a, _b in (("9", _A9, _B9), ("7", _A7, _B7), ("5", _A5, _B5), ("3", _A3, _B3)):
-    _COEF[_name] = np.where(_KIND, _b, _a)
-_COEF["9h"], _COEF["9l"] = (np.asarray(v) for v in _split(_COEF["9"]))
+_K9 = np.where(_KIND, _B9, _A9)
+_K9H, _K9L = _split(_K9)
+_TABLE = np.stack([_K9, _K9H, _K9L, np.where(_KIND, _B7, _A7), np.where(_KIND, _B5, _A5),
+                   np.where(_KIND, _B3, _A3), _SIGN, _KIND.astype(np.float64)])
 
 
 def _cw_reduce(ax, au, amax):
-    """Cody-Waite: (n as float, r) for |x| = ax (elements with amax-style
-    huge values must already be sanitised to 0)."""
-    q = ax * _INV_PIO2 + 0.5
+    """Cody-Waite for |x| = ax: returns (n as float64, r). Huge/inf/nan
+    elements must already be replaced by 0."""
+    q = ax * _INV_PIO2 + _HALF
     nf = np.trunc(q)
     # trunc(q) == trunc(fma(ax, 2/pi, 0.5)) unless q is within 2**-20 of an
     # integer (|q - exact| <= ulp(q) <= 2**-22 here): redo those exactly.
-    if np.abs(q - nf - 0.5).max() > 0.5 - 2.0**-20:
-        bad = np.abs(q - nf - 0.5) > 0.5 - 2.0**-20
+    dist = np.abs(q - nf - _HALF)
+    if dist.max() > _NEAR_INT:
+        bad = dist > _NEAR_INT
         nf[bad] = np.trunc(fma64(ax[bad], _INV_PIO2, 0.5))
     rhead = ax - nf * _PIO2_HI  # == fma(-n, PIO2_HI, ax) while n < 2**22
     if amax >= _AU_CW_EXACT:
@@ -248,81 +253,75 @@ def _trig(x, funcs):
     Returns one float32 array per requested function (shape of x)."""
     shape = x.shape
     xb = x.reshape(-1).view(np.uint32)
-    au = xb & np.uint32(0x7FFFFFFF)
-    ax = au.view(np.float32).astype(np.float64)
-    if au.size == 0:
+    n = xb.size
+    if n == 0:
         return tuple(np.empty(shape, np.float32) for _ in funcs)
+    au = xb & _ABS_MASK
+    ax = au.view(np.float32).astype(np.float64)
     amax = int(au.max())
     amin = int(au.min())
     sanitise = max(_AU_HUGE[f] for f in funcs)
-    if amax >= sanitise:  # keep inf/nan/huge out of the arithmetic
+    if amax >= sanitise:  # keep huge/inf/nan out of the arithmetic
         ax[au >= sanitise] = 0.0
     if amax > _AU_PIO4:
         nf, r = _cw_reduce(ax, au, amax)
-        quad = (nf + 2.0**52).view(np.int64) & 3
-    else:  # every |x| <= pi/4: n = 0, r = |x| (the direct branch)
+        quad = (nf + _TWO52).view(np.int64) & _I3
+    else:  # every |x| <= pi/4: n = 0 and r = |x|, the direct branch
         r = ax
-        quad = np.zeros(ax.shape, np.int64)
+        quad = np.zeros(n, np.int64)
     z = r * r
 
-    # Stack the requested functions so that one polynomial pass serves all.
-    idx, useV, useB3 = [], [], []
-    small = tiny = None
-    if amin < _AU_SMALL:
-        small = au < _AU_SMALL
-        tiny = au < _AU_TINY
+    # Stack the requested functions: one polynomial pass serves all of them.
+    small = amin < _AU_SMALL  # any element on a small-|x| branch?
+    idx, use_v, use_b3 = [], [], []
     for f in funcs:
         if f == "cos":
             idx.append(quad)
-            if small is not None:
-                useV.append(small)  # fma(-(x*.5), x, 1) = RN(1 - z/2) = V
-                useB3.append(np.zeros_like(small))
+            if small:
+                use_v.append(au < _AU_SMALL)  # (float)fma(-(x*.5), x, 1) == V
+                use_b3.append(np.zeros(n, bool))
         else:
-            idx.append(quad + ((xb >> np.uint32(31)).astype(np.int64) + 1) * 4)
-            if small is not None:
-                useV.append(tiny)  # x itself (= V = |x|, sign applied below)
-                useB3.append(small)  # fma(-(x*x*x), 1/6, x) = fma(B3, x*z, x)
-    k = len(funcs)
-    if k > 1:
+            idx.append(quad + ((xb >> np.uint32(29)) & np.uint32(4)) + 4)
+            if small:
+                use_v.append(au < _AU_TINY)  # x itself: V = |x|, sign below
+                use_b3.append(au < _AU_SMALL)  # fma(-(x*x*x), 1/6, x) == fma(B3, x*z, x)
+    if len(funcs) > 1:
+        k = len(funcs)
         idx = np.concatenate(idx)
-        r = np.concatenate([r] * k)
-        z = np.concatenate([z] * k)
-        if small is not None:
-            useV, useB3 = np.concatenate(useV), np.concatenate(useB3)
+        r, z = np.concatenate([r] * k), np.concatenate([z] * k)
+        if small:
+            use_v, use_b3 = np.concatenate(use_v), np.concatenate(use_b3)
     else:
         idx = idx[0]
-        if small is not None:
-            useV, useB3 = useV[0], useB3[0]
+        if small:
+            use_v, use_b3 = use_v[0], use_b3[0]
+    k9, k9h, k9l, k7, k5, k3, sign, kind = _TABLE.take(idx, axis=1)
 
-    kind = _KIND.take(idx)
-    # P = fma(z, fma(z, fma(z, K9, K7), K5), K3)
+    # p = fma(z, fma(z, fma(z, K9, K7), K5), K3)   (K = A or B per element)
     zh, zl = _split(z)
-    P = z * (K9 := _COEF["9"].take(idx))
-    p = _fma_tail(P, _two_prod(P, zh, zl, _COEF["9h"].take(idx), _COEF["9l"].take(idx)), _COEF["7"].take(idx))
-    del K9
-    for name in ("5", "3"):
+    P = z * k9
+    p = _fma_tail(P, _two_prod(P, zh, zl, k9h, k9l), k7)
+    for k in (k5, k3):
         ph, pl = _split(p)
         P = z * p
-        p = _fma_tail(P, _two_prod(P, zh, zl, ph, pl), _COEF[name].take(idx))
-    # final fma(p, W, V): C -> (z*z, 1 - 0.5*z), S -> (r*z, r)
+        p = _fma_tail(P, _two_prod(P, zh, zl, ph, pl), k)
+    # result fma(p, W, V): C(r) -> (z*z, 1 - 0.5*z), S(r) -> (r*z, r)
     W = z * np.where(kind, r, z)
-    V = np.where(kind, r, 1.0 - 0.5 * z)
-    if small is not None:
-        p = np.where(useB3, _B3, p)
+    V = np.where(kind, r, _ONE - _HALF * z)
+    if small:
+        p = np.where(use_b3, _B3, p)
     ph, pl = _split(p)
     wh, wl = _split(W)
     P = p * W
     res = _fma_tail(P, _two_prod(P, ph, pl, wh, wl), V)
-    if small is not None:
-        res = np.where(useV, V, res)
-    out = (res * _SIGN.take(idx)).astype(np.float32)
+    if small:
+        res = np.where(use_v, V, res)
+    out = (res * sign).astype(np.float32)
 
-    n = au.size
     outs = []
     for i, f in enumerate(funcs):
         o = out[i * n : (i + 1) * n]
-        if amax >= _AU_HUGE[f]:
-            o = o.copy()
+        if amax >= _AU_HUGE[f]:  # not replicated: double libm, rounded once
             h = au >= _AU_HUGE[f]
             ref = np.cos if f == "cos" else np.sin
             with np.errstate(invalid="ignore"):

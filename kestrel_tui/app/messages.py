@@ -1,0 +1,88 @@
+"""Messages the worker threads post to the main screen.
+
+Every run-related message carries the run id it belongs to: a cancelled run may
+still deliver a position or two after the next one started, and the screen
+drops anything whose id is not the current one.
+"""
+from __future__ import annotations
+
+from textual.message import Message
+
+from ..engine.bisect import BisectResult
+from ..engine.run import Position, Trace
+from ..engine.session import HistoryEntry, RunResult
+from ..trace.compare import Status
+from .source import Loaded
+
+
+class SessionLoaded(Message):
+    def __init__(self, info: Loaded) -> None:
+        super().__init__()
+        self.info = info
+
+
+class LoadFailed(Message):
+    def __init__(self, error: BaseException) -> None:
+        super().__init__()
+        self.error = error
+
+
+class RunMessage(Message):
+    def __init__(self, run_id: int) -> None:
+        super().__init__()
+        self.run_id = run_id
+
+
+class ReferenceProgress(RunMessage):
+    def __init__(self, run_id: int, done: int) -> None:
+        super().__init__(run_id)
+        self.done = done
+
+
+class ReferenceReady(RunMessage):
+    def __init__(self, run_id: int, ref: Trace) -> None:
+        super().__init__(run_id)
+        self.ref = ref
+
+
+class PositionDone(RunMessage):
+    def __init__(self, run_id: int, pos: Position, statuses: dict[str, Status]) -> None:
+        super().__init__(run_id)
+        self.pos = pos
+        self.statuses = statuses
+
+
+class RunDone(RunMessage):
+    def __init__(self, run_id: int, result: RunResult) -> None:
+        super().__init__(run_id)
+        self.result = result
+
+
+class RunCancelled(RunMessage):
+    pass
+
+
+class RunFailed(RunMessage):
+    def __init__(self, run_id: int, error: BaseException) -> None:
+        super().__init__(run_id)
+        self.error = error
+
+
+class BisectMove(RunMessage):
+    def __init__(self, run_id: int, move: HistoryEntry) -> None:
+        super().__init__(run_id)
+        self.move = move
+
+
+class BisectDone(RunMessage):
+    def __init__(self, run_id: int, outcome: BisectResult, result: RunResult) -> None:
+        super().__init__(run_id)
+        self.outcome = outcome
+        self.result = result
+
+
+class ExportDone(Message):
+    def __init__(self, path: str | None, error: BaseException | None = None) -> None:
+        super().__init__()
+        self.path = path
+        self.error = error

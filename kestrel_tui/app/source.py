@@ -1,0 +1,96 @@
+"""What the app looks at: a live session (built by a loader, in a worker) or two dump files.
+
+Loading can be slow (a real checkpoint, quantization) or fail (an unreadable
+model directory), so the app receives a *loader* and calls it in a thread
+worker; a failure becomes a message in the app instead of a traceback before
+it starts.
+"""
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from ..engine.session import Session
+from ..errors import UsageError
+
+
+@dataclass
+class Loaded:
+    session: Session
+    model_label: str  # "synthetic qwen3_moe 48L h256 q4_0, kv q8"
+    device: str
+    note: str | None = None  # why the subject is not what was asked for (no GPU -> sim)
+
+
+Loader = Callable[[], Loaded]
+
+
+@dataclass
+class LiveSource:
+    loader: Loader
+
+
+@dataclass
+class DiffSource:
+    path_a: str
+    path_b: str
+    a: Mapping[str, int] = field(repr=False)
+    b: Mapping[str, int] = field(repr=False)
+
+
+def model_label(session: Session) -> str:
+    m, cfg = session.model, session.model.cfg
+    return f"{m.name} {cfg.arch} {cfg.n_layers}L h{cfg.hidden} {m.fmt}, kv {session.kv}"
+
+
+def loaded(session: Session, note: str | None = None) -> Loaded:
+    """Wrap a ready session (tests and scripts inject one)."""
+    return Loaded(session, model_label(session), device_of(session.subject), note)
+
+
+def device_of(subject: str, backend=None) -> str:
+    if subject == "cuda":
+        # the CUDA backend may name its device; fall back to the backend name
+        return str(getattr(backend, "device_name", None) or "cuda")
+    return "CPU (sim: GPU-order emulation)"
+
+
+def pick_subject(requested: str, model) -> tuple[str, str | None, str]:
+    """auto -> cuda when a GPU and PyCUDA are usable, else sim with a note saying why."""
+    if requested in ("sim", "cuda"):
+        return requested, None, device_of(requested)
+    from ..engine.build import make_backend
+
+    try:
+        backend = make_backend("cuda", model)
+    except UsageError as e:
+        return "sim", f"no CUDA subject ({e}); using sim", device_of("sim")
+    except Exception as e:  # noqa: BLE001 - auto must never stop the app: a missing module, no driver...
+        reason = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+        return "sim", f"no CUDA subject ({reason}); using sim", device_of("sim")
+    return "cuda", None, device_of("cuda", backend)
+
+
+def args_loader(args: argparse.Namespace) -> Loader:
+    """The CLI's options -> a loader the app runs in a worker."""
+    def load() -> Loaded:
+        from ..commands import load_model_args, resolve_prompt
+
+        model = load_model_args(args)
+        prompt = resolve_prompt(args, model)
+        subject, note, device = pick_subject(getattr(args, "subject", "auto") or "auto", model)
+        session = Session(model, prompt, args.tokens, subject=subject, kv=args.kv, deep=args.deep)
+        return Loaded(session, model_label(session), device, note)
+    return load
+
+
+def default_loader(n_layers: int | None = None, tokens: int = 16) -> Loader:
+    """The embedded default model on sim: what the palette's recovery command opens."""
+    def load() -> Loaded:
+        from ..commands import default_prompt
+        from ..model.hf import load_model
+
+        model = load_model(None, n_layers=n_layers)
+        return loaded(Session(model, default_prompt(model.cfg.vocab), tokens, subject="sim"))
+    return load

@@ -1,0 +1,224 @@
+"""The view model behind the grid: per-key status of one comparison, filled position by position.
+
+Workers never touch a Board: they post messages and the main screen applies
+them on the UI thread, so widgets can read it while rendering without locks.
+The same Board serves a live run (reference vs subject, positions arriving in
+order) and diff mode (two dump files, complete at once, keys possibly missing
+on either side).
+"""
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..trace.compare import Comparison, Status
+from ..trace.keys import ALL_FIELDS, emb_key, key_name, logits_key, order_key, parse_key
+
+MISMATCH = (Status.DIFF, Status.MISSING_REF, Status.MISSING_SUB)
+
+RawGetter = Callable[[str], "np.ndarray | None"]
+
+
+def _no_raw(_key: str) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class Cursor:
+    t: int
+    row: int  # 0 = emb, 1..n_layers = L0.., n_layers+1 = logits
+    col: int  # field column; kept while on emb/logits so moving back restores it
+
+
+class Board:
+    """Statuses of every key of one comparison, addressed by (position, row, column)."""
+
+    def __init__(self, n_positions: int, n_layers: int, fields: Sequence[str], *,
+                 prompt_len: int | None = None, sides: tuple[str, str] = ("ref", "sub"), live: bool = True):
+        self.n_positions = n_positions
+        self.n_layers = n_layers
+        self.fields = tuple(fields)
+        self.prompt_len = prompt_len  # None: unknown (dump files carry no prompt boundary)
+        self.sides = sides
+        self.live = live  # live: absent keys of a position not yet run are PENDING
+        self.rows = ("emb", *(f"L{i}" for i in range(n_layers)), "logits")
+        self._col = {f: i for i, f in enumerate(self.fields)}
+        self.ref_hashes: dict[str, int] = {}
+        self.raw_ref: RawGetter = _no_raw
+        self.outside: list[str] = []  # keys the grid has no cell for (foreign tags)
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the subject side (a new run starts); the reference hashes stay."""
+        n = self.n_positions
+        self.status: dict[str, Status] = {}
+        self.sub_hashes: dict[str, int] = {}
+        self.arrived = [not self.live] * n
+        self.n_diff = [0] * n
+        self.n_missing = [0] * n
+        self.top1: list[tuple[int, int] | None] = [None] * n
+        self.mismatches: list[str] = []  # DIFF and missing keys, in dataflow order
+        self._mm_order: list[tuple] = []
+        self.first_diff: str | None = None
+        self.first_mismatch: str | None = None
+        self.raw_sub: RawGetter = _no_raw
+
+    # ---- filling ---------------------------------------------------------
+
+    def add_position(self, t: int, statuses: Mapping[str, Status], sub_hashes: Mapping[str, int],
+                     top1: tuple[int, int] | None = None) -> None:
+        """One subject position arrived (statuses come in dataflow order)."""
+        if not 0 <= t < self.n_positions:
+            return
+        self.arrived[t] = True
+        self.top1[t] = top1
+        self.sub_hashes.update(sub_hashes)
+        for k, s in statuses.items():
+            self._set(k, s)
+
+    def load(self, cmp: Comparison, a: Mapping[str, int], b: Mapping[str, int]) -> None:
+        """A whole comparison at once (diff mode)."""
+        self.reset()
+        self.outside = []
+        self.ref_hashes, self.sub_hashes = dict(a), dict(b)
+        self.arrived = [True] * self.n_positions
+        for k, s in cmp.status.items():
+            try:
+                key = parse_key(k)
+            except ValueError:
+                key = None
+            if key is None or self.locate(k) is None:
+                self.outside.append(k)
+                if s in MISMATCH:
+                    self._note_mismatch(k, s)
+                continue
+            self._set(k, s)
+
+    def _set(self, k: str, s: Status) -> None:
+        self.status[k] = s
+        if s in MISMATCH:
+            t = order_key(k)[0]
+            if isinstance(t, int) and 0 <= t < self.n_positions:
+                if s is Status.DIFF:
+                    self.n_diff[t] += 1
+                else:
+                    self.n_missing[t] += 1
+            self._note_mismatch(k, s)
+
+    def _note_mismatch(self, k: str, s: Status) -> None:
+        o = order_key(k)
+        i = bisect.bisect_left(self._mm_order, o)
+        self._mm_order.insert(i, o)
+        self.mismatches.insert(i, k)
+        if s is Status.DIFF and (self.first_diff is None or o < order_key(self.first_diff)):
+            self.first_diff = k
+        if self.first_mismatch is None or o < order_key(self.first_mismatch):
+            self.first_mismatch = k
+
+    # ---- reading ---------------------------------------------------------
+
+    def key(self, t: int, row: int, col: int) -> str | None:
+        if row == 0:
+            return emb_key(t)
+        if row == self.n_layers + 1:
+            return logits_key(t)
+        if 0 <= col < len(self.fields):
+            return key_name(t, row - 1, self.fields[col])
+        return None
+
+    def cell(self, key: str | None, t: int) -> Status | None:
+        """A key's status; None when the key is not part of this comparison at all."""
+        if key is None:
+            return None
+        s = self.status.get(key)
+        if s is not None:
+            return s
+        if not self.arrived[t]:
+            return Status.PENDING
+        return None
+
+    def locate(self, key: str) -> Cursor | None:
+        """The cell of a key (col -1 for emb/logits: the caller keeps its column)."""
+        try:
+            k = parse_key(key)
+        except ValueError:
+            return None
+        if not 0 <= k.t < self.n_positions:
+            return None
+        if k.layer is None:
+            return Cursor(k.t, 0 if k.field == "emb" else self.n_layers + 1, -1)
+        if k.layer >= self.n_layers or k.field not in self._col:
+            return None
+        return Cursor(k.t, k.layer + 1, self._col[k.field])
+
+    def step_mismatch(self, key: str | None, forward: bool = True) -> str | None:
+        """The next (or previous) DIFF/missing key after `key` in dataflow order, wrapping around."""
+        if not self.mismatches:
+            return None
+        if key is None:
+            return self.mismatches[0 if forward else -1]
+        o = order_key(key)
+        if forward:
+            i = bisect.bisect_right(self._mm_order, o)
+            return self.mismatches[i % len(self.mismatches)]
+        i = bisect.bisect_left(self._mm_order, o) - 1
+        return self.mismatches[i]  # -1 wraps to the last
+
+    def position_state(self, t: int) -> str:
+        """pending | ok | diff | flip | missing — one token-strip cell."""
+        if not self.arrived[t]:
+            return "pending"
+        top = self.top1[t]
+        if top is not None and top[0] != top[1]:
+            return "flip"
+        if self.n_diff[t]:
+            return "diff"
+        if self.n_missing[t]:
+            return "missing"
+        return "ok"
+
+    def is_prompt(self, t: int) -> bool | None:
+        return None if self.prompt_len is None else t < self.prompt_len
+
+    def row_has_mismatch(self, t: int, row: int) -> bool:
+        for col in range(len(self.fields) if 0 < row <= self.n_layers else 1):
+            if self.status.get(self.key(t, row, col)) in MISMATCH:
+                return True
+        return False
+
+    @property
+    def complete(self) -> bool:
+        return all(self.arrived)
+
+    def counts(self) -> dict[Status, int]:
+        out = {s: 0 for s in Status}
+        for s in self.status.values():
+            out[s] += 1
+        return out
+
+    def hashes(self, key: str) -> tuple[int | None, int | None]:
+        return self.ref_hashes.get(key), self.sub_hashes.get(key)
+
+
+def fields_of(keys: Iterable[str]) -> tuple[int, int, tuple[str, ...]]:
+    """(positions, layers, field columns) covering a set of dump keys.
+
+    Known fields keep the dataflow order; fields of other engines follow, sorted.
+    """
+    n_pos = n_layers = 0
+    seen: set[str] = set()
+    for name in keys:
+        try:
+            k = parse_key(name)
+        except ValueError:
+            continue
+        n_pos = max(n_pos, k.t + 1)
+        if k.layer is not None:
+            n_layers = max(n_layers, k.layer + 1)
+            seen.add(k.field)
+    known = [f for f in ALL_FIELDS if f in seen]
+    foreign = sorted(seen - set(ALL_FIELDS))
+    return n_pos, n_layers, tuple(known + foreign)

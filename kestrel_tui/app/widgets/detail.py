@@ -1,0 +1,155 @@
+"""Detail of the key under the cursor: both hashes, shape and dtype, DIFF statistics
+and a ULP-distance histogram drawn with block characters.
+
+Statistics need both raw buffers (the live session keeps them; dump files have
+hashes only). They are computed when the cursor lands on a key — a few
+microseconds for the default model, a few milliseconds for a 152k-entry
+logits row — and cached per (run, key), so redraws are free. The histogram
+lists the buckets that hold elements (0, 1, 2, 3-4, 5-8, ... ULP); bars scale
+to the panel's width at draw time.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rich.style import Style
+from rich.text import Text
+from textual.widget import Widget
+
+from ...backends.toggles import OWNERS, TOGGLES
+from ...trace.compare import NAN_ULP, DiffStats, Status, diff_stats, ulp_bin_labels, ulp_histogram
+from ...trace.keys import parse_key
+
+BIN_LABELS = ulp_bin_labels()
+EIGHTHS = " ▏▎▍▌▋▊▉"
+
+
+@dataclass
+class KeyInfo:
+    key: str
+    status: Status | None
+    first: bool
+    hash_a: int | None
+    hash_b: int | None
+    sides: tuple[str, str]
+    shape: tuple | None = None
+    dtype: str | None = None
+    stats: DiffStats | None = None
+    hist: list[int] | None = None
+    raw_note: str | None = None
+
+
+def key_info(board, key: str | None, t: int) -> KeyInfo | None:
+    """Everything the panel shows for one key (the numerics part runs here, once per key)."""
+    if board is None or key is None:
+        return None
+    status = board.cell(key, t)
+    a_hash, b_hash = board.hashes(key)
+    info = KeyInfo(key, status, key == board.first_diff, a_hash, b_hash, board.sides)
+    a, b = board.raw_ref(key), board.raw_sub(key)
+    if a is None and b is None:
+        info.raw_note = "hashes only (no raw buffers)" if not board.live else None
+        return info
+    shown = a if a is not None else b
+    info.shape, info.dtype = tuple(shown.shape), str(shown.dtype)
+    if status is Status.DIFF and a is not None and b is not None:
+        try:
+            info.stats = diff_stats(a, b)
+            info.hist = ulp_histogram(a, b)
+        except ValueError as e:  # shape or dtype differs between the sides
+            info.raw_note = str(e)
+    return info
+
+
+def _bar(frac: float, width: int) -> str:
+    cells = frac * width
+    full = int(cells)
+    part = int((cells - full) * 8)
+    return ("█" * full + (EIGHTHS[part] if part and full < width else "")).ljust(width)
+
+
+def _num(x) -> str:
+    if isinstance(x, float):
+        return f"{x:.9g}"
+    return repr(x)
+
+
+class DetailPanel(Widget, can_focus=False):
+    COMPONENT_CLASSES = {"detail--key", "detail--ok", "detail--diff", "detail--missing", "detail--pending",
+                         "detail--dim", "detail--bar", "detail--first"}
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.info: KeyInfo | None = None
+        self.message: str = ""
+
+    def show(self, info: KeyInfo | None, message: str = "") -> None:
+        self.info, self.message = info, message
+        self.refresh()
+
+    def _s(self, name: str) -> Style:
+        return self.get_component_rich_style(name, partial=True)
+
+    def render(self) -> Text:
+        info = self.info
+        if info is None:
+            return Text(self.message, style=self._s("detail--dim"))
+        width = max(20, self.size.width)
+        st_style = {Status.OK: "detail--ok", Status.DIFF: "detail--diff", Status.PENDING: "detail--pending",
+                    Status.MISSING_REF: "detail--missing", Status.MISSING_SUB: "detail--missing"}
+        lines: list[Text] = []
+        head = Text(info.key, style=self._s("detail--key"))
+        label = {None: "not probed", Status.MISSING_SUB: f"only in {info.sides[0]}",
+                 Status.MISSING_REF: f"only in {info.sides[1]}"}.get(info.status)
+        label = label or (info.status.value if info.status is not None else "")
+        head.append("  ")
+        head.append(label, style=self._s(st_style.get(info.status, "detail--dim")))
+        if info.first:
+            head.append("  first DIFF", style=self._s("detail--first"))
+        lines.append(head)
+        for side, h in zip(info.sides, (info.hash_a, info.hash_b)):
+            lines.append(Text.assemble((f"{side:<4}", self._s("detail--dim")),
+                                       f"{h:016x}" if h is not None else "—"))
+        meta = Text()
+        if info.shape is not None:
+            meta.append(f"{info.dtype} {list(info.shape)}")
+        try:
+            owners = OWNERS.get(parse_key(info.key).field, ())
+        except ValueError:
+            owners = ()
+        if owners and info.status is Status.DIFF:
+            meta.append("  ops: " if meta else "ops: ", style=self._s("detail--dim"))
+            meta.append(" ".join(f"{o}[{TOGGLES.index(o) + 1}]" for o in owners))
+        if meta:
+            lines.append(meta)
+        if info.raw_note:
+            lines.append(Text(info.raw_note, style=self._s("detail--dim")))
+        s = info.stats
+        if s is not None:
+            ulp = "NaN" if s.max_ulp == NAN_ULP else str(s.max_ulp)
+            lines.append(Text(f"{s.n_diff}/{s.n} differ · max {ulp} ULP · max |Δ| {s.max_abs_err:.3g}"))
+            lines.append(Text(f"first [{s.first_index}]: {_num(s.first_a)} vs {_num(s.first_b)}"))
+            if s.n_nan:
+                lines.append(Text(f"{s.n_nan} differing pairs involve NaN"))
+        if info.hist is not None:
+            lines.append(Text("ULP distance · elements", style=self._s("detail--dim")))
+            lines.extend(self._histogram(info.hist, width))
+        out = Text("\n").join(lines)
+        out.no_wrap, out.overflow = True, "ellipsis"
+        return out
+
+    def _histogram(self, hist: list[int], width: int) -> list[Text]:
+        rows = [(BIN_LABELS[i], n) for i, n in enumerate(hist) if n]
+        if not rows:
+            return []
+        top = max(n for _, n in rows)
+        lab_w = max(len(lab) for lab, _ in rows)
+        num_w = len(str(top))
+        bar_w = max(4, width - lab_w - num_w - 3)
+        out = []
+        for lab, n in rows:
+            line = Text(f"{lab:>{lab_w}} ", style=self._s("detail--dim"))
+            line.append(_bar(n / top, bar_w), style=self._s("detail--bar"))
+            line.append(f" {n:>{num_w}}")
+            out.append(line)
+        return out

@@ -1,0 +1,183 @@
+"""The hash grid for one position: rows emb, L0..Ln, logits x the field columns.
+
+A Line API widget (ScrollView + render_line): only the visible rows are drawn,
+each from a handful of segments, so a 48-layer grid redraws in well under a
+millisecond whatever the number of positions. The header row and the row
+labels stay put while the cells scroll (deep mode has 17 columns).
+Colours come from component classes in app.tcss.
+"""
+from __future__ import annotations
+
+from rich.segment import Segment
+from rich.style import Style
+from textual.events import Click
+from textual.geometry import Size
+from textual.message import Message
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
+
+from ...trace.compare import Status
+from ..state import Board, Cursor
+
+LABEL_W = 7  # "logits" + the first-DIFF marker
+CELL_W = 5  # "knorm", "qrope" and "DIFF" fit; one blank column between cells
+STEP = CELL_W + 1
+
+_CLASS = {
+    Status.OK: "grid--ok",
+    Status.DIFF: "grid--diff",
+    Status.PENDING: "grid--pending",
+    Status.MISSING_SUB: "grid--missing",
+    Status.MISSING_REF: "grid--missing",
+}
+
+
+def cell_text(status: Status | None, sides: tuple[str, str]) -> str:
+    if status is None:
+        return ""
+    if status is Status.OK:
+        return "ok"
+    if status is Status.DIFF:
+        return "DIFF"
+    if status is Status.PENDING:
+        return "·"
+    # a key one side lacks: name the side that lacks it, so it never reads as a DIFF
+    return "-" + (sides[1] if status is Status.MISSING_SUB else sides[0])[:3]
+
+
+class HashGrid(ScrollView, can_focus=False):
+    """Navigation keys live on the screen; the grid only draws and reports clicks."""
+
+    COMPONENT_CLASSES = {
+        "grid--header", "grid--label", "grid--label-cursor", "grid--ok", "grid--diff", "grid--first",
+        "grid--pending", "grid--missing", "grid--cursor", "grid--marker",
+    }
+
+    class CellClicked(Message):
+        def __init__(self, row: int, col: int | None) -> None:
+            super().__init__()
+            self.row, self.col = row, col
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.board: Board | None = None
+        self.cursor = Cursor(0, 0, 0)
+
+    # ---- state -----------------------------------------------------------
+
+    def set_board(self, board: Board | None) -> None:
+        self.board = board
+        if board is None:
+            self.virtual_size = Size(0, 0)
+        else:
+            self.virtual_size = Size(LABEL_W + len(board.fields) * STEP, len(board.rows) + 1)
+        self.refresh()
+
+    def set_cursor(self, cursor: Cursor) -> None:
+        self.cursor = cursor
+        self._scroll_to_cursor()
+        self.refresh()
+
+    def _scroll_to_cursor(self) -> None:
+        # the header row is sticky, so only height-1 rows scroll
+        if self.board is None:
+            return
+        rows = max(1, self.scrollable_content_region.height - 1)
+        y = self.scroll_offset.y
+        r = self.cursor.row
+        if r < y:
+            y = r
+        elif r >= y + rows:
+            y = r - rows + 1
+        cols_w = max(1, self.scrollable_content_region.width - LABEL_W)
+        x = self.scroll_offset.x
+        cx = (0 if self._single(r) else self.cursor.col) * STEP
+        if cx < x:
+            x = cx
+        elif cx + CELL_W > x + cols_w:
+            x = cx + CELL_W - cols_w
+        self.scroll_to(x=x, y=y, animate=False, immediate=True)
+
+    def on_resize(self) -> None:
+        self._scroll_to_cursor()
+
+    def _single(self, row: int) -> bool:
+        """emb and logits rows hold one key each, drawn in the first column."""
+        return self.board is not None and (row == 0 or row == self.board.n_layers + 1)
+
+    # ---- drawing ---------------------------------------------------------
+
+    def render_line(self, y: int) -> Strip:
+        width = self.scrollable_content_region.width
+        board = self.board
+        if board is None:
+            return Strip.blank(width, self.rich_style)
+        if y == 0:
+            return self._header(width)
+        row = self.scroll_offset.y + y - 1
+        if row >= len(board.rows):
+            return Strip.blank(width, self.rich_style)
+        return self._row(row, width)
+
+    def _style(self, name: str) -> Style:
+        return self.get_component_rich_style(name, partial=True)
+
+    def _join(self, label: list[Segment], cells: list[Segment], width: int) -> Strip:
+        x = self.scroll_offset.x
+        body = Strip(cells).crop(x, x + max(0, width - LABEL_W))
+        strip = Strip.join([Strip(label), body]).extend_cell_length(width)
+        return strip.crop(0, width).apply_style(self.rich_style)
+
+    def _header(self, width: int) -> Strip:
+        board, cur = self.board, self.cursor
+        head = self._style("grid--header")
+        hot = head + self._style("grid--label-cursor")
+        label = [Segment(f"t{cur.t}".ljust(LABEL_W)[:LABEL_W], hot)]
+        cells: list[Segment] = []
+        for c, f in enumerate(board.fields):
+            on = c == cur.col and not self._single(cur.row)
+            cells.append(Segment(f[:CELL_W].center(CELL_W), hot if on else head))
+            cells.append(Segment(" "))
+        return self._join(label, cells, width)
+
+    def _row(self, row: int, width: int) -> Strip:
+        board, cur = self.board, self.cursor
+        t = cur.t
+        first = board.first_diff
+        is_cursor_row = row == cur.row
+        marker = " "
+        cells: list[Segment] = []
+        n = 1 if self._single(row) else len(board.fields)
+        for c in range(n):
+            key = board.key(t, row, c)
+            st = board.cell(key, t)
+            style = self._style(_CLASS[st]) if st is not None else Style()
+            if key is not None and key == first:
+                style += self._style("grid--first")
+                marker = "▶"
+            if is_cursor_row and (c == cur.col or n == 1):
+                style += self._style("grid--cursor")
+            cells.append(Segment(cell_text(st, board.sides).center(CELL_W), style))
+            cells.append(Segment(" "))
+        name = board.rows[row]
+        lab = self._style("grid--label") + (self._style("grid--label-cursor") if is_cursor_row else Style())
+        label = [Segment(name.ljust(LABEL_W - 1), lab),
+                 Segment(marker, self._style("grid--marker") if marker != " " else lab)]
+        return self._join(label, cells, width)
+
+    # ---- mouse -----------------------------------------------------------
+
+    def on_click(self, event: Click) -> None:
+        if self.board is None:
+            return
+        offset = event.get_content_offset(self)
+        if offset is None or offset.y == 0:
+            return
+        row = self.scroll_offset.y + offset.y - 1
+        if row >= len(self.board.rows):
+            return
+        col = None
+        if offset.x >= LABEL_W:
+            col = (offset.x - LABEL_W + self.scroll_offset.x) // STEP
+            col = col if col < len(self.board.fields) else None
+        self.post_message(self.CellClicked(row, col))

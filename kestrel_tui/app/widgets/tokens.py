@@ -1,0 +1,97 @@
+"""The token strip: one cell per position, and a line about the current one.
+
+A cell is a glyph as well as a colour (ok ✓, DIFF ✗, top-1 flip !, pending ·,
+missing ?), so the strip still reads without colour. Prompt positions sit on
+a shaded background left of a bar, generated ones plain right of it. With more
+positions than fit, the strip shows a window around the current position.
+"""
+from __future__ import annotations
+
+from rich.style import Style
+from rich.text import Text
+from textual.widget import Widget
+
+from ..state import Board
+
+GLYPH = {"ok": "✓", "diff": "✗", "flip": "!", "pending": "·", "missing": "?"}
+CELL = 2  # glyph + a space
+
+
+class TokenStrip(Widget, can_focus=False):
+    COMPONENT_CLASSES = {
+        "tokens--ok", "tokens--diff", "tokens--flip", "tokens--pending", "tokens--missing",
+        "tokens--prompt", "tokens--cursor", "tokens--first", "tokens--info", "tokens--dim",
+    }
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.board: Board | None = None
+        self.t = 0
+
+    def show(self, board: Board | None, t: int) -> None:
+        self.board, self.t = board, t
+        self.refresh()
+
+    def _s(self, name: str) -> Style:
+        return self.get_component_rich_style(name, partial=True)
+
+    def render(self) -> Text:
+        board = self.board
+        if board is None:
+            return Text("")
+        # one line each, clipped rather than wrapped: the strip has a fixed height
+        out = Text("\n").join([self._info(board), self._cells(board)])
+        out.no_wrap, out.overflow = True, "ellipsis"
+        return out
+
+    def _info(self, board: Board) -> Text:
+        t = self.t
+        kind = {True: "prompt", False: "generated", None: "position"}[board.is_prompt(t)]
+        out = Text(f"t{t} ", style=self._s("tokens--info"))
+        out.append(f"{kind} {t + 1}/{board.n_positions}", style=self._s("tokens--dim"))
+        state = board.position_state(t)
+        top = board.top1[t]
+        if top is not None:
+            a, b = board.sides
+            out.append(f"  top-1 {a} {top[0]} / {b} {top[1]}")
+            if top[0] != top[1]:
+                out.append("  FLIP", style=self._s("tokens--flip"))
+        if state == "pending":
+            out.append("  pending", style=self._s("tokens--pending"))
+        else:
+            n, m = board.n_diff[t], board.n_missing[t]
+            out.append(f"  {n} DIFF", style=self._s("tokens--diff") if n else self._s("tokens--dim"))
+            if m:
+                out.append(f"  {m} missing", style=self._s("tokens--missing"))
+        if board.prompt_len is not None:
+            out.append(f"   prompt 0-{board.prompt_len - 1} | generated {board.prompt_len}-"
+                       f"{board.n_positions - 1}", style=self._s("tokens--dim"))
+        return out
+
+    def _cells(self, board: Board) -> Text:
+        width = max(CELL, self.size.width)
+        n = board.n_positions
+        fits = max(1, (width - 4) // CELL)  # room for the '‹' '›' clip marks and the prompt bar
+        start = 0 if n <= fits else min(max(0, self.t - fits // 2), n - fits)
+        stop = min(n, start + fits)
+        first_t = None
+        if board.first_diff is not None:
+            first_t = int(board.first_diff[1:board.first_diff.index("_")])
+        out = Text("‹" if start > 0 else " ", style=self._s("tokens--dim"))
+        for t in range(start, stop):
+            if board.prompt_len is not None and t == board.prompt_len and t > start:
+                out.append("│", style=self._s("tokens--dim"))
+            state = board.position_state(t)
+            style = self._s(f"tokens--{state}")
+            if board.is_prompt(t):
+                style += self._s("tokens--prompt")
+            if t == first_t:
+                style += self._s("tokens--first")
+            if t == self.t:
+                style += self._s("tokens--cursor")
+            out.append(GLYPH[state], style=style)
+            out.append(" ", style=self._s("tokens--prompt") if board.is_prompt(t) and t + 1 != board.prompt_len
+                       else Style())
+        if stop < n:
+            out.append("›", style=self._s("tokens--dim"))
+        return out

@@ -1,0 +1,243 @@
+// attention.cu — decode / prefill attention over the KV cache. Toggle: attention
+// (and expf for its exponentials).
+//
+// Column m sits at position t = pos0+m and attends to cache positions 0..t;
+// q head h reads kv head h / (n_q/n_kv). grid (n_q, M) for every version.
+//
+// Versions:
+//   attn_exact_q8 / attn_exact_f32
+//       contract step 6. The query head is quantized like a KV row (q8 cache),
+//       s_p = (float(isum_p) * (dq*dk_p)) * scale with an exact int32 dot, or
+//       s_p = lane_sum(q[j]*k_p[j]) * scale (f32 cache). Online softmax:
+//       m_p = max(m_{p-1}, s_p), c_p = expf(m_{p-1} - m_p), w_p = expf(s_p - m_p),
+//       l = l*c_p + w_p, acc[j] = acc[j]*c_p + w_p*v_p[j], out = acc/l.
+//       Only the last two recurrences are serial: the scores, the running max
+//       (a prefix-max scan) and both exponentials do not depend on acc, so a
+//       tile of positions computes them in parallel (one thread per position);
+//       then thread j runs the recurrence for output element j over the tile
+//       (every thread also carries l). Positions stay in ascending order, every
+//       product is rounded before its add, so this is bit-identical to the
+//       serial loop — and the seed's one-thread-per-head scan (2.25x the fast
+//       kernel) becomes a parallel kernel with a 1-flop-deep serial part.
+//   attn_fast_q8 / attn_fast_f32
+//       two-pass softmax as engines do it: scores with FMA dots on the
+//       dequantized cache (no query quantization), block max, e = exp(s - max),
+//       block-tree sum, then P·V split over position groups with FMAs and
+//       out = acc * (1/l). Scores go through a global scratch row.
+#include "common.cuh"
+
+#define ATT_MAX_HD 256
+#define ATT_MAX_THREADS 256
+
+__device__ __forceinline__ float block_max(float v, float *red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  float r = red[0];
+  for (int i = 1; i < nw; i++) r = fmaxf(r, red[i]);
+  return r;
+}
+
+__device__ __forceinline__ float block_sum_fast(float v, float *red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = warp_sum_fast(v);
+  __syncthreads();
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  float r = 0.0f;
+  if (lane < nw) r = red[lane];
+  return warp_sum_fast(r);
+}
+
+// ------------------------------------------------------------ exact
+
+// q: [M, n_q, hd]; kc/vc: the layer cache [cap, n_kv, hd] (int8 or f32);
+// ksc/vsc: [cap, n_kv]; out: [M, n_q*hd]. block: a multiple of 32, >= hd, <= 256.
+template <bool Q8>
+__device__ __forceinline__ void attn_exact(const float *__restrict__ q, const void *__restrict__ kc,
+                                           const float *__restrict__ ksc, const void *__restrict__ vc,
+                                           const float *__restrict__ vsc, float *__restrict__ out, int pos0,
+                                           int n_q, int n_kv, int hd, float scale, int exact_exp) {
+  __shared__ float qf[ATT_MAX_HD];
+  __shared__ int qq4[ATT_MAX_HD / 4];
+  __shared__ float s_c[ATT_MAX_THREADS], s_w[ATT_MAX_THREADS], s_incl[ATT_MAX_THREADS];
+  __shared__ float red[32];
+  const int h = blockIdx.x, m = blockIdx.y, tid = threadIdx.x, NT = blockDim.x;
+  const int lane = tid & 31, warp = tid >> 5;
+  const int kvh = h / (n_q / n_kv);
+  const int T = pos0 + m + 1;  // positions 0..t
+  const float *qh = q + ((size_t)m * n_q + h) * hd;
+
+  float dq = 0.0f;
+  if (Q8) {  // query q8: the KV row rule (f32 scale, clamp to +-127)
+    const float v = tid < hd ? qh[tid] : 0.0f;
+    const float amax = block_max(fabsf(v), red);
+    dq = FDIV(amax, 127.0f);
+    const float id = dq == 0.0f ? 0.0f : FDIV(1.0f, dq);
+    if (tid < hd) ((signed char *)qq4)[tid] = (signed char)fminf(127.0f, fmaxf(-127.0f, roundf(FMUL(v, id))));
+  } else {
+    if (tid < hd) qf[tid] = qh[tid];
+  }
+  __syncthreads();
+
+  float m_run = -INFINITY, l = 0.0f, acc = 0.0f;
+  for (int p0 = 0; p0 < T; p0 += NT) {
+    const int np = min(NT, T - p0);
+    const int p = p0 + tid;
+    float s = -INFINITY;
+    if (tid < np) {
+      const size_t row = (size_t)p * n_kv + kvh;
+      if (Q8) {
+        const int *krow = (const int *)((const signed char *)kc + row * hd);
+        int isum = 0;
+        for (int j4 = 0; j4 < hd / 4; j4++) isum = __dp4a(qq4[j4], krow[j4], isum);
+        s = FMUL(FMUL(__int2float_rn(isum), FMUL(dq, ksc[row])), scale);
+      } else {
+        const float *krow = (const float *)kc + row * hd;
+        float v[32];
+#pragma unroll
+        for (int i = 0; i < 32; i++) v[i] = 0.0f;
+        for (int j0 = 0; j0 < hd; j0 += 32) {
+#pragma unroll
+          for (int i = 0; i < 32; i++)
+            if (j0 + i < hd) v[i] = FADD(v[i], FMUL(qf[j0 + i], krow[j0 + i]));
+        }
+#pragma unroll
+        for (int off = 16; off >= 1; off >>= 1) {
+#pragma unroll
+          for (int i = 0; i < off; i++) v[i] = FADD(v[i], v[i + off]);
+        }
+        s = FMUL(v[0], scale);
+      }
+    }
+    // running max: inclusive prefix max over the tile, seeded with m_run
+    float incl = s;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+      const float o = __shfl_up_sync(FULL_MASK, incl, off);
+      if (lane >= off) incl = fmaxf(incl, o);
+    }
+    if (lane == 31) red[warp] = incl;
+    __syncthreads();
+    for (int w2 = 0; w2 < warp; w2++) incl = fmaxf(incl, red[w2]);
+    incl = fmaxf(incl, m_run);
+    s_incl[tid] = incl;
+    __syncthreads();
+    if (tid < np) {
+      const float mprev = tid == 0 ? m_run : s_incl[tid - 1];
+      s_c[tid] = exact_exp ? expf_ucrt(FSUB(mprev, incl)) : expf(FSUB(mprev, incl));
+      s_w[tid] = exact_exp ? expf_ucrt(FSUB(s, incl)) : expf(FSUB(s, incl));
+    }
+    __syncthreads();
+    if (tid < hd) {
+#pragma unroll 8
+      for (int i = 0; i < np; i++) {
+        const size_t row = (size_t)(p0 + i) * n_kv + kvh;
+        const float vv = Q8 ? FMUL((float)((const signed char *)vc)[row * hd + tid], vsc[row])
+                            : ((const float *)vc)[row * hd + tid];
+        const float ci = s_c[i], wi = s_w[i];
+        acc = FADD(FMUL(acc, ci), FMUL(wi, vv));
+        l = FADD(FMUL(l, ci), wi);
+      }
+    }
+    m_run = s_incl[np - 1];
+    __syncthreads();
+  }
+  if (tid < hd) out[((size_t)m * n_q + h) * hd + tid] = FDIV(acc, l);
+}
+
+extern "C" __global__ void attn_exact_q8(const float *q, const signed char *kc, const float *ksc,
+                                         const signed char *vc, const float *vsc, float *out, int pos0, int n_q,
+                                         int n_kv, int hd, float scale, int exact_exp) {
+  attn_exact<true>(q, kc, ksc, vc, vsc, out, pos0, n_q, n_kv, hd, scale, exact_exp);
+}
+extern "C" __global__ void attn_exact_f32(const float *q, const float *kc, const float *ksc, const float *vc,
+                                          const float *vsc, float *out, int pos0, int n_q, int n_kv, int hd,
+                                          float scale, int exact_exp) {
+  attn_exact<false>(q, kc, ksc, vc, vsc, out, pos0, n_q, n_kv, hd, scale, exact_exp);
+}
+
+// ------------------------------------------------------------ fast
+
+// scores: scratch [M, n_q, cap_s] with cap_s >= pos0+M. block 256, hd <= 256.
+template <bool Q8>
+__device__ __forceinline__ void attn_fast(const float *__restrict__ q, const void *__restrict__ kc,
+                                          const float *__restrict__ ksc, const void *__restrict__ vc,
+                                          const float *__restrict__ vsc, float *__restrict__ out,
+                                          float *__restrict__ scores, int cap_s, int pos0, int n_q, int n_kv,
+                                          int hd, float scale, int exact_exp) {
+  __shared__ float qf[ATT_MAX_HD];
+  __shared__ float part[ATT_MAX_THREADS];
+  __shared__ float red[32];
+  const int h = blockIdx.x, m = blockIdx.y, tid = threadIdx.x, NT = blockDim.x;
+  const int kvh = h / (n_q / n_kv);
+  const int T = pos0 + m + 1;
+  const float *qh = q + ((size_t)m * n_q + h) * hd;
+  float *S = scores + ((size_t)m * n_q + h) * cap_s;
+  for (int j = tid; j < hd; j += NT) qf[j] = qh[j];
+  __syncthreads();
+
+  float lmax = -INFINITY;
+  for (int p = tid; p < T; p += NT) {
+    const size_t row = (size_t)p * n_kv + kvh;
+    float a = 0.0f;
+    if (Q8) {
+      const int *krow = (const int *)((const signed char *)kc + row * hd);
+      for (int j4 = 0; j4 < hd / 4; j4++) {
+        const int w = krow[j4];
+        a = fmaf(qf[4 * j4 + 0], (float)(signed char)(w), a);
+        a = fmaf(qf[4 * j4 + 1], (float)(signed char)(w >> 8), a);
+        a = fmaf(qf[4 * j4 + 2], (float)(signed char)(w >> 16), a);
+        a = fmaf(qf[4 * j4 + 3], (float)(signed char)(w >> 24), a);
+      }
+      a = a * (ksc[row] * scale);
+    } else {
+      const float *krow = (const float *)kc + row * hd;
+      for (int j = 0; j < hd; j++) a = fmaf(qf[j], krow[j], a);
+      a = a * scale;
+    }
+    S[p] = a;
+    lmax = fmaxf(lmax, a);
+  }
+  const float mx = block_max(lmax, red);
+  float lsum = 0.0f;
+  for (int p = tid; p < T; p += NT) {
+    const float e = exact_exp ? expf_ucrt(S[p] - mx) : expf(S[p] - mx);
+    S[p] = e;
+    lsum += e;
+  }
+  const float L = block_sum_fast(lsum, red);
+  __syncthreads();  // S (global) written by other threads of this block
+  const int G = NT / hd, grp = tid / hd, j = tid % hd;
+  if (grp < G) {
+    float a = 0.0f;
+    for (int p = grp; p < T; p += G) {
+      const size_t row = (size_t)p * n_kv + kvh;
+      if (Q8)
+        a = fmaf(S[p] * vsc[row], (float)((const signed char *)vc)[row * hd + j], a);
+      else
+        a = fmaf(S[p], ((const float *)vc)[row * hd + j], a);
+    }
+    part[grp * hd + j] = a;
+  }
+  __syncthreads();
+  if (tid < hd) {
+    float tot = 0.0f;
+    for (int g = 0; g < G; g++) tot += part[g * hd + tid];
+    out[((size_t)m * n_q + h) * hd + tid] = tot * (1.0f / L);
+  }
+}
+
+extern "C" __global__ void attn_fast_q8(const float *q, const signed char *kc, const float *ksc,
+                                        const signed char *vc, const float *vsc, float *out, float *scores,
+                                        int cap_s, int pos0, int n_q, int n_kv, int hd, float scale,
+                                        int exact_exp) {
+  attn_fast<true>(q, kc, ksc, vc, vsc, out, scores, cap_s, pos0, n_q, n_kv, hd, scale, exact_exp);
+}
+extern "C" __global__ void attn_fast_f32(const float *q, const float *kc, const float *ksc, const float *vc,
+                                         const float *vsc, float *out, float *scores, int cap_s, int pos0,
+                                         int n_q, int n_kv, int hd, float scale, int exact_exp) {
+  attn_fast<false>(q, kc, ksc, vc, vsc, out, scores, cap_s, pos0, n_q, n_kv, hd, scale, exact_exp);
+}

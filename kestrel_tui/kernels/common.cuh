@@ -1,0 +1,287 @@
+// common.cuh — shared by every kernel file of the cuda backend.
+//
+// THE EXACT-PATH CONTRACT (docs/numerics.md is the authority; this is how the
+// kernels keep it):
+//
+//   * Every *_exact kernel reproduces the CPU reference (backends/ops_exact.py)
+//     bit for bit: the same operations, in the same order, each one rounded
+//     the same way.
+//   * f32 arithmetic in exact code is written with the IEEE round-to-nearest
+//     intrinsics only (FADD/FMUL/FDIV/FSQRT below = __fadd_rn, __fmul_rn,
+//     __fdiv_rn, __fsqrt_rn), so no FMA contraction, no approximate division
+//     and no rsqrtf can creep in. As a second guard the backend compiles every
+//     module with -fmad=false (so plain operators in fast kernels are not
+//     contracted either: the fast kernels ask for FMAs explicitly with fmaf).
+//   * fma appears only in binary64, inside the transcendental replicas below,
+//     as __fma_rn (exactly rounded; -fmad=false does not touch explicit FMAs).
+//   * Reductions follow the contract's orders: lane sum (32 lanes, lane i takes
+//     terms i, i+32, ... from +0, then the xor butterfly 16, 8, 4, 2, 1 — a
+//     warp's native __shfl_xor_sync order), block-8 sum of squares, sequential
+//     sum. Integer dot products (int8 x int8, int4 x int8) are exact in int32,
+//     so __dp4a may sum them in any order.
+//   * expf/cosf/sinf are the UCRT replicas expf_ucrt/cosf_ucrt/sinf_ucrt —
+//     line-by-line ports of numerics/transcend.py (binary64 polynomials with
+//     explicit FMAs, one final rounding to float). Never the device expf/__expf
+//     in exact code.
+//
+// The *_fast kernels do what a GPU engine does (tree reductions with warp
+// shuffles, device expf/sincosf/rsqrtf, FMAs, reciprocal multiplies); they
+// only have to be plausible, deterministic and different.
+//
+// The replicas are __host__ __device__ so that the CPU-only test suite can
+// compile them for the host with nvcc and check them against the numpy
+// replicas without a GPU (tests/test_kernels_compile.py); on the device they
+// use the intrinsics named in the contract.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <stdint.h>
+#ifndef __CUDA_ARCH__
+#include <cmath>
+#include <cstring>
+#endif
+
+#define FADD(a, b) __fadd_rn((a), (b))
+#define FSUB(a, b) __fsub_rn((a), (b))
+#define FMUL(a, b) __fmul_rn((a), (b))
+#define FDIV(a, b) __fdiv_rn((a), (b))
+#define FSQRT(a) __fsqrt_rn(a)
+
+#define FULL_MASK 0xffffffffu
+#define QK 32  // q4_0 / q8_0 block size
+
+// ------------------------------------------------------------ binary64 helpers
+// Host builds (the CPU replica test) map the device intrinsics to their C99
+// equivalents, which are IEEE-exact too: fma is correctly rounded, nearbyint
+// rounds ties to even in the default rounding mode.
+
+__host__ __device__ __forceinline__ double d_bits(unsigned long long b) {
+#ifdef __CUDA_ARCH__
+  return __longlong_as_double((long long)b);
+#else
+  double d;
+  memcpy(&d, &b, sizeof d);
+  return d;
+#endif
+}
+__host__ __device__ __forceinline__ double d_fma(double a, double b, double c) {
+#ifdef __CUDA_ARCH__
+  return __fma_rn(a, b, c);
+#else
+  return std::fma(a, b, c);
+#endif
+}
+__host__ __device__ __forceinline__ double d_mul(double a, double b) {
+#ifdef __CUDA_ARCH__
+  return __dmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+__host__ __device__ __forceinline__ double d_sub(double a, double b) {
+#ifdef __CUDA_ARCH__
+  return __dsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+__host__ __device__ __forceinline__ int d_rint_to_int(double a) {  // ties to even
+#ifdef __CUDA_ARCH__
+  return __double2int_rn(a);
+#else
+  return (int)std::nearbyint(a);
+#endif
+}
+__host__ __device__ __forceinline__ float d_to_f(double a) {  // one rounding, RN
+#ifdef __CUDA_ARCH__
+  return __double2float_rn(a);
+#else
+  return (float)a;
+#endif
+}
+__host__ __device__ __forceinline__ unsigned f_bits(float f) {
+#ifdef __CUDA_ARCH__
+  return __float_as_uint(f);
+#else
+  unsigned u;
+  memcpy(&u, &f, sizeof u);
+  return u;
+#endif
+}
+__host__ __device__ __forceinline__ float f_from_bits(unsigned u) {
+#ifdef __CUDA_ARCH__
+  return __uint_as_float(u);
+#else
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+#endif
+}
+
+// ------------------------------------------------------------ expf_ucrt
+// T[j] = 2^(j/64) correctly rounded (numerics/transcend.py _EXP_T_BITS).
+#ifdef __CUDA_ARCH__
+__constant__
+#endif
+static const unsigned long long EXPF_T[64] = {
+    0x3FF0000000000000ull, 0x3FF02C9A3E778061ull, 0x3FF059B0D3158574ull, 0x3FF0874518759BC8ull,
+    0x3FF0B5586CF9890Full, 0x3FF0E3EC32D3D1A2ull, 0x3FF11301D0125B51ull, 0x3FF1429AAEA92DE0ull,
+    0x3FF172B83C7D517Bull, 0x3FF1A35BEB6FCB75ull, 0x3FF1D4873168B9AAull, 0x3FF2063B88628CD6ull,
+    0x3FF2387A6E756238ull, 0x3FF26B4565E27CDDull, 0x3FF29E9DF51FDEE1ull, 0x3FF2D285A6E4030Bull,
+    0x3FF306FE0A31B715ull, 0x3FF33C08B26416FFull, 0x3FF371A7373AA9CBull, 0x3FF3A7DB34E59FF7ull,
+    0x3FF3DEA64C123422ull, 0x3FF4160A21F72E2Aull, 0x3FF44E086061892Dull, 0x3FF486A2B5C13CD0ull,
+    0x3FF4BFDAD5362A27ull, 0x3FF4F9B2769D2CA7ull, 0x3FF5342B569D4F82ull, 0x3FF56F4736B527DAull,
+    0x3FF5AB07DD485429ull, 0x3FF5E76F15AD2148ull, 0x3FF6247EB03A5585ull, 0x3FF6623882552225ull,
+    0x3FF6A09E667F3BCDull, 0x3FF6DFB23C651A2Full, 0x3FF71F75E8EC5F74ull, 0x3FF75FEB564267C9ull,
+    0x3FF7A11473EB0187ull, 0x3FF7E2F336CF4E62ull, 0x3FF82589994CCE13ull, 0x3FF868D99B4492EDull,
+    0x3FF8ACE5422AA0DBull, 0x3FF8F1AE99157736ull, 0x3FF93737B0CDC5E5ull, 0x3FF97D829FDE4E50ull,
+    0x3FF9C49182A3F090ull, 0x3FFA0C667B5DE565ull, 0x3FFA5503B23E255Dull, 0x3FFA9E6B5579FDBFull,
+    0x3FFAE89F995AD3ADull, 0x3FFB33A2B84F15FBull, 0x3FFB7F76F2FB5E47ull, 0x3FFBCC1E904BC1D2ull,
+    0x3FFC199BDD85529Cull, 0x3FFC67F12E57D14Bull, 0x3FFCB720DCEF9069ull, 0x3FFD072D4A07897Cull,
+    0x3FFD5818DCFBA487ull, 0x3FFDA9E603DB3285ull, 0x3FFDFC97337B9B5Full, 0x3FFE502EE78B3FF6ull,
+    0x3FFEA4AFA2A490DAull, 0x3FFEFA1BEE615A27ull, 0x3FFF50765B6E4540ull, 0x3FFFA7C1819E90D8ull,
+};
+
+// UCRT expf (ucrtbase.dll RVA 0xA84F0): 64-entry table + degree-3 polynomial
+// in binary64 with explicit FMAs; x > 88.7228394f -> +inf, x < -104 -> +0.
+__host__ __device__ __forceinline__ float expf_ucrt(float xf) {
+  if (xf > f_from_bits(0x42B17218u)) return f_from_bits(0x7f800000u);  // +inf
+  if (xf < -104.0f) return 0.0f;
+  const double K = d_bits(0x40571547652B82FEull);   // 64/ln2
+  const double C2 = d_bits(0x3F862E42FEFA39EFull);  // ln2/64
+  const double C0 = d_bits(0x3FC5555555555555ull);  // 1/6
+  const double C1 = d_bits(0x3FE0000000000000ull);  // 1/2
+  const double x = (double)xf;
+  const int n = d_rint_to_int(d_mul(x, K));
+  const double dn = (double)n;
+  const double r = d_fma(-dn, C2, x);
+  const int j = n & 63;
+  const int m = n >> 6;  // arithmetic shift
+  const double z = d_mul(r, r);
+  const double p = d_fma(d_fma(r, C0, C1), z, r);
+  const double Tj = d_bits(EXPF_T[j]);
+  const double q = d_fma(Tj, p, Tj);
+  const double two_m = d_bits((unsigned long long)(long long)(m + 1023) << 52);
+  return d_to_f(d_mul(two_m, q));
+}
+
+// ------------------------------------------------------------ cosf_ucrt / sinf_ucrt
+// UCRT cosf (RVA 0xA7D20) / sinf (RVA 0xAC110): direct polynomial for
+// |x| <= pi/4 (with the two small-|x| shortcuts), Cody-Waite reduction above.
+// Beyond the Payne-Hanek thresholds (never reached by RoPE) they fall back to
+// the binary64 library function, like the numpy replica.
+
+__host__ __device__ __forceinline__ double ucrt_poly_cos(double z) {  // C(x), z = x*x
+  const double A3 = d_bits(0x3FA5555555555555ull);
+  const double A5 = d_bits(0xBF56C16C16C16C16ull);
+  const double A7 = d_bits(0x3EFA01A01A01A019ull);
+  const double A9 = d_bits(0xBE927E4FB7789F5Cull);
+  double p = d_fma(z, A9, A7);
+  p = d_fma(z, p, A5);
+  p = d_fma(z, p, A3);
+  return d_fma(p, d_mul(z, z), d_sub(1.0, d_mul(0.5, z)));
+}
+__host__ __device__ __forceinline__ double ucrt_poly_sin(double x, double z) {  // S(x), z = x*x
+  const double B3 = d_bits(0xBFC5555555555555ull);
+  const double B5 = d_bits(0x3F81111111111111ull);
+  const double B7 = d_bits(0xBF2A01A01A01A01Aull);
+  const double B9 = d_bits(0x3EC71DE3A556C734ull);
+  double p = d_fma(z, B9, B7);
+  p = d_fma(z, p, B5);
+  p = d_fma(z, p, B3);
+  return d_fma(p, d_mul(x, z), x);
+}
+
+// Cody-Waite: n = trunc(fma(|x|, 2/pi, 0.5)), r = fma(-n, PIO2_HI, |x|) - n*PIO2_LO
+__host__ __device__ __forceinline__ double ucrt_reduce(double ax, int *n_out) {
+  const double INV_PIO2 = d_bits(0x3FE45F306DC9C883ull);
+  const double PIO2_HI = d_bits(0x3FF921FB54400000ull);
+  const double PIO2_LO = d_bits(0x3DD0B4611A626331ull);
+  const int n = (int)d_fma(ax, INV_PIO2, 0.5);  // conversion truncates
+  const double dn = (double)n;
+  *n_out = n;
+  return d_sub(d_fma(-dn, PIO2_HI, ax), d_mul(dn, PIO2_LO));
+}
+
+__host__ __device__ __forceinline__ float cosf_ucrt(float xf) {
+  const unsigned au = f_bits(xf) & 0x7fffffffu;
+  const double x = (double)xf;
+  if (au >= 0x4F490FDBu) {  // inf/nan and the Payne-Hanek range
+#ifdef __CUDA_ARCH__
+    return d_to_f(cos(x));
+#else
+    return d_to_f(std::cos(x));
+#endif
+  }
+  if (au <= 0x3F490FDBu) {      // |x| <= pi/4
+    if (au < 0x39000000u) return 1.0f;  // |x| < 2^-13
+    if (au < 0x3C000000u) return d_to_f(d_fma(-d_mul(x, 0.5), x, 1.0));  // |x| < 2^-7
+    return d_to_f(ucrt_poly_cos(d_mul(x, x)));
+  }
+  int n;
+  const double r = ucrt_reduce(x < 0 ? -x : x, &n);
+  const double z = d_mul(r, r);
+  double res = (n & 1) ? ucrt_poly_sin(r, z) : ucrt_poly_cos(z);
+  if (((((n & 3) + 1) >> 1) & 1) != 0) res = -res;
+  return d_to_f(res);
+}
+
+__host__ __device__ __forceinline__ float sinf_ucrt(float xf) {
+  const unsigned au = f_bits(xf) & 0x7fffffffu;
+  const double x = (double)xf;
+  if (au >= 0x4B800456u) {
+#ifdef __CUDA_ARCH__
+    return d_to_f(sin(x));
+#else
+    return d_to_f(std::sin(x));
+#endif
+  }
+  if (au <= 0x3F490FDBu) {
+    if (au < 0x39000000u) return xf;  // |x| < 2^-13 (keeps -0.0)
+    if (au < 0x3C000000u) {  // |x| < 2^-7
+      const double B3 = d_bits(0xBFC5555555555555ull);  // fma(-(x*x*x), 1/6, x) == fma(B3, x^3, x)
+      return d_to_f(d_fma(B3, d_mul(d_mul(x, x), x), x));
+    }
+    return d_to_f(ucrt_poly_sin(x, d_mul(x, x)));
+  }
+  int n;
+  const double r = ucrt_reduce(x < 0 ? -x : x, &n);
+  const double z = d_mul(r, r);
+  double res = (n & 1) ? ucrt_poly_cos(z) : ucrt_poly_sin(r, z);
+  const bool neg = ((n & 3) >= 2) != (xf < 0.0f);
+  if (neg) res = -res;
+  return d_to_f(res);
+}
+
+#ifdef __CUDACC__
+// ------------------------------------------------------------ device-only helpers
+
+// The expf toggle: exact -> the UCRT replica, fast -> the device library expf.
+__device__ __forceinline__ float expf_sel(float x, int exact) {
+  return exact ? expf_ucrt(x) : expf(x);
+}
+
+// Contract lane sum, second half: xor butterfly 16, 8, 4, 2, 1 (every lane ends
+// with the same value because + is commutative).
+__device__ __forceinline__ float warp_butterfly_exact(float v) {
+#pragma unroll
+  for (int off = 16; off >= 1; off >>= 1) v = FADD(v, __shfl_xor_sync(FULL_MASK, v, off));
+  return v;
+}
+__device__ __forceinline__ float warp_sum_fast(float v) {
+#pragma unroll
+  for (int off = 16; off >= 1; off >>= 1) v += __shfl_down_sync(FULL_MASK, v, off);
+  return __shfl_sync(FULL_MASK, v, 0);
+}
+__device__ __forceinline__ float warp_max(float v) {  // max is exact in any order
+#pragma unroll
+  for (int off = 16; off >= 1; off >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, off));
+  return v;
+}
+
+// C roundf (half away from zero) — ggml's q8_0 rounding.
+__device__ __forceinline__ float round_half_away(float x) { return roundf(x); }
+
+// f16 round trip of a q8_0 block scale (__float2half_rn = numpy's astype(float16)).
+__device__ __forceinline__ float f16_round(float x) { return __half2float(__float2half_rn(x)); }
+#endif

@@ -1,0 +1,288 @@
+// gemv.cu — matrix x vector products over M columns, the q8_0 activation
+// quantization in front of them, and the embedding lookup. Toggle: gemm.
+//
+// Weights on the device (backends/cuda/weights.py):
+//   q4_0: nibbles [..., out, nb, 16] bytes (ggml packing: byte j holds q[j] in
+//         the low and q[j+16] in the high nibble, both +8), scales f16
+//         [..., out, nb]; the leading axis indexes experts.
+//   f32:  [..., out, in].
+// Activations: q8_0 values int8 [R, nb*32] and scales f32 [R, nb] (the f16
+// rounded values), R = columns (dense) or (column, expert) pairs.
+//
+// Versions:
+//   quantize_q8_0_exact  ggml quantize_row_q8_0_ref: d = amax/127,
+//                        id = d ? 1/d : 0, q = roundf(x*id), d stored as f16.
+//   quantize_q8_0_fast   ggml-cuda quantize_q8_1: q = roundf(x / d) (a divide
+//                        instead of the reciprocal multiply).
+//   gemv_q4_exact        contract GEMV: isum = exact int dot per 32-block
+//                        (__dp4a), term = float(isum) * (dw*dx), the 32-lane
+//                        sum: lane i takes blocks i, i+32, ... from +0, then the
+//                        xor butterfly. One warp per output row, up to GEMV_MC
+//                        columns per warp so a weight block is read once for
+//                        several columns; every column is still reduced on its
+//                        own, so batch columns equal M=1 decode.
+//   gemv_q4_fast         same loop with the term fused: acc = fma(float(isum),
+//                        dw*dx, acc) — what FMA contraction makes of it.
+//   gemv_q4_experts_*    the same for stacked experts: grid.y = (column,
+//                        slot) pairs, each with its own expert id; grid.z picks
+//                        one of two matrices (gate and up in one launch).
+//   gemv_f32_exact       --weights f32: terms w[i]*x[i] lane-summed over
+//                        elements (lane i takes i, i+32, ...), butterfly.
+//   gemv_f32_fast        FMA accumulation.
+//   gemv_f32_experts_*   stacked-expert versions.
+//   embed_q4 / embed_f32 the embedding row (q4_0: d * float(q-8)); no toggle.
+//
+// Every dense kernel can add a residual: y = res + W x (the add is rounded on
+// its own, exactly like ores = x + o in the reference).
+#include "common.cuh"
+
+#define GEMV_WARPS 4  // rows per block
+#define GEMV_MC 4     // columns per warp (dense kernels)
+
+// ------------------------------------------------------------ activation quantization
+
+// x: [n_total] f32 (n_total a multiple of 32, rows laid end to end); one warp per block.
+template <bool EXACT>
+__device__ __forceinline__ void quantize_q8_0(const float *__restrict__ x, signed char *__restrict__ q,
+                                              float *__restrict__ d_out, int n_total) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i - (threadIdx.x & 31) >= n_total) return;  // whole warps only
+  const float v = x[i];
+  const float amax = warp_max(fabsf(v));
+  float r;
+  float d;
+  if (EXACT) {
+    d = FDIV(amax, 127.0f);
+    const float id = d == 0.0f ? 0.0f : FDIV(1.0f, d);
+    r = roundf(FMUL(v, id));
+  } else {
+    d = amax / 127.0f;
+    r = amax == 0.0f ? 0.0f : roundf(v / d);
+  }
+  q[i] = (signed char)r;
+  if ((threadIdx.x & 31) == 0) d_out[i / QK] = f16_round(d);
+}
+
+extern "C" __global__ void quantize_q8_0_exact(const float *__restrict__ x, signed char *__restrict__ q,
+                                               float *__restrict__ d, int n_total) {
+  quantize_q8_0<true>(x, q, d, n_total);
+}
+extern "C" __global__ void quantize_q8_0_fast(const float *__restrict__ x, signed char *__restrict__ q,
+                                              float *__restrict__ d, int n_total) {
+  quantize_q8_0<false>(x, q, d, n_total);
+}
+
+// ------------------------------------------------------------ q4_0 x q8_0
+
+// One lane's share of a row against up to MC activation columns.
+template <bool EXACT, int MC>
+__device__ __forceinline__ void q4_lane_dot(const uint4 *__restrict__ wrow, const __half *__restrict__ drow, int nb,
+                                            const signed char *__restrict__ xq, const float *__restrict__ xd,
+                                            int ncols, float (&acc)[MC]) {
+  const int lane = threadIdx.x & 31;
+  for (int b = lane; b < nb; b += 32) {
+    const uint4 wv = wrow[b];
+    const float dw = __half2float(drow[b]);
+    const int wl0 = wv.x & 0x0F0F0F0F, wl1 = wv.y & 0x0F0F0F0F, wl2 = wv.z & 0x0F0F0F0F, wl3 = wv.w & 0x0F0F0F0F;
+    const int wh0 = (wv.x >> 4) & 0x0F0F0F0F, wh1 = (wv.y >> 4) & 0x0F0F0F0F;
+    const int wh2 = (wv.z >> 4) & 0x0F0F0F0F, wh3 = (wv.w >> 4) & 0x0F0F0F0F;
+#pragma unroll
+    for (int c = 0; c < MC; c++) {
+      if (c < ncols) {
+        const int4 *xp = (const int4 *)(xq + ((size_t)c * nb + b) * QK);
+        const int4 xa = xp[0], xb = xp[1];
+        // sum of (q+8)*x over the block, then subtract 8*sum(x): exact in int32
+        int su = __dp4a(wl0, xa.x, 0);
+        su = __dp4a(wl1, xa.y, su);
+        su = __dp4a(wl2, xa.z, su);
+        su = __dp4a(wl3, xa.w, su);
+        su = __dp4a(wh0, xb.x, su);
+        su = __dp4a(wh1, xb.y, su);
+        su = __dp4a(wh2, xb.z, su);
+        su = __dp4a(wh3, xb.w, su);
+        int sx = __dp4a(0x01010101, xa.x, 0);
+        sx = __dp4a(0x01010101, xa.y, sx);
+        sx = __dp4a(0x01010101, xa.z, sx);
+        sx = __dp4a(0x01010101, xa.w, sx);
+        sx = __dp4a(0x01010101, xb.x, sx);
+        sx = __dp4a(0x01010101, xb.y, sx);
+        sx = __dp4a(0x01010101, xb.z, sx);
+        sx = __dp4a(0x01010101, xb.w, sx);
+        const float fsum = __int2float_rn(su - 8 * sx);
+        const float dx = xd[(size_t)c * nb + b];
+        if (EXACT)
+          acc[c] = FADD(acc[c], FMUL(fsum, FMUL(dw, dx)));
+        else
+          acc[c] = fmaf(fsum, dw * dx, acc[c]);
+      }
+    }
+  }
+}
+
+template <bool EXACT>
+__device__ __forceinline__ float lane_reduce(float v) {
+  return EXACT ? warp_butterfly_exact(v) : warp_sum_fast(v);
+}
+
+// W: [out, nb] uint4, D: [out, nb] f16; xq: [M, nb*32]; xd: [M, nb]; res, y: [M, out].
+// grid (ceil(out/GEMV_WARPS), ceil(M/GEMV_MC)), block 32*GEMV_WARPS.
+template <bool EXACT>
+__device__ __forceinline__ void gemv_q4(const uint4 *__restrict__ W, const __half *__restrict__ D,
+                                        const signed char *__restrict__ xq, const float *__restrict__ xd,
+                                        const float *__restrict__ res, float *__restrict__ y, int out, int nb,
+                                        int M) {
+  const int row = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
+  if (row >= out) return;  // warp-uniform
+  const int m0 = blockIdx.y * GEMV_MC;
+  const int ncols = min(GEMV_MC, M - m0);
+  float acc[GEMV_MC];
+#pragma unroll
+  for (int c = 0; c < GEMV_MC; c++) acc[c] = 0.0f;
+  q4_lane_dot<EXACT, GEMV_MC>(W + (size_t)row * nb, D + (size_t)row * nb, nb, xq + (size_t)m0 * nb * QK,
+                              xd + (size_t)m0 * nb, ncols, acc);
+#pragma unroll
+  for (int c = 0; c < GEMV_MC; c++) acc[c] = lane_reduce<EXACT>(acc[c]);
+  if ((threadIdx.x & 31) == 0) {
+    for (int c = 0; c < ncols; c++) {
+      const size_t o = (size_t)(m0 + c) * out + row;
+      y[o] = res ? (EXACT ? FADD(res[o], acc[c]) : res[o] + acc[c]) : acc[c];
+    }
+  }
+}
+
+extern "C" __global__ void gemv_q4_exact(const uint4 *W, const __half *D, const signed char *xq, const float *xd,
+                                         const float *res, float *y, int out, int nb, int M) {
+  gemv_q4<true>(W, D, xq, xd, res, y, out, nb, M);
+}
+extern "C" __global__ void gemv_q4_fast(const uint4 *W, const __half *D, const signed char *xq, const float *xd,
+                                        const float *res, float *y, int out, int nb, int M) {
+  gemv_q4<false>(W, D, xq, xd, res, y, out, nb, M);
+}
+
+// Stacked experts W*: [E, out, nb]; eidx: [P] expert of each pair; pair p reads
+// activation column p / x_div (x_div = top_k when the k slots share one input).
+// grid (ceil(out/GEMV_WARPS), P, 1 or 2): z = 0 -> (W0, D0, y0), z = 1 -> (W1, D1, y1); y*: [P, out].
+template <bool EXACT>
+__device__ __forceinline__ void gemv_q4_experts(const uint4 *W0, const __half *D0, float *y0, const uint4 *W1,
+                                                const __half *D1, float *y1, const int *eidx,
+                                                const signed char *xq, const float *xd, int x_div, int out,
+                                                int nb) {
+  const int row = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
+  if (row >= out) return;
+  const int pair = blockIdx.y, e = eidx[pair], xc = pair / x_div;
+  const uint4 *W = blockIdx.z ? W1 : W0;
+  const __half *D = blockIdx.z ? D1 : D0;
+  float *y = blockIdx.z ? y1 : y0;
+  const size_t wrow = ((size_t)e * out + row) * nb;
+  float acc[1] = {0.0f};
+  q4_lane_dot<EXACT, 1>(W + wrow, D + wrow, nb, xq + (size_t)xc * nb * QK, xd + (size_t)xc * nb, 1, acc);
+  acc[0] = lane_reduce<EXACT>(acc[0]);
+  if ((threadIdx.x & 31) == 0) y[(size_t)pair * out + row] = acc[0];
+}
+
+extern "C" __global__ void gemv_q4_experts_exact(const uint4 *W0, const __half *D0, float *y0, const uint4 *W1,
+                                                 const __half *D1, float *y1, const int *eidx,
+                                                 const signed char *xq, const float *xd, int x_div, int out,
+                                                 int nb) {
+  gemv_q4_experts<true>(W0, D0, y0, W1, D1, y1, eidx, xq, xd, x_div, out, nb);
+}
+extern "C" __global__ void gemv_q4_experts_fast(const uint4 *W0, const __half *D0, float *y0, const uint4 *W1,
+                                                const __half *D1, float *y1, const int *eidx,
+                                                const signed char *xq, const float *xd, int x_div, int out,
+                                                int nb) {
+  gemv_q4_experts<false>(W0, D0, y0, W1, D1, y1, eidx, xq, xd, x_div, out, nb);
+}
+
+// ------------------------------------------------------------ f32 weights
+
+template <bool EXACT, int MC>
+__device__ __forceinline__ void f32_lane_dot(const float *__restrict__ wrow, const float *__restrict__ x, int n,
+                                             int ncols, float (&acc)[MC]) {
+  const int lane = threadIdx.x & 31;
+  for (int j = lane; j < n; j += 32) {
+    const float w = wrow[j];
+#pragma unroll
+    for (int c = 0; c < MC; c++) {
+      if (c < ncols) {
+        const float xv = x[(size_t)c * n + j];
+        acc[c] = EXACT ? FADD(acc[c], FMUL(w, xv)) : fmaf(w, xv, acc[c]);
+      }
+    }
+  }
+}
+
+// W: [out, n]; x: [M, n]; res, y: [M, out]. Same grid as gemv_q4.
+template <bool EXACT>
+__device__ __forceinline__ void gemv_f32(const float *__restrict__ W, const float *__restrict__ x,
+                                         const float *__restrict__ res, float *__restrict__ y, int out, int n,
+                                         int M) {
+  const int row = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
+  if (row >= out) return;
+  const int m0 = blockIdx.y * GEMV_MC;
+  const int ncols = min(GEMV_MC, M - m0);
+  float acc[GEMV_MC];
+#pragma unroll
+  for (int c = 0; c < GEMV_MC; c++) acc[c] = 0.0f;
+  f32_lane_dot<EXACT, GEMV_MC>(W + (size_t)row * n, x + (size_t)m0 * n, n, ncols, acc);
+#pragma unroll
+  for (int c = 0; c < GEMV_MC; c++) acc[c] = lane_reduce<EXACT>(acc[c]);
+  if ((threadIdx.x & 31) == 0) {
+    for (int c = 0; c < ncols; c++) {
+      const size_t o = (size_t)(m0 + c) * out + row;
+      y[o] = res ? (EXACT ? FADD(res[o], acc[c]) : res[o] + acc[c]) : acc[c];
+    }
+  }
+}
+
+extern "C" __global__ void gemv_f32_exact(const float *W, const float *x, const float *res, float *y, int out,
+                                          int n, int M) {
+  gemv_f32<true>(W, x, res, y, out, n, M);
+}
+extern "C" __global__ void gemv_f32_fast(const float *W, const float *x, const float *res, float *y, int out,
+                                         int n, int M) {
+  gemv_f32<false>(W, x, res, y, out, n, M);
+}
+
+template <bool EXACT>
+__device__ __forceinline__ void gemv_f32_experts(const float *W0, float *y0, const float *W1, float *y1,
+                                                 const int *eidx, const float *x, int x_div, int out, int n) {
+  const int row = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
+  if (row >= out) return;
+  const int pair = blockIdx.y, e = eidx[pair], xc = pair / x_div;
+  const float *W = blockIdx.z ? W1 : W0;
+  float *y = blockIdx.z ? y1 : y0;
+  float acc[1] = {0.0f};
+  f32_lane_dot<EXACT, 1>(W + ((size_t)e * out + row) * n, x + (size_t)xc * n, n, 1, acc);
+  acc[0] = lane_reduce<EXACT>(acc[0]);
+  if ((threadIdx.x & 31) == 0) y[(size_t)pair * out + row] = acc[0];
+}
+
+extern "C" __global__ void gemv_f32_experts_exact(const float *W0, float *y0, const float *W1, float *y1,
+                                                  const int *eidx, const float *x, int x_div, int out, int n) {
+  gemv_f32_experts<true>(W0, y0, W1, y1, eidx, x, x_div, out, n);
+}
+extern "C" __global__ void gemv_f32_experts_fast(const float *W0, float *y0, const float *W1, float *y1,
+                                                 const int *eidx, const float *x, int x_div, int out, int n) {
+  gemv_f32_experts<false>(W0, y0, W1, y1, eidx, x, x_div, out, n);
+}
+
+// ------------------------------------------------------------ embedding
+
+// out: [M, nb*32]; grid (ceil(nb*32/256), M), block 256.
+extern "C" __global__ void embed_q4(const unsigned char *__restrict__ Wq, const __half *__restrict__ D,
+                                    const int *__restrict__ tokens, float *__restrict__ out, int nb) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x, m = blockIdx.y;
+  if (i >= nb * QK) return;
+  const size_t tok = (size_t)tokens[m];
+  const int b = i / QK, j = i % QK;
+  const unsigned char byte = Wq[(tok * nb + b) * 16 + (j & 15)];
+  const int q = (j < 16 ? (byte & 15) : (byte >> 4)) - 8;
+  out[(size_t)m * nb * QK + i] = FMUL(__half2float(D[tok * nb + b]), (float)q);
+}
+
+extern "C" __global__ void embed_f32(const float *__restrict__ W, const int *__restrict__ tokens,
+                                     float *__restrict__ out, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x, m = blockIdx.y;
+  if (i >= n) return;
+  out[(size_t)m * n + i] = W[(size_t)tokens[m] * n + i];
+}

@@ -1,0 +1,161 @@
+// moe.cu — the sparse MoE block around the expert GEMVs: router softmax and
+// top-k, SwiGLU's silu(gate)*up (with the q8_0 quantization of its output for
+// the down projection), and the weighted expert sum. Toggle: moe (their
+// exponentials follow the expf toggle; the q8_0 rule follows gemm).
+//
+// Versions:
+//   router_exact   contract step 8: m = max r, e_i = expf(r_i - m),
+//                  S = sequential sum in expert order, p_i = e_i / S; top-k by
+//                  rank (descending p, ties to the lower expert index: each
+//                  thread counts the experts ranked before it, so the selection
+//                  is order-free and parallel); w_j = p_j / (sequential sum of
+//                  the selected p in rank order) when norm_topk_prob.
+//   router_fast    warp-shuffle tree sum, p = e * (1/S), renormalised by a
+//                  reciprocal multiply.
+//   silu_mul_exact a = (g / (1 + expf(-g))) * u, every op rounded.
+//   silu_mul_fast  a = (g * (1/(1 + expf(-g)))) * u.
+//                  Both optionally quantize a to q8_0 in the same pass (one
+//                  warp = one 32-block), with the exact or the fast rule.
+//   combine_exact  moe = 0; moe = moe + w_j*y_j in rank order; x = ores + moe.
+//   combine_fast   FMA chain over the slots.
+//                  (Deterministic on purpose: an atomicAdd scatter from the down
+//                  projection would make two fast runs differ from each other,
+//                  and the debugger compares runs.)
+#include "common.cuh"
+
+#define MOE_MAX_EXPERTS 1024
+#define MOE_MAX_TOPK 64
+
+// logits: [M, E]; topk: [M, k] int32; topw: [M, k]. grid M, block = E rounded up to 32.
+template <bool EXACT>
+__device__ __forceinline__ void router(const float *__restrict__ logits, int *__restrict__ topk,
+                                       float *__restrict__ topw, int E, int k, int norm, int exact_exp) {
+  __shared__ float sp[MOE_MAX_EXPERTS];
+  __shared__ float selp[MOE_MAX_TOPK];
+  __shared__ float red[32];
+  __shared__ float bc;
+  const int m = blockIdx.x, i = threadIdx.x, lane = i & 31, warp = i >> 5, nw = blockDim.x >> 5;
+  const float r = i < E ? logits[(size_t)m * E + i] : -INFINITY;
+  float mx = warp_max(r);
+  if (lane == 0) red[warp] = mx;
+  __syncthreads();
+  mx = red[0];
+  for (int w2 = 1; w2 < nw; w2++) mx = fmaxf(mx, red[w2]);
+  const float e = i < E ? expf_sel(FSUB(r, mx), exact_exp) : 0.0f;
+  float p;
+  if (EXACT) {
+    sp[i] = e;
+    __syncthreads();
+    if (i == 0) {
+      float S = 0.0f;
+      for (int j = 0; j < E; j++) S = FADD(S, sp[j]);
+      bc = S;
+    }
+    __syncthreads();
+    p = FDIV(e, bc);
+  } else {
+    __syncthreads();  // everyone has read red
+    const float part = warp_sum_fast(e);
+    if (lane == 0) red[warp] = part;
+    __syncthreads();
+    const float S = warp_sum_fast(lane < nw ? red[lane] : 0.0f);
+    p = e * (1.0f / S);
+  }
+  __syncthreads();
+  sp[i] = p;
+  __syncthreads();
+  if (i < E) {
+    int rank = 0;
+    for (int j = 0; j < E; j++) {
+      const float pj = sp[j];
+      rank += (pj > p) || (pj == p && j < i);
+    }
+    if (rank < k) {
+      topk[(size_t)m * k + rank] = i;
+      selp[rank] = p;
+    }
+  }
+  __syncthreads();
+  if (i == 0) {
+    float s = 0.0f;
+    for (int j = 0; j < k; j++) s = EXACT ? FADD(s, selp[j]) : s + selp[j];
+    const float inv = 1.0f / s;
+    for (int j = 0; j < k; j++)
+      topw[(size_t)m * k + j] = !norm ? selp[j] : (EXACT ? FDIV(selp[j], s) : selp[j] * inv);
+  }
+}
+
+extern "C" __global__ void router_exact(const float *logits, int *topk, float *topw, int E, int k, int norm,
+                                        int exact_exp) {
+  router<true>(logits, topk, topw, E, k, norm, exact_exp);
+}
+extern "C" __global__ void router_fast(const float *logits, int *topk, float *topw, int E, int k, int norm,
+                                       int exact_exp) {
+  router<false>(logits, topk, topw, E, k, norm, exact_exp);
+}
+
+// g, u, a: [n_total] f32; aq/ad: q8_0 of a ([n_total] int8, [n_total/32] f32) or null
+// (then n_total need not be a multiple of 32). grid ceil(n_total/256), block 256.
+template <bool EXACT>
+__device__ __forceinline__ void silu_mul(const float *__restrict__ g, const float *__restrict__ u,
+                                         float *__restrict__ a, signed char *__restrict__ aq,
+                                         float *__restrict__ ad, int n_total, int exact_exp, int exact_quant) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i - (threadIdx.x & 31) >= n_total) return;  // whole warps only
+  const bool in = i < n_total;
+  float av = 0.0f;
+  if (in) {
+    const float gv = g[i];
+    const float e = expf_sel(-gv, exact_exp);
+    const float s = EXACT ? FDIV(gv, FADD(1.0f, e)) : gv * __frcp_rn(1.0f + e);
+    av = EXACT ? FMUL(s, u[i]) : s * u[i];
+    a[i] = av;
+  }
+  if (aq) {  // n_total is a multiple of 32 here: every lane is in
+    const float amax = warp_max(fabsf(av));
+    float d, r;
+    if (exact_quant) {
+      d = FDIV(amax, 127.0f);
+      const float id = d == 0.0f ? 0.0f : FDIV(1.0f, d);
+      r = roundf(FMUL(av, id));
+    } else {
+      d = amax / 127.0f;
+      r = amax == 0.0f ? 0.0f : roundf(av / d);
+    }
+    aq[i] = (signed char)r;
+    if ((threadIdx.x & 31) == 0) ad[i / QK] = f16_round(d);
+  }
+}
+
+extern "C" __global__ void silu_mul_exact(const float *g, const float *u, float *a, signed char *aq, float *ad,
+                                          int n_total, int exact_exp, int exact_quant) {
+  silu_mul<true>(g, u, a, aq, ad, n_total, exact_exp, exact_quant);
+}
+extern "C" __global__ void silu_mul_fast(const float *g, const float *u, float *a, signed char *aq, float *ad,
+                                         int n_total, int exact_exp, int exact_quant) {
+  silu_mul<false>(g, u, a, aq, ad, n_total, exact_exp, exact_quant);
+}
+
+// y: [M, k, n] expert outputs in rank order; w: [M, k]; res (ores), moe, x: [M, n].
+// grid (ceil(n/256), M), block 256.
+extern "C" __global__ void combine_exact(const float *__restrict__ y, const float *__restrict__ w,
+                                         const float *__restrict__ res, float *__restrict__ moe,
+                                         float *__restrict__ x, int n, int k) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x, m = blockIdx.y;
+  if (i >= n) return;
+  float acc = 0.0f;
+  for (int j = 0; j < k; j++) acc = FADD(acc, FMUL(w[(size_t)m * k + j], y[((size_t)m * k + j) * n + i]));
+  moe[(size_t)m * n + i] = acc;
+  x[(size_t)m * n + i] = FADD(res[(size_t)m * n + i], acc);
+}
+
+extern "C" __global__ void combine_fast(const float *__restrict__ y, const float *__restrict__ w,
+                                        const float *__restrict__ res, float *__restrict__ moe,
+                                        float *__restrict__ x, int n, int k) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x, m = blockIdx.y;
+  if (i >= n) return;
+  float acc = 0.0f;
+  for (int j = 0; j < k; j++) acc = fmaf(w[(size_t)m * k + j], y[((size_t)m * k + j) * n + i], acc);
+  moe[(size_t)m * n + i] = acc;
+  x[(size_t)m * n + i] = res[(size_t)m * n + i] + acc;
+}

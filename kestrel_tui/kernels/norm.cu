@@ -1,0 +1,105 @@
+// norm.cu — RMSNorm over the hidden size and QK-norm (RMSNorm per head over
+// head_dim). Toggle: norm.
+//
+// Versions:
+//   rmsnorm_exact   contract step 1: ss = block-8 sum of squares (8-element
+//                   blocks lo[k]=x[b+k]^2, hi[k]=x[b+4+k]^2, lo+=hi,
+//                   (lo0+lo1)+(lo2+lo3), blocks added in ascending order, tail
+//                   element by element); rms = 1/sqrt(ss/d + eps) with IEEE
+//                   divide and sqrt; out = (x*rms)*w. The per-block terms are
+//                   computed in parallel, only the 256-term chain is serial.
+//   rmsnorm_fast    what engines do: per-thread FMA partial sums, warp-shuffle
+//                   tree, rsqrtf(ss*(1/d) + eps), out = x*(rms*w).
+//   qknorm_exact    contract step 3: ss = sequential sum of x[j]*x[j] over the
+//                   head, same rms formula; one warp per head, lane 0 sums.
+//   qknorm_fast     warp-shuffle tree with FMAs and rsqrtf.
+//
+// Both qknorm kernels normalise the q heads and the k heads of M columns in one
+// launch: grid (n_q + n_kv, M), head h < n_q is a q head.
+#include "common.cuh"
+
+#define NORM_THREADS 256
+#define NORM_MAX_TERMS 4096  // hidden sizes up to 32768
+
+// x, out: [M, n] row-major; grid = M blocks of NORM_THREADS.
+extern "C" __global__ void rmsnorm_exact(const float *__restrict__ x, const float *__restrict__ w,
+                                         float *__restrict__ out, int n, float eps) {
+  __shared__ float terms[NORM_MAX_TERMS];
+  __shared__ float rms_s;
+  const float *xr = x + (size_t)blockIdx.x * n;
+  float *yr = out + (size_t)blockIdx.x * n;
+  const int n8 = n & ~7;
+  for (int b = threadIdx.x; b < n8 / 8; b += blockDim.x) {
+    const float *v = xr + 8 * b;
+    float lo[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) lo[k] = FADD(FMUL(v[k], v[k]), FMUL(v[4 + k], v[4 + k]));
+    terms[b] = FADD(FADD(lo[0], lo[1]), FADD(lo[2], lo[3]));
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float ss = 0.0f;
+    for (int b = 0; b < n8 / 8; b++) ss = FADD(ss, terms[b]);
+    for (int j = n8; j < n; j++) ss = FADD(ss, FMUL(xr[j], xr[j]));
+    rms_s = FDIV(1.0f, FSQRT(FADD(FDIV(ss, (float)n), eps)));
+  }
+  __syncthreads();
+  const float rms = rms_s;
+  for (int j = threadIdx.x; j < n; j += blockDim.x) yr[j] = FMUL(FMUL(xr[j], rms), w[j]);
+}
+
+extern "C" __global__ void rmsnorm_fast(const float *__restrict__ x, const float *__restrict__ w,
+                                        float *__restrict__ out, int n, float eps) {
+  __shared__ float partial[NORM_THREADS / 32];
+  __shared__ float rms_s;
+  const float *xr = x + (size_t)blockIdx.x * n;
+  float *yr = out + (size_t)blockIdx.x * n;
+  float acc = 0.0f;
+  for (int j = threadIdx.x; j < n; j += blockDim.x) acc = fmaf(xr[j], xr[j], acc);
+  acc = warp_sum_fast(acc);
+  if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = acc;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    float v = threadIdx.x < blockDim.x / 32 ? partial[threadIdx.x] : 0.0f;
+    v = warp_sum_fast(v);
+    if (threadIdx.x == 0) rms_s = rsqrtf(v * (1.0f / (float)n) + eps);
+  }
+  __syncthreads();
+  const float rms = rms_s;
+  for (int j = threadIdx.x; j < n; j += blockDim.x) yr[j] = xr[j] * (rms * w[j]);
+}
+
+// q_in/q_out: [M, n_q, hd]; k_in/k_out: [M, n_kv, hd]. grid (n_q + n_kv, M), block 32.
+extern "C" __global__ void qknorm_exact(const float *__restrict__ q_in, float *__restrict__ q_out,
+                                        const float *__restrict__ q_w, const float *__restrict__ k_in,
+                                        float *__restrict__ k_out, const float *__restrict__ k_w,
+                                        int n_q, int n_kv, int hd, float eps) {
+  const int h = blockIdx.x, m = blockIdx.y;
+  const bool is_q = h < n_q;
+  const float *x = is_q ? q_in + ((size_t)m * n_q + h) * hd : k_in + ((size_t)m * n_kv + (h - n_q)) * hd;
+  float *y = is_q ? q_out + ((size_t)m * n_q + h) * hd : k_out + ((size_t)m * n_kv + (h - n_q)) * hd;
+  const float *w = is_q ? q_w : k_w;
+  float ss = 0.0f;
+  if (threadIdx.x == 0) {
+    for (int j = 0; j < hd; j++) ss = FADD(ss, FMUL(x[j], x[j]));
+  }
+  ss = __shfl_sync(FULL_MASK, ss, 0);
+  const float rms = FDIV(1.0f, FSQRT(FADD(FDIV(ss, (float)hd), eps)));
+  for (int j = threadIdx.x; j < hd; j += 32) y[j] = FMUL(FMUL(x[j], rms), w[j]);
+}
+
+extern "C" __global__ void qknorm_fast(const float *__restrict__ q_in, float *__restrict__ q_out,
+                                       const float *__restrict__ q_w, const float *__restrict__ k_in,
+                                       float *__restrict__ k_out, const float *__restrict__ k_w,
+                                       int n_q, int n_kv, int hd, float eps) {
+  const int h = blockIdx.x, m = blockIdx.y;
+  const bool is_q = h < n_q;
+  const float *x = is_q ? q_in + ((size_t)m * n_q + h) * hd : k_in + ((size_t)m * n_kv + (h - n_q)) * hd;
+  float *y = is_q ? q_out + ((size_t)m * n_q + h) * hd : k_out + ((size_t)m * n_kv + (h - n_q)) * hd;
+  const float *w = is_q ? q_w : k_w;
+  float acc = 0.0f;
+  for (int j = threadIdx.x; j < hd; j += 32) acc = fmaf(x[j], x[j], acc);
+  acc = warp_sum_fast(acc);
+  const float rms = rsqrtf(acc * (1.0f / (float)hd) + eps);
+  for (int j = threadIdx.x; j < hd; j += 32) y[j] = x[j] * (rms * w[j]);
+}

@@ -1,0 +1,66 @@
+// rope.cu — rotary position embedding, half-split (HF rotate_half). Toggle: rope.
+//
+// Versions:
+//   rope_table_exact  contract step 4: a = f32(t) * inv_freq[i] (one rounding),
+//                     c = cosf_ucrt(a), s = sinf_ucrt(a) — the UCRT replicas.
+//                     inv_freq is the model constant computed once on the host.
+//   rope_table_fast   the device library's sincosf (not the UCRT's bits).
+//   rope_exact        y[i] = x[i]*c - x[i+h]*s, y[i+h] = x[i+h]*c + x[i]*s with
+//                     every product rounded before the add (no FMA).
+//   rope_fast         the same formula with FMA contraction (fmaf).
+//
+// The cos/sin table [M, hd/2] is built once per step and shared by every layer,
+// like the reference. The rope kernels rotate the q heads and the k heads of M
+// columns in one launch: grid (n_q + n_kv, M), block hd/2.
+#include "common.cuh"
+
+// cos_t, sin_t: [M, half]; grid (ceil(half/64), M), block 64.
+extern "C" __global__ void rope_table_exact(const float *__restrict__ inv_freq, float *__restrict__ cos_t,
+                                            float *__restrict__ sin_t, int pos0, int half) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x, m = blockIdx.y;
+  if (i >= half) return;
+  const float a = FMUL((float)(pos0 + m), inv_freq[i]);
+  cos_t[(size_t)m * half + i] = cosf_ucrt(a);
+  sin_t[(size_t)m * half + i] = sinf_ucrt(a);
+}
+
+extern "C" __global__ void rope_table_fast(const float *__restrict__ inv_freq, float *__restrict__ cos_t,
+                                           float *__restrict__ sin_t, int pos0, int half) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x, m = blockIdx.y;
+  if (i >= half) return;
+  float s, c;
+  sincosf((float)(pos0 + m) * inv_freq[i], &s, &c);
+  cos_t[(size_t)m * half + i] = c;
+  sin_t[(size_t)m * half + i] = s;
+}
+
+// q_in/q_out: [M, n_q, hd]; k_in/k_out: [M, n_kv, hd].
+extern "C" __global__ void rope_exact(const float *__restrict__ q_in, float *__restrict__ q_out,
+                                      const float *__restrict__ k_in, float *__restrict__ k_out,
+                                      const float *__restrict__ cos_t, const float *__restrict__ sin_t,
+                                      int n_q, int n_kv, int hd) {
+  const int h = blockIdx.x, m = blockIdx.y, i = threadIdx.x, half = hd / 2;
+  const bool is_q = h < n_q;
+  const size_t row = is_q ? ((size_t)m * n_q + h) * hd : ((size_t)m * n_kv + (h - n_q)) * hd;
+  const float *x = (is_q ? q_in : k_in) + row;
+  float *y = (is_q ? q_out : k_out) + row;
+  const float c = cos_t[(size_t)m * half + i], s = sin_t[(size_t)m * half + i];
+  const float x1 = x[i], x2 = x[i + half];
+  y[i] = FSUB(FMUL(x1, c), FMUL(x2, s));
+  y[i + half] = FADD(FMUL(x2, c), FMUL(x1, s));
+}
+
+extern "C" __global__ void rope_fast(const float *__restrict__ q_in, float *__restrict__ q_out,
+                                     const float *__restrict__ k_in, float *__restrict__ k_out,
+                                     const float *__restrict__ cos_t, const float *__restrict__ sin_t,
+                                     int n_q, int n_kv, int hd) {
+  const int h = blockIdx.x, m = blockIdx.y, i = threadIdx.x, half = hd / 2;
+  const bool is_q = h < n_q;
+  const size_t row = is_q ? ((size_t)m * n_q + h) * hd : ((size_t)m * n_kv + (h - n_q)) * hd;
+  const float *x = (is_q ? q_in : k_in) + row;
+  float *y = (is_q ? q_out : k_out) + row;
+  const float c = cos_t[(size_t)m * half + i], s = sin_t[(size_t)m * half + i];
+  const float x1 = x[i], x2 = x[i + half];
+  y[i] = fmaf(x1, c, -(x2 * s));
+  y[i + half] = fmaf(x2, c, x1 * s);
+}
