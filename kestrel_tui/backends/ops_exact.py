@@ -61,10 +61,10 @@ def project_experts(lins: tuple[Linear, ...], x: np.ndarray, expert: np.ndarray)
     return _split(gemv(fused(lins), x, expert=expert), lins)
 
 
-def rope_cos_sin(pos: np.ndarray, inv_freq: np.ndarray, cosf=transcend.cosf, sinf=transcend.sinf):
+def rope_cos_sin(pos: np.ndarray, inv_freq: np.ndarray):
     """Angles pos*inv_freq in f32 and their replica cos/sin: [M, hd/2] each, shared by all layers."""
     ang = pos.astype(F32)[:, None] * inv_freq[None, :]
-    return cosf(ang), sinf(ang)
+    return transcend.sincosf(ang)
 
 
 def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:

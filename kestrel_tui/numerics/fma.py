@@ -188,6 +188,7 @@ def fma64(a, b, c):
     if not ok.all():
         bad = ~ok
         A, B, C = np.broadcast_arrays(a, b, c)
+        z = np.asarray(z)  # 0-d inputs give numpy scalars; make it writeable
         z[bad] = _fma_slow(A[bad], B[bad], C[bad])
     return z[()] if z.ndim == 0 else z
 
@@ -202,11 +203,12 @@ def fma32(a, b, c):
     Infinities/NaN follow IEEE: the round-to-odd step only ever turns a double
     inf into +-DBL_MAX, which still rounds to the same float32 inf.
     """
-    a = np.asarray(a, dtype=np.float32).astype(np.float64)
-    b = np.asarray(b, dtype=np.float32).astype(np.float64)
-    c = np.asarray(c, dtype=np.float32).astype(np.float64)
-    with np.errstate(all="ignore"):
-        p = a * b  # exact (48-bit significand, exponent within binary64)
+    a = np.asarray(a, dtype=np.float32)
+    b = np.asarray(b, dtype=np.float32)
+    c = np.asarray(c, dtype=np.float32)
+    with np.errstate(all="ignore"):  # (signalling NaN inputs, overflow to inf)
+        c = c.astype(np.float64)
+        p = a.astype(np.float64) * b.astype(np.float64)  # exact: 48-bit product
         v = _ro_add(p, c)
         z = v.astype(np.float32)
     return z[()] if z.ndim == 0 else z

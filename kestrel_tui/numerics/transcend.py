@@ -55,32 +55,45 @@ switches to a Payne-Hanek reduction that is not replicated; those elements
 RoPE angles are ``t * inv_freq <= max_seq`` and never get there.
 
 How the numpy version is organised (per-call overhead matters: these run a
-few times per layer on small arrays): every element takes the Cody-Waite
-path (for |x| <= pi/4, n = 0 and r = |x| exactly, which *is* the direct
-branch), the cos- or sin-type polynomial is chosen per element through
-coefficient tables indexed by quadrant (one polynomial pass for any mix),
-and the small-|x| formulas are overrides of the final FMA's operands. The
-FMAs use the exact building blocks of ``fma.py`` with preconditions proven
-below instead of the general masked ``fma64``:
+few times per layer on small arrays, and numpy costs ~0.6-1 us per operation
+whatever the size): no Python loop over elements, no per-branch passes.
+Every element of cosf/sinf takes the Cody-Waite path -- for |x| <= pi/4 it
+gives n = 0 and r = |x| exactly, i.e. the direct branch (the float 0x3f490fdb
+gets n = 1 and the same result, see above); the cos- or sin-type polynomial
+is chosen per element through coefficient tables indexed by quadrant and
+sign (one polynomial pass for any mix, and for ``sincosf`` both results in
+one pass); the small-|x| formulas are overrides of the final FMA's operands.
 
-* every addend dominates its product (|c| >= |a*b|), so Fast2Sum is exact;
-* products are exactly 0 or >= 2**-400 in magnitude, nothing overflows;
-* ``fma(-n, C2, x)`` in expf: ``x - RN(n*C2)`` is exact (the operands are
-  within a factor 2 or n = 0), and ``n*C2`` is split exactly with a
-  pre-split constant (|n| < 2**14), so one rounding remains;
+The FMAs use the exact building blocks of ``fma.py`` directly, under these
+preconditions (proved here, exercised by the tests) instead of the general
+masked ``fma64``:
+
+* every addend dominates its product, |c| >= 2|a*b| (r <= ln2/128 in expf,
+  |r| <= pi/4 in cosf/sinf), as ``_fma_tail`` requires;
+* nonzero products exceed 2**-610 in magnitude (x = +-2**-149 is the worst
+  case), far above the 2**-968 limit of Dekker's product; nothing overflows
+  (expf clamps x first; cosf/sinf zero the huge/inf/nan lanes first);
+* ``fma(-n, C2, x)`` in expf: C2 = C2_HI + C2_LO with 39 + 14 significant
+  bits, so for |n| < 2**14 both products are exact, and ``x - n*C2_HI`` is
+  exact (n = 0, or both within a factor 2 on a 2**-45 grid): one rounding;
 * ``fma(-n, PIO2_HI, ax)``: PIO2_HI has 31 significant bits, so ``n*PIO2_HI``
   is exact for n < 2**22 (|x| < 6.5e6) and the fma is a plain subtraction;
   larger |x| use ``fma64`` on those elements;
 * ``trunc(fma(ax, 2/pi, 0.5))`` equals ``trunc(RN(RN(ax*2/pi) + 0.5))``
-  unless that sum is within 2**-20 of an integer; such elements are redone
-  with ``fma64``.
+  unless that sum is within 2**-20 of an integer (its error is <= 2**-22);
+  such elements are redone with ``fma64``.
+
+Tests compare the binary64 results before the final rounding
+(``_expf_double``, ``_trig(..., double=True)``) with a literal scalar
+transcription using libm's ``fma``: a wrong intermediate FMA would almost
+never change a float32 output, but always changes those doubles.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .fma import _fma_tail, _ro_add, _split, _two_prod, fma64  # noqa: F401
+from .fma import _fma_tail, _split, _two_prod, fma64
 
 __all__ = ["expf", "cosf", "sinf", "sincosf", "silu"]
 
@@ -161,40 +174,50 @@ def expf(x):
     # errstate: the final cast overflows to +inf on purpose, and a NaN input
     # may become a signalling NaN inside the round-to-odd bit step.
     with np.errstate(over="ignore", invalid="ignore"):
-        # Clamping is exact: at 88.7228394f the algorithm itself already rounds to
-        # +inf and at -104 to +0, exactly like the UCRT's two early returns. NaN
-        # passes through maximum/minimum.
-        xd = np.minimum(np.maximum(x.astype(np.float64), _EXP_X_MIN), _EXP_X_MAX)
-        kd = xd * _EXP_K + _RINT_SHIFT  # rint(RN(x*K)) + shift, ties to even
-        n = kd - _RINT_SHIFT
-        # r = fma(-n, C2, x): x - n*C2_HI is exact (n = 0, or x and n*C2_HI
-        # within a factor 2 on a 2**-45 grid), so one rounding remains.
-        r = (xd - n * _EXP_C2_HI) - n * _EXP_C2_LO
-        z = r * r
-        # q = fma(r, C0, C1)
-        rh, rl = _split(r)
-        P = r * _EXP_C0
-        q = _fma_tail(P, _two_prod(P, rh, rl, _EXP_C0_HI, _EXP_C0_LO), _EXP_C1)
-        # p = fma(q, z, r)
-        qh, ql = _split(q)
-        zh, zl = _split(z)
-        P = q * z
-        p = _fma_tail(P, _two_prod(P, qh, ql, zh, zl), r)
-        # 2^m * fma(T[j], p, T[j]) == fma(S, p, S) with S = T[j] * 2^m (exact
-        # scaling, m in [-152, 128] keeps everything normal in binary64).
-        S = (_EXP_T_ADJ.take(kd.view(np.int64) & _I63) + (kd.view(np.uint64) << _U46)).view(np.float64)
-        sh, sl = _split(S)
-        ph, pl = _split(p)
-        P = S * p
-        res = _fma_tail(P, _two_prod(P, sh, sl, ph, pl), S)
-        out = res.astype(np.float32)  # (float) of a double > FLT_MAX -> +inf
+        out = _expf_double(x).astype(np.float32)  # (float) of a double > FLT_MAX -> +inf
     return out[()] if out.ndim == 0 else out
 
 
+def _expf_double(x):
+    """The binary64 value ``2^m * fma(T[j], p, T[j])`` that expf rounds to
+    float32 (x clamped to [-104, 88.7228394f]). Tests compare it bit for bit
+    with a literal transcription: a wrong intermediate FMA almost never shows
+    in the float32 result (~2**-28 per input) but always shows here. NaN
+    inputs need ``np.errstate(invalid="ignore")`` (see expf)."""
+    # Clamping is exact: at 88.7228394f the algorithm itself already rounds to
+    # +inf and at -104 to +0, like the UCRT's two early returns. NaN passes.
+    xd = np.minimum(np.maximum(x.astype(np.float64), _EXP_X_MIN), _EXP_X_MAX)
+    kd = xd * _EXP_K + _RINT_SHIFT  # rint(RN(x*K)) + shift, ties to even
+    n = kd - _RINT_SHIFT
+    # r = fma(-n, C2, x): x - n*C2_HI is exact (n = 0, or x and n*C2_HI
+    # within a factor 2 on a 2**-45 grid), so one rounding remains.
+    r = (xd - n * _EXP_C2_HI) - n * _EXP_C2_LO
+    z = r * r
+    # q = fma(r, C0, C1)
+    rh, rl = _split(r)
+    P = r * _EXP_C0
+    q = _fma_tail(P, _two_prod(P, rh, rl, _EXP_C0_HI, _EXP_C0_LO), _EXP_C1)
+    # p = fma(q, z, r)
+    qh, ql = _split(q)
+    zh, zl = _split(z)
+    P = q * z
+    p = _fma_tail(P, _two_prod(P, qh, ql, zh, zl), r)
+    # 2^m * fma(T[j], p, T[j]) == fma(S, p, S) with S = T[j] * 2^m (exact
+    # scaling: m in [-152, 128] keeps everything normal in binary64).
+    S = (_EXP_T_ADJ.take(kd.view(np.int64) & _I63) + (kd.view(np.uint64) << _U46)).view(np.float64)
+    sh, sl = _split(S)
+    ph, pl = _split(p)
+    P = S * p
+    return _fma_tail(P, _two_prod(P, sh, sl, ph, pl), S)
+
+
 def silu(x):
-    """``x / (1 + expf(-x))`` in float32 (negate, replica expf, add, divide)."""
+    """``x / (1 + expf(-x))`` in float32 (negate, replica expf, add, divide);
+    ``silu(-inf)`` is NaN (``-inf/inf``), as the formula says."""
     x = _as_f32(x, "silu")
-    return x / (np.float32(1.0) + expf(-x))
+    e = expf(-x)
+    with np.errstate(invalid="ignore"):
+        return x / (np.float32(1.0) + e)
 
 
 # ---------------------------------------------------------------------------
@@ -204,8 +227,14 @@ _INV_PIO2 = _d(0x3FE45F306DC9C883)  # 2/pi
 _PIO2_HI = _d(0x3FF921FB54400000)  # pi/2, leading 31 bits
 _PIO2_LO = _d(0x3DD0B4611A626331)  # pi/2 - PIO2_HI
 # __Lcosfarray c1..c4 (A) and __Lsinfarray s1..s4 (B)
-_A3, _A5, _A7, _A9 = (_d(b) for b in (0x3FA5555555555555, 0xBF56C16C16C16C16, 0x3EFA01A01A01A019, 0xBE927E4FB7789F5C))
-_B3, _B5, _B7, _B9 = (_d(b) for b in (0xBFC5555555555555, 0x3F81111111111111, 0xBF2A01A01A01A01A, 0x3EC71DE3A556C734))
+_A3 = _d(0x3FA5555555555555)  # 1/24
+_A5 = _d(0xBF56C16C16C16C16)  # -1/720 (UCRT's rounding, not RN)
+_A7 = _d(0x3EFA01A01A01A019)  # 1/40320 (UCRT's rounding, not RN)
+_A9 = _d(0xBE927E4FB7789F5C)  # -1/3628800
+_B3 = _d(0xBFC5555555555555)  # -1/6
+_B5 = _d(0x3F81111111111111)  # 1/120
+_B7 = _d(0xBF2A01A01A01A01A)  # -1/5040
+_B9 = _d(0x3EC71DE3A556C734)  # 1/362880
 
 _AU_PIO4 = 0x3F490FDB  # |x| <= pi/4 (float bits)
 _AU_TINY = 0x39000000  # 2**-13
@@ -248,9 +277,12 @@ def _cw_reduce(ax, au, amax):
     return nf, rhead - nf * _PIO2_LO
 
 
-def _trig(x, funcs):
+def _trig(x, funcs, double=False):
     """Shared cosf/sinf evaluation; ``funcs`` is a tuple of "cos"/"sin".
-    Returns one float32 array per requested function (shape of x)."""
+    Returns one float32 array per requested function (shape of x); with
+    ``double=True`` the signed binary64 values before the final rounding
+    instead (for tests; meaningless for cos at |x| < 2**-13, where the UCRT
+    returns the constant 1, and for huge/inf/nan x)."""
     shape = x.shape
     xb = x.reshape(-1).view(np.uint32)
     n = xb.size
@@ -272,29 +304,29 @@ def _trig(x, funcs):
     z = r * r
 
     # Stack the requested functions: one polynomial pass serves all of them.
+    # Small |x| (n = 0, r = |x|) are overrides of the final fma(p, W, V):
+    #   cosf |x| < 2^-7:  (float)fma(-(x*.5), x, 1) == V = 1 - 0.5*z (exact
+    #                     product); below 2^-13 that float is 1.0f as well
+    #   sinf |x| < 2^-7:  fma(-(x*x*x), 1/6, x) == fma(B3, x*z, x): p := B3
+    #   sinf |x| < 2^-13: x itself == V = |x| (sign applied with the rest)
     small = amin < _AU_SMALL  # any element on a small-|x| branch?
     idx, use_v, use_b3 = [], [], []
     for f in funcs:
         if f == "cos":
             idx.append(quad)
-            if small:
-                use_v.append(au < _AU_SMALL)  # (float)fma(-(x*.5), x, 1) == V
-                use_b3.append(np.zeros(n, bool))
+            use_v.append(au < _AU_SMALL if small else None)
+            use_b3.append(np.zeros(n, bool) if small and "sin" in funcs else None)
         else:
-            idx.append(quad + ((xb >> np.uint32(29)) & np.uint32(4)) + 4)
-            if small:
-                use_v.append(au < _AU_TINY)  # x itself: V = |x|, sign below
-                use_b3.append(au < _AU_SMALL)  # fma(-(x*x*x), 1/6, x) == fma(B3, x*z, x)
+            idx.append(quad + ((xb >> np.uint32(29)) & np.uint32(4)) + 4)  # sign of x
+            use_v.append(au < _AU_TINY if small else None)
+            use_b3.append(au < _AU_SMALL if small else None)
     if len(funcs) > 1:
         k = len(funcs)
         idx = np.concatenate(idx)
         r, z = np.concatenate([r] * k), np.concatenate([z] * k)
-        if small:
-            use_v, use_b3 = np.concatenate(use_v), np.concatenate(use_b3)
+        use_v, use_b3 = (np.concatenate(u) if u[0] is not None else None for u in (use_v, use_b3))
     else:
-        idx = idx[0]
-        if small:
-            use_v, use_b3 = use_v[0], use_b3[0]
+        idx, use_v, use_b3 = idx[0], use_v[0], use_b3[0]
     k9, k9h, k9l, k7, k5, k3, sign, kind = _TABLE.take(idx, axis=1)
 
     # p = fma(z, fma(z, fma(z, K9, K7), K5), K3)   (K = A or B per element)
@@ -308,15 +340,18 @@ def _trig(x, funcs):
     # result fma(p, W, V): C(r) -> (z*z, 1 - 0.5*z), S(r) -> (r*z, r)
     W = z * np.where(kind, r, z)
     V = np.where(kind, r, _ONE - _HALF * z)
-    if small:
+    if use_b3 is not None:
         p = np.where(use_b3, _B3, p)
     ph, pl = _split(p)
     wh, wl = _split(W)
     P = p * W
     res = _fma_tail(P, _two_prod(P, ph, pl, wh, wl), V)
-    if small:
+    if use_v is not None:
         res = np.where(use_v, V, res)
-    out = (res * sign).astype(np.float32)
+    res = res * sign
+    if double:
+        return tuple(res[i * n : (i + 1) * n].reshape(shape) for i in range(len(funcs)))
+    out = res.astype(np.float32)
 
     outs = []
     for i, f in enumerate(funcs):
