@@ -65,10 +65,10 @@ def pick_subject(requested: str, model) -> tuple[str, str | None, str]:
     try:
         backend = make_backend("cuda", model)
     except UsageError as e:
-        return "sim", f"no CUDA subject ({e}); using sim", device_of("sim")
+        return "sim", f"using sim: {e}", device_of("sim")
     except Exception as e:  # noqa: BLE001 - auto must never stop the app: a missing module, no driver...
         reason = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
-        return "sim", f"no CUDA subject ({reason}); using sim", device_of("sim")
+        return "sim", f"using sim: no CUDA subject ({reason})", device_of("sim")
     return "cuda", None, device_of("cuda", backend)
 
 

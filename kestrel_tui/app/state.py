@@ -19,7 +19,7 @@ from ..trace.keys import ALL_FIELDS, emb_key, key_name, logits_key, order_key, p
 
 MISMATCH = (Status.DIFF, Status.MISSING_REF, Status.MISSING_SUB)
 
-RawGetter = Callable[[str], "np.ndarray | None"]
+RawGetter = Callable[[str], np.ndarray | None]  # a key -> its raw buffer on one side
 
 
 def _no_raw(_key: str) -> None:
@@ -54,6 +54,7 @@ class Board:
     def reset(self) -> None:
         """Forget the subject side (a new run starts); the reference hashes stay."""
         n = self.n_positions
+        self.version = getattr(self, "version", 0) + 1  # bumped on every change: widgets key caches on it
         self.status: dict[str, Status] = {}
         self.sub_hashes: dict[str, int] = {}
         self.arrived = [not self.live] * n
@@ -73,6 +74,7 @@ class Board:
         """One subject position arrived (statuses come in dataflow order)."""
         if not 0 <= t < self.n_positions:
             return
+        self.version += 1
         self.arrived[t] = True
         self.top1[t] = top1
         self.sub_hashes.update(sub_hashes)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 from rich.style import Style
 from rich.text import Text
 from textual.widget import Widget
@@ -68,10 +69,11 @@ def _bar(frac: float, width: int) -> str:
     return ("█" * full + (EIGHTHS[part] if part and full < width else "")).ljust(width)
 
 
-def _num(x) -> str:
-    if isinstance(x, float):
-        return f"{x:.9g}"
-    return repr(x)
+def _num(x, dtype: str | None) -> str:
+    """The shortest text that round-trips in the buffer's own dtype: 1-ULP neighbours never print alike."""
+    if isinstance(x, float) and dtype in ("float32", "float16"):
+        return str(getattr(np, dtype)(x))
+    return str(x)
 
 
 class DetailPanel(Widget, can_focus=False):
@@ -94,10 +96,44 @@ class DetailPanel(Widget, can_focus=False):
         info = self.info
         if info is None:
             return Text(self.message, style=self._s("detail--dim"))
-        width = max(20, self.size.width)
+        compact = self.size.height <= 5  # 80x24: four lines, no histogram
+        width = self.size.width
+        lines = [self._head(info, compact)]
+        hashes = [Text.assemble((f"{side} ", self._s("detail--dim")), f"{h:016x}" if h is not None else "—")
+                  for side, h in zip(info.sides, (info.hash_a, info.hash_b))]
+        if compact or width >= 41:  # both hashes on one line leaves more rows for the histogram
+            lines.append(Text(" ").join(hashes))
+        else:
+            lines.extend(hashes)
+        if not compact:
+            meta = self._meta(info)
+            if meta:
+                lines.append(meta)
+        if info.raw_note:
+            lines.append(Text(info.raw_note, style=self._s("detail--dim")))
+        s = info.stats
+        if s is not None:
+            ulp = "NaN" if s.max_ulp == NAN_ULP else str(s.max_ulp)
+            lines.append(Text(f"differ {s.n_diff}/{s.n} · max {ulp} ULP · |Δ| {s.max_abs_err:.3g}"))
+            if s.n_nan and not compact:
+                lines.append(Text(f"{s.n_nan} differing pairs involve NaN"))
+            lines.append(Text(f"first [{s.first_index}] {_num(s.first_a, info.dtype)} vs "
+                              f"{_num(s.first_b, info.dtype)}"))
+        if info.hist is not None:
+            if compact:
+                # the histogram as one line of bucket:count pairs
+                lines[-1].append("  ULP " + " ".join(f"{BIN_LABELS[i]}:{n}" for i, n in enumerate(info.hist) if n),
+                                 style=self._s("detail--dim"))
+            else:
+                lines.append(Text("ULP distance  elements", style=self._s("detail--dim")))
+                lines.extend(self._histogram(info.hist, max(20, width)))
+        out = Text("\n").join(lines)
+        out.no_wrap, out.overflow = True, "ellipsis"
+        return out
+
+    def _head(self, info: KeyInfo, compact: bool) -> Text:
         st_style = {Status.OK: "detail--ok", Status.DIFF: "detail--diff", Status.PENDING: "detail--pending",
                     Status.MISSING_REF: "detail--missing", Status.MISSING_SUB: "detail--missing"}
-        lines: list[Text] = []
         head = Text(info.key, style=self._s("detail--key"))
         label = {None: "not probed", Status.MISSING_SUB: f"only in {info.sides[0]}",
                  Status.MISSING_REF: f"only in {info.sides[1]}"}.get(info.status)
@@ -106,10 +142,14 @@ class DetailPanel(Widget, can_focus=False):
         head.append(label, style=self._s(st_style.get(info.status, "detail--dim")))
         if info.first:
             head.append("  first DIFF", style=self._s("detail--first"))
-        lines.append(head)
-        for side, h in zip(info.sides, (info.hash_a, info.hash_b)):
-            lines.append(Text.assemble((f"{side:<4}", self._s("detail--dim")),
-                                       f"{h:016x}" if h is not None else "—"))
+        if compact:
+            meta = self._meta(info)
+            if meta:
+                head.append("  ")
+                head.append_text(meta)
+        return head
+
+    def _meta(self, info: KeyInfo) -> Text:
         meta = Text()
         if info.shape is not None:
             meta.append(f"{info.dtype} {list(info.shape)}")
@@ -118,25 +158,9 @@ class DetailPanel(Widget, can_focus=False):
         except ValueError:
             owners = ()
         if owners and info.status is Status.DIFF:
-            meta.append("  ops: " if meta else "ops: ", style=self._s("detail--dim"))
+            meta.append("  ops " if meta else "ops ", style=self._s("detail--dim"))
             meta.append(" ".join(f"{o}[{TOGGLES.index(o) + 1}]" for o in owners))
-        if meta:
-            lines.append(meta)
-        if info.raw_note:
-            lines.append(Text(info.raw_note, style=self._s("detail--dim")))
-        s = info.stats
-        if s is not None:
-            ulp = "NaN" if s.max_ulp == NAN_ULP else str(s.max_ulp)
-            lines.append(Text(f"{s.n_diff}/{s.n} differ · max {ulp} ULP · max |Δ| {s.max_abs_err:.3g}"))
-            lines.append(Text(f"first [{s.first_index}]: {_num(s.first_a)} vs {_num(s.first_b)}"))
-            if s.n_nan:
-                lines.append(Text(f"{s.n_nan} differing pairs involve NaN"))
-        if info.hist is not None:
-            lines.append(Text("ULP distance · elements", style=self._s("detail--dim")))
-            lines.extend(self._histogram(info.hist, width))
-        out = Text("\n").join(lines)
-        out.no_wrap, out.overflow = True, "ellipsis"
-        return out
+        return meta
 
     def _histogram(self, hist: list[int], width: int) -> list[Text]:
         rows = [(BIN_LABELS[i], n) for i, n in enumerate(hist) if n]

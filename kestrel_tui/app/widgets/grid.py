@@ -62,6 +62,7 @@ class HashGrid(ScrollView, can_focus=False):
         super().__init__(id=id)
         self.board: Board | None = None
         self.cursor = Cursor(0, 0, 0)
+        self._lines: dict[tuple, Strip] = {}
 
     # ---- state -----------------------------------------------------------
 
@@ -106,64 +107,96 @@ class HashGrid(ScrollView, can_focus=False):
         return self.board is not None and (row == 0 or row == self.board.n_layers + 1)
 
     # ---- drawing ---------------------------------------------------------
+    #
+    # A frame asks for every visible line; building a Strip is the costly part
+    # (each one carries its own caches), so a line is one segment list and one
+    # Strip, styles are looked up once per theme, and finished lines are kept
+    # in a small cache keyed by everything they show: moving the cursor within
+    # a position redraws two lines, the rest come from the cache.
+
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        self._kstyles = None
+        self._lines.clear()
+
+    _kstyles: dict[str, Style] | None = None
+
+    @property
+    def _st(self) -> dict[str, Style]:
+        if self._kstyles is None:
+            st = {name: self.get_component_rich_style(name, partial=True) for name in self.COMPONENT_CLASSES}
+            st["base"] = self.rich_style
+            st["none"] = Style()
+            self._kstyles = st
+        return self._kstyles
 
     def render_line(self, y: int) -> Strip:
         width = self.scrollable_content_region.width
         board = self.board
         if board is None:
             return Strip.blank(width, self.rich_style)
-        if y == 0:
-            return self._header(width)
-        row = self.scroll_offset.y + y - 1
+        row = -1 if y == 0 else self.scroll_offset.y + y - 1
         if row >= len(board.rows):
-            return Strip.blank(width, self.rich_style)
-        return self._row(row, width)
+            return Strip.blank(width, self._st["base"])
+        cur = self.cursor
+        on_row = row == cur.row or row == -1
+        ck = (row, cur.t, cur.col if on_row else None, cur.row if row == -1 else None, board.version,
+              board.first_diff, self.scroll_offset.x, width)
+        strip = self._lines.get(ck)
+        if strip is None:
+            if len(self._lines) > 512:
+                self._lines.clear()
+            strip = self._header(width) if row == -1 else self._row(row, width)
+            self._lines[ck] = strip
+        return strip
 
-    def _style(self, name: str) -> Style:
-        return self.get_component_rich_style(name, partial=True)
-
-    def _join(self, label: list[Segment], cells: list[Segment], width: int) -> Strip:
+    def _finish(self, label: list[Segment], cells: list[Segment], width: int) -> Strip:
         x = self.scroll_offset.x
-        body = Strip(cells).crop(x, x + max(0, width - LABEL_W))
-        strip = Strip.join([Strip(label), body]).extend_cell_length(width)
-        return strip.crop(0, width).apply_style(self.rich_style)
+        if x:
+            cells = list(Strip(cells).crop(x, x + max(0, width - LABEL_W)))
+        base = self._st["base"]
+        segs = [Segment(t, base + s if s else base) for t, s, _ in label + cells]
+        used = sum(len(t) for t, _, _ in segs)
+        if used < width:
+            segs.append(Segment(" " * (width - used), base))
+        return Strip(segs).crop(0, width) if used > width else Strip(segs, width)
 
     def _header(self, width: int) -> Strip:
-        board, cur = self.board, self.cursor
-        head = self._style("grid--header")
-        hot = head + self._style("grid--label-cursor")
+        board, cur, st = self.board, self.cursor, self._st
+        head = st["grid--header"]
+        hot = head + st["grid--label-cursor"]
         label = [Segment(f"t{cur.t}".ljust(LABEL_W)[:LABEL_W], hot)]
         cells: list[Segment] = []
+        single = self._single(cur.row)
         for c, f in enumerate(board.fields):
-            on = c == cur.col and not self._single(cur.row)
-            cells.append(Segment(f[:CELL_W].center(CELL_W), hot if on else head))
+            cells.append(Segment(f[:CELL_W].center(CELL_W), hot if c == cur.col and not single else head))
             cells.append(Segment(" "))
-        return self._join(label, cells, width)
+        return self._finish(label, cells, width)
 
     def _row(self, row: int, width: int) -> Strip:
-        board, cur = self.board, self.cursor
+        board, cur, st = self.board, self.cursor, self._st
         t = cur.t
         first = board.first_diff
         is_cursor_row = row == cur.row
         marker = " "
         cells: list[Segment] = []
         n = 1 if self._single(row) else len(board.fields)
+        sides = board.sides
         for c in range(n):
             key = board.key(t, row, c)
-            st = board.cell(key, t)
-            style = self._style(_CLASS[st]) if st is not None else Style()
-            if key is not None and key == first:
-                style += self._style("grid--first")
+            status = board.cell(key, t)
+            style = st[_CLASS[status]] if status is not None else st["none"]
+            if key == first and key is not None:
+                style = style + st["grid--first"]
                 marker = "▶"
             if is_cursor_row and (c == cur.col or n == 1):
-                style += self._style("grid--cursor")
-            cells.append(Segment(cell_text(st, board.sides).center(CELL_W), style))
+                style = style + st["grid--cursor"]
+            cells.append(Segment(cell_text(status, sides).center(CELL_W), style))
             cells.append(Segment(" "))
-        name = board.rows[row]
-        lab = self._style("grid--label") + (self._style("grid--label-cursor") if is_cursor_row else Style())
-        label = [Segment(name.ljust(LABEL_W - 1), lab),
-                 Segment(marker, self._style("grid--marker") if marker != " " else lab)]
-        return self._join(label, cells, width)
+        lab = st["grid--label"] + st["grid--label-cursor"] if is_cursor_row else st["grid--label"]
+        label = [Segment(board.rows[row].ljust(LABEL_W - 1), lab),
+                 Segment(marker, st["grid--marker"] if marker != " " else lab)]
+        return self._finish(label, cells, width)
 
     # ---- mouse -----------------------------------------------------------
 

@@ -24,7 +24,7 @@ class InfoHeader(Widget, can_focus=False):
         dim = self.get_component_rich_style("header--dim", partial=True)
         out = Text("kestrel-tui", style=self.get_component_rich_style("header--title", partial=True))
         for label, value in self.parts:
-            out.append("  │  " if label else "  ", style=dim)
+            out.append(" │ ", style=dim)
             if label:
                 out.append(f"{label} ", style=dim)
             out.append(value)

@@ -14,11 +14,20 @@ from textual.widget import Widget
 from ...engine.session import HistoryEntry
 
 
+CHANGE_W = 14
+
+
 def entry_text(e: HistoryEntry) -> tuple[str, str, str | None]:
     """(change, before, after) as shown; the first run has nothing to move from."""
     if e.change == "start":
         return "start", "", e.after
-    return e.change, e.before or "all ok", e.after
+    change = e.change
+    if len(change) > CHANGE_W:  # "a" after "0": seven ops at once; the keys matter more than the list
+        parts = change.split()
+        signs = {p[0] for p in parts}
+        change = f"{signs.pop()}{len(parts)} ops" if signs <= {"+", "-"} and len(signs) == 1 else \
+            f"{len(parts)} changes"
+    return change, e.before or "all ok", e.after
 
 
 class HistoryPanel(Widget, can_focus=False):
@@ -39,7 +48,7 @@ class HistoryPanel(Widget, can_focus=False):
         if not self.entries:
             return Text("no runs yet", style=self._s("history--dim"))
         shown = self.entries[-max(1, self.size.height):]
-        w = min(14, max(len(entry_text(e)[0]) for e in shown))
+        w = min(CHANGE_W, max(len(entry_text(e)[0]) for e in shown))
         lines = []
         for e in shown:
             change, before, after = entry_text(e)

@@ -11,11 +11,14 @@ from textual.widgets import Label, ProgressBar
 
 
 class StatusBar(Horizontal):
+    text = ""  # what the label shows (tests and scripts read it)
+
     def compose(self) -> ComposeResult:
         yield ProgressBar(id="progress", show_eta=False)
-        yield Label("", id="status-text")
+        yield Label("", id="status-text", markup=False)
 
     def set_text(self, text: str, kind: str = "") -> None:
+        self.text = text
         label = self.query_one("#status-text", Label)
         label.update(text)
         for k in ("error", "busy", "ok", "diff"):

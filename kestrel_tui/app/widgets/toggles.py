@@ -1,8 +1,8 @@
 """The toggles panel: each op (fast/exact) with its key, and the run switches.
 
 It shows the settings the user asked for, which take effect at once: a toggle
-reruns by itself. Ops that can originate the current first DIFF (the ownership
-table bisection follows) are marked, so the next key to try is on screen.
+reruns by itself. Fast ops that can originate the current first DIFF (the
+ownership table bisection follows) are marked, so the next key to try is on screen.
 With two lines or fewer (an 80x24 terminal) it draws a compact form.
 """
 from __future__ import annotations
@@ -53,8 +53,8 @@ class TogglePanel(Widget, can_focus=False):
             on = op in self.settings.exact
             line = Text.assemble((f" {key} ", self._s("toggles--key")), f" {op:<10}")
             line.append("exact" if on else "fast ", style=self._s("toggles--exact" if on else "toggles--fast"))
-            if op in self.owners:
-                line.append("  ◂ first DIFF", style=self._s("toggles--owner"))
+            if op in self.owners and not on:
+                line.append("  ◂ may own first DIFF", style=self._s("toggles--owner"))
             lines.append(line)
         lines.append(Text.assemble((" a ", self._s("toggles--key")), " all exact  ",
                                    (" 0 ", self._s("toggles--key")), " all fast"))
@@ -68,14 +68,14 @@ class TogglePanel(Widget, can_focus=False):
         for key, op in zip(TOGGLE_KEYS, TOGGLES):
             on = op in self.settings.exact
             style = self._s("toggles--exact" if on else "toggles--fast")
-            if op in self.owners:
+            if op in self.owners and not on:
                 style += self._s("toggles--owner")
             ops.append(key, style=self._s("toggles--key"))
             ops.append(f"{SHORT.get(op, op)}{'=' if on else '~'} ", style=style)
-        sw = Text("   ", style=self._s("toggles--dim"))
+        sw = Text(" ")
         for key, name, _ in SWITCHES:
             sw.append(key, style=self._s("toggles--key"))
-            sw.append(f"{getattr(self.settings, name)} ")
+            sw.append(f" {name} {getattr(self.settings, name)}  ")
         if self.size.height <= 1:
             return ops + sw
         legend = Text("  (= exact, ~ fast)", style=self._s("toggles--dim"))

@@ -1,0 +1,25 @@
+"""Entry points the CLI calls: `kestrel-tui [tui]` and `kestrel-tui diff A B --tui`."""
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+
+from .source import DiffSource, LiveSource, args_loader
+
+
+def run_app(args: argparse.Namespace) -> int:
+    """The debugger on a model (loaded inside the app, so a bad model dir is a message, not a crash)."""
+    from .app import KestrelApp
+
+    app = KestrelApp(LiveSource(args_loader(args)))
+    app.run()
+    return app.return_code or 0
+
+
+def run_diff_app(path_a: str, path_b: str, dump_a: Mapping[str, int], dump_b: Mapping[str, int]) -> int:
+    """The same grid over two dump files; no model needed."""
+    from .app import KestrelApp
+
+    app = KestrelApp(DiffSource(path_a, path_b, dump_a, dump_b))
+    app.run()
+    return app.return_code or 0

@@ -1,0 +1,680 @@
+"""The main screen: token strip, hash grid, toggles, detail, history, progress.
+
+This is the app's controller. Numerics run only in thread workers (load,
+run, bisect, export); they post messages tagged with a run id, and the
+handlers here apply them to the Board on the UI thread. Starting a run
+cancels the one in flight (its threading.Event is set, the engine stops at
+the next position) and a lock makes the new worker wait for the old one to
+leave, so two decodes never compete for the CPU and stale messages are
+dropped by id.
+"""
+from __future__ import annotations
+
+import gc
+import threading
+from dataclasses import replace
+from pathlib import Path
+
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import Screen
+from textual.widgets import Footer
+
+from ...backends.toggles import OWNERS, TOGGLES
+from ...engine.bisect import bisect
+from ...engine.run import Cancelled, Position, Trace
+from ...engine.session import RunResult, RunSettings, Session
+from ...trace.compare import Status, compare
+from ...trace.keys import layer_fields, parse_key
+from .. import messages as msg
+from ..export import SCREENSHOT, new_export_dir, write_diff, write_live
+from ..source import DiffSource, LiveSource, Loaded, Loader, default_loader
+from ..state import Board, Cursor, fields_of
+from ..widgets.detail import DetailPanel, key_info
+from ..widgets.grid import HashGrid
+from ..widgets.header import InfoHeader
+from ..widgets.history import HistoryPanel
+from ..widgets.status import StatusBar
+from ..widgets.tokens import TokenStrip
+from ..widgets.toggles import SWITCHES, TOGGLE_KEYS, TogglePanel
+
+DIFFS = Binding.Group("DIFF")
+TOKEN = Binding.Group("token")
+
+# Actions that need a model; diff mode hides them (check_action).
+RUN_ACTIONS = {"toggle", "all_exact", "all_fast", "switch", "rerun", "bisect", "iso", "cancel"}
+
+
+def _op_binding(i: int, op: str) -> Binding:
+    # the footer shows one "1-7 toggle" entry for all seven keys; the help screen lists each
+    return Binding(TOGGLE_KEYS[i], f"toggle('{op}')", "toggle", show=i == 0,
+                   key_display=f"1-{len(TOGGLES)}" if i == 0 else TOGGLE_KEYS[i],
+                   tooltip=f"switch {op} between fast and exact; reruns at once")
+
+
+class MainScreen(Screen):
+    # Below 110 columns the side panels move under the grid (app.tcss): 80x24 stays usable.
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (110, "-wide")]
+
+    BINDINGS = [
+        Binding("up,k", "move(-1, 0)", "up", show=False, tooltip="previous row (layer)"),
+        Binding("down,j", "move(1, 0)", "down", show=False, tooltip="next row (layer)"),
+        Binding("left,h", "move(0, -1)", "left", show=False, tooltip="previous field"),
+        Binding("right,l", "move(0, 1)", "right", show=False, tooltip="next field"),
+        Binding("pageup", "move(-10, 0)", "10 rows up", show=False),
+        Binding("pagedown", "move(10, 0)", "10 rows down", show=False),
+        *[_op_binding(i, op) for i, op in enumerate(TOGGLES)],
+        Binding("f", "first_diff", "first", tooltip="jump to the first DIFF and follow it across runs"),
+        Binding("n", "next_diff(True)", "next", group=DIFFS, tooltip="jump to the next DIFF (dataflow order)"),
+        Binding("N", "next_diff(False)", "prev", group=DIFFS, tooltip="jump to the previous DIFF (dataflow order)"),
+        Binding("left_square_bracket", "token(-1)", "prev", group=TOKEN, key_display="[", show=False,
+                tooltip="previous token position"),
+        Binding("right_square_bracket", "token(1)", "next", group=TOKEN, key_display="]", show=False,
+                tooltip="next token position"),
+        Binding("r", "rerun", "rerun", tooltip="rerun the subject with the current settings"),
+        Binding("b", "bisect", "bisect", tooltip="bisect: switch owners of the first DIFF to exact until all ok"),
+        Binding("i", "iso", "iso", tooltip="iso view: batch-verify (M columns) vs M=1 decode, logits byte by byte"),
+        Binding("x", "export", "export", tooltip="export a snapshot: both dumps, report.json, SVG, in a new folder"),
+        Binding("a", "all_exact", "all exact", show=False, tooltip="switch every op to exact"),
+        Binding("0", "all_fast", "all fast", show=False, tooltip="switch every op to fast"),
+        *[Binding(key, f"switch('{name}')", f"{name}", show=False, tooltip=f"switch {name}: {' / '.join(vals)}")
+          for key, name, vals in SWITCHES],
+        Binding("escape", "cancel", "cancel run", show=False, tooltip="cancel the run or bisection in flight"),
+    ]
+
+    def __init__(self, source: LiveSource | DiffSource, export_dir: Path) -> None:
+        super().__init__()
+        self.source = source
+        self.export_dir = export_dir
+        self.diff_mode = isinstance(source, DiffSource)
+        self.session: Session | None = None
+        self.info: Loaded | None = None
+        self.board: Board | None = None
+        self.settings = RunSettings()
+        self.cursor = Cursor(0, 1, 0)
+        self.follow = True  # the cursor tracks the first DIFF until the user moves it
+        self.phase = "loading"  # loading | reference | running | bisecting | idle | cancelled | error
+        self.result: RunResult | None = None  # the last finished run
+        self.last_export: Path | None = None
+        self._run_id = 0
+        self._cancel: threading.Event | None = None
+        self._run_lock = threading.Lock()
+        self._ref: Trace | None = None
+        self._sub: dict[int, Position] = {}
+        self._diff_cmp = None
+        self._detail_key: tuple | None = None
+        self._bisect_start: RunSettings | None = None
+        self._exporting = False
+
+    # ---- layout ----------------------------------------------------------
+
+    def compose(self) -> ComposeResult:
+        yield InfoHeader(id="header")
+        yield TokenStrip(id="tokens")
+        with Horizontal(id="body"):
+            with Vertical(id="grid-box"):
+                yield HashGrid(id="grid")
+            with Vertical(id="side"):
+                yield TogglePanel(id="toggles")
+                yield DetailPanel(id="detail")
+                yield HistoryPanel(id="history")
+        yield StatusBar(id="status")
+        yield Footer()
+
+    def on_unmount(self) -> None:
+        self.cancel_all()
+        quiet_gc(False)
+
+    def on_resize(self) -> None:
+        # at 80 columns every footer key must still fit: drop the padding, and the palette hint
+        # (ctrl+p still works and the help screen lists it)
+        footer = self.query_one(Footer)
+        footer.compact = self.size.width < 110
+        footer.show_command_palette = self.size.width >= 110
+
+    def on_mount(self) -> None:
+        for wid, title in (("grid-box", "hash grid"), ("toggles", "toggles"), ("detail", "detail"),
+                           ("history", "history")):
+            self.query_one(f"#{wid}").border_title = title
+        self.status.set_progress(None, None)
+        if self.diff_mode:
+            self._open_diff(self.source)
+        else:
+            self._load(self.source.loader)
+
+    @property
+    def grid(self) -> HashGrid:
+        return self.query_one(HashGrid)
+
+    @property
+    def status(self) -> StatusBar:
+        return self.query_one(StatusBar)
+
+    @property
+    def busy(self) -> bool:
+        """A worker is loading, running or bisecting (tests and the benchmark wait on this)."""
+        return self.phase in ("loading", "reference", "running", "bisecting") or self._exporting
+
+    # ---- diff mode -------------------------------------------------------
+
+    def _open_diff(self, src: DiffSource) -> None:
+        cmp = compare(src.a, src.b)
+        self._diff_cmp = cmp
+        n_pos, n_layers, fields = fields_of(cmp.status)
+        board = Board(max(1, n_pos), n_layers, fields or layer_fields(), sides=("A", "B"), live=False)
+        board.load(cmp, src.a, src.b)
+        self.board = board
+        self.add_class("-diff")  # app.tcss hides the toggles and history: nothing runs here
+        self.query_one(InfoHeader).show([("", "diff mode (no model)"), ("A", src.path_a), ("B", src.path_b)])
+        self.query_one(TogglePanel).show(self.settings, enabled=False)
+        self.grid.set_board(board)
+        self.phase = "idle"
+        if cmp.identical:
+            self.status.set_text(f"identical: {len(cmp.status)} keys", "ok")
+        else:
+            names = {Status.DIFF: "DIFF", Status.MISSING_SUB: "only in A", Status.MISSING_REF: "only in B"}
+            parts = [f"{n} {names[s]}" for s, n in cmp.counts.items() if n and s in names]
+            self.status.set_text(f"first DIFF {cmp.first_diff or '—'} · " + " · ".join(parts)
+                                 + (f" · {len(board.outside)} keys outside the grid" if board.outside else ""),
+                                 "diff")
+        first = board.first_diff or board.first_mismatch
+        self._goto(first) if first else self._set_cursor(Cursor(0, 1, 0))
+        self.query_one(HistoryPanel).show([])
+        quiet_gc(True)
+
+    # ---- loading ---------------------------------------------------------
+
+    def _load(self, loader: Loader) -> None:
+        self._run_id += 1  # whatever the previous session still posts is stale from here on
+        self.session = None  # keys that need a model wait for the new one
+        self.phase = "loading"
+        self.status.set_text("loading the model…", "busy")
+        self.status.set_progress(0, None)
+
+        def work() -> None:
+            try:
+                info = loader()
+            except Exception as e:  # noqa: BLE001 - any load failure is shown, the app stays up
+                self.post_message(msg.LoadFailed(e))
+                return
+            self.post_message(msg.SessionLoaded(info))
+
+        self.run_worker(work, thread=True, group="load", exclusive=True, exit_on_error=False)
+
+    def on_session_loaded(self, m: msg.SessionLoaded) -> None:
+        info = m.info
+        s = info.session
+        self.session, self.info = s, info
+        self.result, self._ref, self._sub = None, None, {}
+        P = len(s.prompt)
+        self.board = Board(P + s.n_tokens, s.model.cfg.n_layers, layer_fields(s.deep), prompt_len=P)
+        self.board.raw_sub = self._raw_sub
+        self.grid.set_board(self.board)
+        self.cursor = Cursor(min(P, self.board.n_positions - 1), 1, 0)
+        self._header()
+        if info.note:
+            self.notify(info.note, title="subject", severity="warning", timeout=8, markup=False)
+        self.start_run()
+
+    def on_load_failed(self, m: msg.LoadFailed) -> None:
+        self.phase = "error"
+        self.status.set_progress(None, None)
+        text = _one_line(m.error)
+        self.query_one(InfoHeader).show([("", "no model loaded")])
+        self.status.set_text(f"cannot load the model: {text}", "error")
+        self.query_one(DetailPanel).show(None, "No model loaded. Quit (q), or open the embedded default model "
+                                               "from the command palette (ctrl+p).")
+        self.query_one(TogglePanel).show(self.settings, enabled=False)
+        self.notify(text, title="cannot load the model", severity="error", timeout=10, markup=False)
+
+    def _header(self) -> None:
+        info, s = self.info, self.session
+        # most telling first: at 80 columns the tail is cut
+        parts = [("", f"cpu vs {s.subject}"), ("model", info.model_label), ("device", info.device),
+                 ("positions", f"{len(s.prompt)} prompt + {s.n_tokens}")]
+        self.query_one(InfoHeader).show(parts, info.note)
+
+    def _raw_sub(self, key: str):
+        pos = self._sub.get(parse_key(key).t)
+        return None if pos is None or pos.raw is None else pos.raw.get(key)
+
+    # ---- runs ------------------------------------------------------------
+
+    def _begin(self, phase: str) -> tuple[int, threading.Event]:
+        """Cancel whatever is in flight and open a new run id."""
+        quiet_gc(False)
+        self.cancel_all()
+        self._bisect_start = None  # a bisection in flight is superseded; its messages turn stale
+        self._run_id += 1
+        self._cancel = threading.Event()
+        self.phase = phase
+        return self._run_id, self._cancel
+
+    def cancel_all(self) -> None:
+        if self._cancel is not None:
+            self._cancel.set()
+
+    def start_run(self) -> None:
+        session = self.session
+        if session is None:
+            self._no_model()
+            return
+        run_id, cancel = self._begin("reference" if self._ref is None else "running")
+        settings = self.settings
+        self.board.reset()
+        self.board.raw_sub = self._raw_sub
+        self._sub = {}
+        self._refresh_all()
+        self.status.set_progress(0, self.board.n_positions)
+        what = "computing the reference, then running" if self._ref is None else "running"
+        self.status.set_text(f"{what} {session.subject} ({settings.label()})", "busy")
+        post = self.post_message
+
+        def work() -> None:
+            with self._run_lock:  # the previous (cancelled) run leaves within one position
+                try:
+                    if cancel.is_set():
+                        raise Cancelled()
+                    ref = session.reference(on_position=lambda p: post(msg.ReferenceProgress(run_id, p.t + 1)),
+                                            cancel=cancel)
+                    post(msg.ReferenceReady(run_id, ref))
+                    result = session.run(settings, cancel=cancel,
+                                         on_position=lambda p, st: post(msg.PositionDone(run_id, p, st)))
+                    post(msg.RunDone(run_id, result))
+                except Cancelled:
+                    post(msg.RunCancelled(run_id))
+                except Exception as e:  # noqa: BLE001 - shown in the app; the app stays usable
+                    post(msg.RunFailed(run_id, e))
+
+        self.run_worker(work, thread=True, group="run", exit_on_error=False)
+
+    def _current(self, m: msg.RunMessage) -> bool:
+        return m.run_id == self._run_id
+
+    def on_reference_progress(self, m: msg.ReferenceProgress) -> None:
+        if self._current(m):
+            self.status.set_progress(m.done, self.board.n_positions)
+            self.status.set_text(f"computing the reference: {m.done}/{self.board.n_positions} positions", "busy")
+
+    def on_reference_ready(self, m: msg.ReferenceReady) -> None:
+        if not self._current(m) or self._ref is m.ref:
+            return
+        self._ref = m.ref
+        self.board.ref_hashes = m.ref.hashes()
+        self.board.raw_ref = m.ref.raw
+        if self.phase == "reference":
+            self.phase = "running"
+            self.status.set_progress(0, self.board.n_positions)
+            self.status.set_text(f"running {self.session.subject} ({self.settings.label()})", "busy")
+        self._refresh_detail()
+
+    def on_position_done(self, m: msg.PositionDone) -> None:
+        if not self._current(m):
+            return
+        pos, board = m.pos, self.board
+        self._sub[pos.t] = pos
+        ref_top = self._ref.positions[pos.t].top1 if self._ref is not None else None
+        had_first = board.first_diff
+        board.add_position(pos.t, m.statuses, pos.hashes, (ref_top, pos.top1) if ref_top is not None else None)
+        if self.phase == "running":
+            self.status.set_progress(pos.t + 1, board.n_positions)
+        if self.follow and board.first_diff and board.first_diff != had_first:
+            self._goto(board.first_diff, keep_follow=True)
+        else:
+            self.query_one(TokenStrip).refresh()
+            if pos.t == self.cursor.t:
+                self.grid.refresh()
+                self._refresh_detail()
+
+    def on_run_done(self, m: msg.RunDone) -> None:
+        if not self._current(m):
+            return
+        self._finish(m.result)
+
+    def _finish(self, result: RunResult) -> None:
+        self.query_one("#grid-box").border_title = "hash grid"
+        self.result = result
+        self.phase = "idle"
+        quiet_gc(True)
+        self.status.set_progress(None, None)
+        cmp = result.comparison
+        flips = sum(1 for s in result.tokens if s.flip)
+        if result.all_ok:
+            self.status.set_text(f"all ok · {len(cmp.status)} keys identical · {result.settings.label()}", "ok")
+        else:
+            n = cmp.counts.get(Status.DIFF, 0)
+            self.status.set_text(f"first DIFF {cmp.first_diff} · {n} DIFF keys · {flips} top-1 flips"
+                                 f" · {result.settings.label()}", "diff")
+        if self.follow and self.board.first_diff:
+            self._goto(self.board.first_diff, keep_follow=True)
+        self._refresh_all()
+
+    def on_run_cancelled(self, m: msg.RunCancelled) -> None:
+        if not self._current(m):
+            return
+        self.query_one("#grid-box").border_title = "hash grid"
+        if self.phase == "bisecting":
+            self._end_bisect()
+            self.status.set_text("bisection cancelled · the grid shows the run before it · b restarts", "")
+        else:
+            done = sum(self.board.arrived) if self.board else 0
+            self.status.set_text(f"cancelled after {done} positions · r reruns", "")
+        self.phase = "cancelled"
+        self.status.set_progress(None, None)
+        self._refresh_all()
+
+    def on_run_failed(self, m: msg.RunFailed) -> None:
+        if not self._current(m):
+            return
+        self.query_one("#grid-box").border_title = "hash grid"
+        if self.phase == "bisecting":
+            self._end_bisect()
+        self.phase = "error"
+        self.status.set_progress(None, None)
+        text = _one_line(m.error)
+        self.status.set_text(f"run failed: {text}", "error")
+        self.notify(text, title="run failed", severity="error", timeout=10, markup=False)
+        self._refresh_all()
+
+    # ---- bisection -------------------------------------------------------
+
+    def action_bisect(self) -> None:
+        session = self.session
+        if session is None:
+            self._no_model()
+            return
+        run_id, cancel = self._begin("bisecting")
+        start = self._bisect_start = self.settings
+        # bisection's trial runs do not stream positions: say that the grid shows the run before it
+        self.query_one("#grid-box").border_title = "hash grid · the run before bisection (bisecting…)"
+        self.status.set_progress(0, None)
+        self.status.set_text(f"bisecting from {start.label()}…", "busy")
+        post = self.post_message
+
+        def work() -> None:
+            with self._run_lock:
+                try:
+                    if cancel.is_set():
+                        raise Cancelled()
+                    ref = session.reference(cancel=cancel)
+                    post(msg.ReferenceReady(run_id, ref))
+                    outcome = bisect(session, start, on_move=lambda mv: post(msg.BisectMove(run_id, mv)),
+                                     cancel=cancel)
+                    post(msg.BisectDone(run_id, outcome, session.last))
+                except Cancelled:
+                    post(msg.RunCancelled(run_id))
+                except Exception as e:  # noqa: BLE001
+                    post(msg.RunFailed(run_id, e))
+
+        self.run_worker(work, thread=True, group="run", exit_on_error=False)
+
+    def on_bisect_move(self, m: msg.BisectMove) -> None:
+        if not self._current(m):
+            return
+        self.query_one(HistoryPanel).show(self.session.history)
+        mv = m.move
+        self.settings = mv.settings  # the toggles panel shows the ops switched so far
+        self.query_one(TogglePanel).show(self.settings, self._owners(mv.after))
+        self.status.set_text(f"bisecting: {mv.change} moved the first DIFF {mv.before} -> {mv.after or 'all ok'}",
+                             "busy")
+
+    def on_bisect_done(self, m: msg.BisectDone) -> None:
+        if not self._current(m):
+            return
+        out, result = m.outcome, m.result
+        self._bisect_start = None
+        self.settings = result.settings
+        self._load_result(result)
+        self._finish(result)
+        if out.all_ok:
+            mins = ",".join(t for t in TOGGLES if t in (out.minimal or ())) or "(none)"
+            text = f"all ok; minimal exact set {mins}"
+            self.status.set_text(f"all ok · minimal exact set {mins} · {len(out.moves)} moves", "ok")
+        else:
+            text = "DIFFs remain with every op exact: not an op the toggles control"
+        self.notify(text, title="bisect", severity="information" if out.all_ok else "warning", markup=False)
+
+    def _end_bisect(self) -> None:
+        """A bisection stopped short: the toggles go back to what the grid shows."""
+        if self._bisect_start is not None:
+            self.settings = self._bisect_start
+            self._bisect_start = None
+            self.query_one(TogglePanel).show(self.settings, self._owners(self.board.first_diff))
+
+    def _load_result(self, result: RunResult) -> None:
+        """Show a finished run that did not stream positions (bisection's final run)."""
+        board = self.board
+        board.reset()
+        board.raw_sub = self._raw_sub
+        self._sub = {p.t: p for p in result.sub.positions}
+        status = result.comparison.status
+        for p_ref, p_sub in zip(result.ref.positions, result.sub.positions):
+            board.add_position(p_sub.t, {k: status[k] for k in p_ref.hashes if k in status}, p_sub.hashes,
+                               (p_ref.top1, p_sub.top1))
+
+    # ---- settings --------------------------------------------------------
+
+    def action_toggle(self, op: str) -> None:
+        self._change(replace(self.settings, exact=self.settings.exact ^ {op}))
+
+    def action_all_exact(self) -> None:
+        self._change(replace(self.settings, exact=frozenset(TOGGLES)))
+
+    def action_all_fast(self) -> None:
+        self._change(replace(self.settings, exact=frozenset()))
+
+    def action_switch(self, name: str) -> None:
+        values = next(vals for _, n, vals in SWITCHES if n == name)
+        cur = getattr(self.settings, name)
+        self._change(replace(self.settings, **{name: values[(values.index(cur) + 1) % len(values)]}))
+
+    def _change(self, settings: RunSettings) -> None:
+        if self.session is None:
+            self._no_model()
+            return
+        self.settings = settings
+        self.start_run()  # a change reruns by itself, cancelling the run in flight
+
+    def action_rerun(self) -> None:
+        self.start_run()
+
+    def action_cancel(self) -> None:
+        if self.phase in ("reference", "running", "bisecting") and self._cancel is not None:
+            self._cancel.set()
+            self.status.set_text("cancelling…", "busy")
+
+    def _no_model(self) -> None:
+        self.notify("no model is loaded", severity="warning", markup=False)
+
+    # ---- navigation ------------------------------------------------------
+
+    def _set_cursor(self, c: Cursor, keep_follow: bool = False) -> None:
+        board = self.board
+        if board is None:
+            return
+        t = min(max(0, c.t), board.n_positions - 1)
+        row = min(max(0, c.row), len(board.rows) - 1)
+        col = min(max(0, c.col), max(0, len(board.fields) - 1))
+        self.cursor = Cursor(t, row, col)
+        if not keep_follow:
+            self.follow = False
+        self.grid.set_cursor(self.cursor)
+        self.query_one(TokenStrip).show(board, t)
+        self._refresh_detail()
+
+    def _goto(self, key: str, keep_follow: bool = False) -> None:
+        c = self.board.locate(key) if self.board else None
+        if c is not None:
+            self._set_cursor(Cursor(c.t, c.row, self.cursor.col if c.col < 0 else c.col), keep_follow)
+
+    def action_move(self, drow: int, dcol: int) -> None:
+        c = self.cursor
+        if dcol and self.board and self.grid._single(c.row):
+            dcol = 0  # emb/logits rows hold one key: left/right has nowhere to go
+        self._set_cursor(Cursor(c.t, c.row + drow, c.col + dcol))
+
+    def action_token(self, dt: int) -> None:
+        c = self.cursor
+        self._set_cursor(Cursor(c.t + dt, c.row, c.col))
+
+    def action_first_diff(self) -> None:
+        board = self.board
+        first = board and (board.first_diff or board.first_mismatch)
+        if not first:
+            self.notify("no DIFF" + (" so far" if self.busy else ": all keys agree"), markup=False)
+            return
+        self._goto(first)
+        self.follow = True
+
+    def action_next_diff(self, forward: bool) -> None:
+        board = self.board
+        if board is None:
+            return
+        key = board.step_mismatch(board.key(self.cursor.t, self.cursor.row, self.cursor.col), forward)
+        if key is None:
+            self.notify("no DIFF" + (" so far" if self.busy else ""), markup=False)
+            return
+        self._goto(key)
+
+    @on(HashGrid.CellClicked)
+    def _clicked(self, m: HashGrid.CellClicked) -> None:
+        c = self.cursor
+        self._set_cursor(Cursor(c.t, m.row, c.col if m.col is None else m.col))
+
+    # ---- iso, export -----------------------------------------------------
+
+    def action_iso(self) -> None:
+        if self.session is None:
+            self._no_model()
+            return
+        from .iso import IsoScreen
+
+        self.app.push_screen(IsoScreen(self.session, self.settings.exact))
+
+    def action_export(self) -> None:
+        if self._exporting:
+            self.notify("an export is being written", severity="warning", markup=False)
+            return
+        if not self.diff_mode and (self.result is None or self.phase != "idle"):
+            self.notify("nothing finished to export yet: wait for the run (escape cancels it)",
+                        severity="warning", markup=False)
+            return
+        try:
+            folder = new_export_dir(self.export_dir).resolve()  # shown in full: it is where to look
+            # the screenshot must come from the UI thread, and before the toast announcing the export
+            self.app.save_screenshot(filename=SCREENSHOT, path=str(folder))
+        except OSError as e:
+            self.notify(f"{self.export_dir}: {e.strerror or e}", title="export failed", severity="error",
+                        markup=False)
+            return
+        self._exporting = True
+        self.status.set_text(f"exporting to {folder}…", "busy")
+        src, session, result, info = self.source, self.session, self.result, self.info
+        cmp = self._diff_cmp
+
+        def work() -> None:
+            try:
+                if self.diff_mode:
+                    write_diff(folder, src.path_a, src.path_b, src.a, src.b, cmp)
+                else:
+                    write_live(folder, session, result, device=info.device, note=info.note)
+            except Exception as e:  # noqa: BLE001
+                self.post_message(msg.ExportDone(str(folder), e))
+                return
+            self.post_message(msg.ExportDone(str(folder)))
+
+        self.run_worker(work, thread=True, group="export", exit_on_error=False)
+
+    def on_export_done(self, m: msg.ExportDone) -> None:
+        self._exporting = False
+        if m.error is not None:
+            self.status.set_text(f"export failed: {_one_line(m.error)}", "error")
+            self.notify(_one_line(m.error), title="export failed", severity="error", markup=False)
+            return
+        self.last_export = Path(m.path)
+        self.status.set_text(f"exported to {m.path}", "ok")
+        self.notify(m.path, title="exported", timeout=8, markup=False)
+
+    def action_load_default(self) -> None:
+        self.cancel_all()
+        self._load(default_loader())
+
+    # ---- actions availability ---------------------------------------------
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if self.diff_mode and action in RUN_ACTIONS:
+            return False  # two dump files: nothing to run, so the keys leave the footer
+        return True
+
+    def palette_commands(self) -> list[tuple[str, str, str]]:
+        """(title, help, action) for the command palette: every action of this screen."""
+        cmds = []
+        for b in self.BINDINGS:
+            name = b.action.split("(")[0]
+            if not self.check_action(name, ()):
+                continue
+            keys = ", ".join(self.app.get_key_display(Binding(k, "")) for k in b.key.split(","))
+            cmds.append((_title(b), f"key {keys}", b.action))
+        cmds.append(("Load the embedded default model", "sim subject, 48 layers", "load_default"))
+        return cmds
+
+    # ---- redraw ----------------------------------------------------------
+
+    def _owners(self, first: str | None) -> tuple[str, ...]:
+        if not first:
+            return ()
+        try:
+            return OWNERS.get(parse_key(first).field, ())
+        except ValueError:
+            return ()
+
+    def _refresh_all(self) -> None:
+        board = self.board
+        if board is None:
+            return
+        self.grid.refresh()
+        self.query_one(TokenStrip).show(board, self.cursor.t)
+        if not self.diff_mode:
+            self.query_one(TogglePanel).show(self.settings, self._owners(board.first_diff))
+            if self.session is not None:
+                self.query_one(HistoryPanel).show(self.session.history)
+        self._refresh_detail()
+
+    def _refresh_detail(self) -> None:
+        board, c = self.board, self.cursor
+        if board is None:
+            return
+        key = board.key(c.t, c.row, c.col)
+        # recompute only when the key or what is known about it changed (stats are the costly part)
+        stamp = (self._run_id, key, board.cell(key, c.t), board.first_diff, self._ref is not None)
+        if stamp == self._detail_key:
+            return
+        self._detail_key = stamp
+        self.query_one(DetailPanel).show(key_info(board, key, c.t))
+
+
+def quiet_gc(on: bool) -> None:
+    """Keep the cyclic GC off the finished run's data while the user navigates.
+
+    A finished run holds ~1M references (hash dicts, raw buffers); a full
+    collection walks all of them and stalls a frame by ~80 ms. Freezing moves
+    what exists into the permanent generation once a run is done; the next
+    run unfreezes first, so cycles that became garbage are collected while
+    the grid is filling anyway.
+    """
+    if on:
+        gc.freeze()
+    else:
+        gc.unfreeze()
+
+
+def _title(b: Binding) -> str:
+    text = b.tooltip or b.description
+    return text[:1].upper() + text[1:]
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return (text[0] if text else type(e).__name__)[:300]

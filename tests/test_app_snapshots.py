@@ -1,0 +1,52 @@
+"""Snapshot tests of the main screen (pytest-textual-snapshot).
+
+The default 48-layer model with the sim subject, after the first run has
+finished: nothing on screen depends on time, so the SVGs are repeatable.
+Update the baselines with `pytest tests/test_app_snapshots.py --snapshot-update`
+and look at the SVGs in tests/__snapshots__/ before committing them.
+"""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from kestrel_tui.app.app import KestrelApp
+from kestrel_tui.app.source import LiveSource, loaded
+from kestrel_tui.commands import default_prompt
+from kestrel_tui.engine.session import Session
+
+N_TOKENS = 8
+
+
+def make_app(model, tmp_path) -> KestrelApp:
+    session = Session(model, default_prompt(model.cfg.vocab), N_TOKENS, subject="sim")
+    return KestrelApp(LiveSource(lambda: loaded(session)), export_dir=tmp_path / "exports")
+
+
+async def settle(pilot) -> None:
+    app = pilot.app
+    for _ in range(6000):
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        if not app.main.busy:
+            await pilot.pause()
+            return
+        await asyncio.sleep(0.01)
+    raise TimeoutError("app still busy")
+
+
+@pytest.mark.parametrize("size", [(120, 40), (80, 24)], ids=["120x40", "80x24"])
+def test_main_screen(snap_compare, default_model, tmp_path, size):
+    assert snap_compare(make_app(default_model, tmp_path), terminal_size=size, run_before=settle)
+
+
+def test_main_screen_after_toggles(snap_compare, small_model, tmp_path):
+    """Two toggles later: the history panel, the toggles panel and the moved first DIFF."""
+    async def run_before(pilot):
+        await settle(pilot)
+        for key in ("1", "2"):
+            await pilot.press(key)
+            await settle(pilot)
+
+    assert snap_compare(make_app(small_model, tmp_path), terminal_size=(120, 40), run_before=run_before)
