@@ -18,16 +18,31 @@
 //       (every thread also carries l). Positions stay in ascending order, every
 //       product is rounded before its add, so this is bit-identical to the
 //       serial loop — and the seed's one-thread-per-head scan (2.25x the fast
-//       kernel) becomes a parallel kernel with a 1-flop-deep serial part.
+//       kernel) becomes a parallel kernel with a 1-flop-deep serial part. The
+//       tile's int8 V rows are staged in shared memory first.
 //   attn_fast_q8 / attn_fast_f32
 //       two-pass softmax as engines do it: scores with FMA dots on the
 //       dequantized cache (no query quantization), block max, e = exp(s - max),
-//       block-tree sum, then P·V split over position groups with FMAs and
-//       out = acc * (1/l). Scores go through a global scratch row.
+//       block-tree sum, then P·V split over position groups with FMAs (weights
+//       staged per tile in shared memory) and out = acc * (1/l). Scores go
+//       through a global scratch row.
 #include "common.cuh"
 
 #define ATT_MAX_HD 256
 #define ATT_MAX_THREADS 256
+#define ATT_VT_BYTES 32768  // shared memory for a tile of int8 V rows
+
+// Copy the int8 V rows of positions p0 .. p0+np-1 (kv head kvh) into shared memory with
+// 16-byte loads from every thread, so the P.V loop reads shared memory instead of
+// waiting on one global load per step.
+__device__ __forceinline__ void stage_v_tile(signed char *__restrict__ vt, const signed char *__restrict__ vc,
+                                             int p0, int np, int n_kv, int kvh, int hd) {
+  const int per_row = hd / 16;
+  for (int i = threadIdx.x; i < np * per_row; i += blockDim.x) {
+    const int r = i / per_row, part = i % per_row;
+    ((int4 *)(vt + (size_t)r * hd))[part] = ((const int4 *)(vc + ((size_t)(p0 + r) * n_kv + kvh) * hd))[part];
+  }
+}
 
 __device__ __forceinline__ float block_max(float v, float *red) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
@@ -55,6 +70,7 @@ __device__ __forceinline__ float block_sum_fast(float v, float *red) {
 
 // q: [M, n_q, hd]; kc/vc: the layer cache [cap, n_kv, hd] (int8 or f32);
 // ksc/vsc: [cap, n_kv]; out: [M, n_q*hd]. block: a multiple of 32, >= hd, <= 256.
+// hd: a multiple of 16 (16-byte K loads), at most 256.
 template <bool Q8>
 __device__ __forceinline__ void attn_exact(const float *__restrict__ q, const void *__restrict__ kc,
                                            const float *__restrict__ ksc, const void *__restrict__ vc,
@@ -64,7 +80,10 @@ __device__ __forceinline__ void attn_exact(const float *__restrict__ q, const vo
   __shared__ int qq4[ATT_MAX_HD / 4];
   __shared__ float s_c[ATT_MAX_THREADS], s_w[ATT_MAX_THREADS], s_incl[ATT_MAX_THREADS];
   __shared__ float red[32];
-  const int h = blockIdx.x, m = blockIdx.y, tid = threadIdx.x, NT = blockDim.x;
+  __shared__ __align__(16) signed char vt[ATT_VT_BYTES];
+  __shared__ float vst[ATT_MAX_THREADS];
+  const int h = blockIdx.x, m = blockIdx.y, tid = threadIdx.x;
+  const int NT = min((int)blockDim.x, ATT_VT_BYTES / hd);  // positions per tile
   const int lane = tid & 31, warp = tid >> 5;
   const int kvh = h / (n_q / n_kv);
   const int T = pos0 + m + 1;  // positions 0..t
@@ -75,7 +94,7 @@ __device__ __forceinline__ void attn_exact(const float *__restrict__ q, const vo
     const float v = tid < hd ? qh[tid] : 0.0f;
     const float amax = block_max(fabsf(v), red);
     dq = FDIV(amax, 127.0f);
-    const float id = dq == 0.0f ? 0.0f : FDIV(1.0f, dq);
+    const float id = q8_inverse(dq);
     if (tid < hd) ((signed char *)qq4)[tid] = (signed char)fminf(127.0f, fmaxf(-127.0f, roundf(FMUL(v, id))));
   } else {
     if (tid < hd) qf[tid] = qh[tid];
@@ -89,10 +108,22 @@ __device__ __forceinline__ void attn_exact(const float *__restrict__ q, const vo
     float s = -INFINITY;
     if (tid < np) {
       const size_t row = (size_t)p * n_kv + kvh;
-      if (Q8) {
-        const int *krow = (const int *)((const signed char *)kc + row * hd);
+      if (Q8) {  // the whole K row in flight at once (16-byte loads), then an exact int32 dot
+        const int4 *krow = (const int4 *)((const signed char *)kc + row * hd);
+        int4 kk[ATT_MAX_HD / 16];
+#pragma unroll
+        for (int i = 0; i < ATT_MAX_HD / 16; i++)
+          if (i < hd / 16) kk[i] = krow[i];
         int isum = 0;
-        for (int j4 = 0; j4 < hd / 4; j4++) isum = __dp4a(qq4[j4], krow[j4], isum);
+#pragma unroll
+        for (int i = 0; i < ATT_MAX_HD / 16; i++) {
+          if (i < hd / 16) {
+            isum = __dp4a(qq4[4 * i + 0], kk[i].x, isum);
+            isum = __dp4a(qq4[4 * i + 1], kk[i].y, isum);
+            isum = __dp4a(qq4[4 * i + 2], kk[i].z, isum);
+            isum = __dp4a(qq4[4 * i + 3], kk[i].w, isum);
+          }
+        }
         s = FMUL(FMUL(__int2float_rn(isum), FMUL(dq, ksc[row])), scale);
       } else {
         const float *krow = (const float *)kc + row * hd;
@@ -130,13 +161,16 @@ __device__ __forceinline__ void attn_exact(const float *__restrict__ q, const vo
       s_c[tid] = exact_exp ? expf_ucrt(FSUB(mprev, incl)) : expf(FSUB(mprev, incl));
       s_w[tid] = exact_exp ? expf_ucrt(FSUB(s, incl)) : expf(FSUB(s, incl));
     }
+    if (Q8) {
+      stage_v_tile(vt, (const signed char *)vc, p0, np, n_kv, kvh, hd);
+      if (tid < np) vst[tid] = vsc[(size_t)(p0 + tid) * n_kv + kvh];
+    }
     __syncthreads();
     if (tid < hd) {
 #pragma unroll 8
       for (int i = 0; i < np; i++) {
-        const size_t row = (size_t)(p0 + i) * n_kv + kvh;
-        const float vv = Q8 ? FMUL((float)((const signed char *)vc)[row * hd + tid], vsc[row])
-                            : ((const float *)vc)[row * hd + tid];
+        const float vv = Q8 ? FMUL((float)vt[i * hd + tid], vst[i])
+                            : ((const float *)vc)[((size_t)(p0 + i) * n_kv + kvh) * hd + tid];
         const float ci = s_c[i], wi = s_w[i];
         acc = FADD(FMUL(acc, ci), FMUL(wi, vv));
         l = FADD(FMUL(l, ci), wi);
@@ -169,8 +203,9 @@ __device__ __forceinline__ void attn_fast(const float *__restrict__ q, const voi
                                           float *__restrict__ scores, int cap_s, int pos0, int n_q, int n_kv,
                                           int hd, float scale, int exact_exp) {
   __shared__ float qf[ATT_MAX_HD];
-  __shared__ float part[ATT_MAX_THREADS];
+  __shared__ float part[ATT_MAX_THREADS], wt[ATT_MAX_THREADS];
   __shared__ float red[32];
+  __shared__ __align__(16) signed char vt[ATT_VT_BYTES];
   const int h = blockIdx.x, m = blockIdx.y, tid = threadIdx.x, NT = blockDim.x;
   const int kvh = h / (n_q / n_kv);
   const int T = pos0 + m + 1;
@@ -183,20 +218,35 @@ __device__ __forceinline__ void attn_fast(const float *__restrict__ q, const voi
   for (int p = tid; p < T; p += NT) {
     const size_t row = (size_t)p * n_kv + kvh;
     float a = 0.0f;
-    if (Q8) {
-      const int *krow = (const int *)((const signed char *)kc + row * hd);
-      for (int j4 = 0; j4 < hd / 4; j4++) {
-        const int w = krow[j4];
-        a = fmaf(qf[4 * j4 + 0], (float)(signed char)(w), a);
-        a = fmaf(qf[4 * j4 + 1], (float)(signed char)(w >> 8), a);
-        a = fmaf(qf[4 * j4 + 2], (float)(signed char)(w >> 16), a);
-        a = fmaf(qf[4 * j4 + 3], (float)(signed char)(w >> 24), a);
+    if (Q8) {  // dequantize on the fly, four FMA chains
+      const int4 *krow = (const int4 *)((const signed char *)kc + row * hd);
+      float a4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 4
+      for (int i = 0; i < hd / 16; i++) {
+        const int4 kk = krow[i];
+        const int w[4] = {kk.x, kk.y, kk.z, kk.w};
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+          const float *qq = qf + 16 * i + 4 * c;
+          a4[c] = fmaf(qq[0], (float)(signed char)(w[c]), a4[c]);
+          a4[c] = fmaf(qq[1], (float)(signed char)(w[c] >> 8), a4[c]);
+          a4[c] = fmaf(qq[2], (float)(signed char)(w[c] >> 16), a4[c]);
+          a4[c] = fmaf(qq[3], (float)(signed char)(w[c] >> 24), a4[c]);
+        }
       }
-      a = a * (ksc[row] * scale);
+      a = ((a4[0] + a4[1]) + (a4[2] + a4[3])) * (ksc[row] * scale);
     } else {
-      const float *krow = (const float *)kc + row * hd;
-      for (int j = 0; j < hd; j++) a = fmaf(qf[j], krow[j], a);
-      a = a * scale;
+      const float4 *krow = (const float4 *)((const float *)kc + row * hd);
+      float a4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 4
+      for (int i = 0; i < hd / 4; i++) {
+        const float4 kv = krow[i];
+        a4[0] = fmaf(qf[4 * i + 0], kv.x, a4[0]);
+        a4[1] = fmaf(qf[4 * i + 1], kv.y, a4[1]);
+        a4[2] = fmaf(qf[4 * i + 2], kv.z, a4[2]);
+        a4[3] = fmaf(qf[4 * i + 3], kv.w, a4[3]);
+      }
+      a = ((a4[0] + a4[1]) + (a4[2] + a4[3])) * scale;
     }
     S[p] = a;
     lmax = fmaxf(lmax, a);
@@ -209,19 +259,26 @@ __device__ __forceinline__ void attn_fast(const float *__restrict__ q, const voi
     lsum += e;
   }
   const float L = block_sum_fast(lsum, red);
-  __syncthreads();  // S (global) written by other threads of this block
+  // P.V: a tile of weights (e_p * vs_p) staged in shared memory, the positions of a
+  // tile split over G = NT/hd groups of hd threads, FMA accumulation
   const int G = NT / hd, grp = tid / hd, j = tid % hd;
-  if (grp < G) {
-    float a = 0.0f;
-    for (int p = grp; p < T; p += G) {
-      const size_t row = (size_t)p * n_kv + kvh;
-      if (Q8)
-        a = fmaf(S[p] * vsc[row], (float)((const signed char *)vc)[row * hd + j], a);
-      else
-        a = fmaf(S[p], ((const float *)vc)[row * hd + j], a);
+  float a = 0.0f;
+  const int TL = min(NT, ATT_VT_BYTES / hd);
+  for (int p0 = 0; p0 < T; p0 += TL) {
+    const int np = min(TL, T - p0);
+    __syncthreads();  // S (global) written by other threads; the previous tile consumed
+    if (tid < np) wt[tid] = Q8 ? S[p0 + tid] * vsc[(size_t)(p0 + tid) * n_kv + kvh] : S[p0 + tid];
+    if (Q8) stage_v_tile(vt, (const signed char *)vc, p0, np, n_kv, kvh, hd);
+    __syncthreads();
+    if (grp < G) {
+#pragma unroll 4
+      for (int i = grp; i < np; i += G) {
+        const float v = Q8 ? (float)vt[i * hd + j] : ((const float *)vc)[((size_t)(p0 + i) * n_kv + kvh) * hd + j];
+        a = fmaf(wt[i], v, a);
+      }
     }
-    part[grp * hd + j] = a;
   }
+  if (grp < G) part[grp * hd + j] = a;
   __syncthreads();
   if (tid < hd) {
     float tot = 0.0f;

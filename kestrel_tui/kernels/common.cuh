@@ -279,6 +279,13 @@ __device__ __forceinline__ float warp_max(float v) {  // max is exact in any ord
   return v;
 }
 
+// The q8 rules' inverse scale (model/quant.py _inverse): 1/d, or 0 where that is not
+// finite (d == 0, or d so tiny that 1/d overflows).
+__device__ __forceinline__ float q8_inverse(float d) {
+  const float inv = FDIV(1.0f, d);
+  return isfinite(inv) ? inv : 0.0f;
+}
+
 // C roundf (half away from zero) — ggml's q8_0 rounding.
 __device__ __forceinline__ float round_half_away(float x) { return roundf(x); }
 

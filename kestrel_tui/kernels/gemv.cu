@@ -11,7 +11,7 @@
 //
 // Versions:
 //   quantize_q8_0_exact  ggml quantize_row_q8_0_ref: d = amax/127,
-//                        id = d ? 1/d : 0, q = roundf(x*id), d stored as f16.
+//                        id = 1/d (0 where not finite), q = roundf(x*id), d stored as f16.
 //   quantize_q8_0_fast   ggml-cuda quantize_q8_1: q = roundf(x / d) (a divide
 //                        instead of the reciprocal multiply).
 //   gemv_q4_exact        contract GEMV: isum = exact int dot per 32-block
@@ -53,7 +53,7 @@ __device__ __forceinline__ void quantize_q8_0(const float *__restrict__ x, signe
   float d;
   if (EXACT) {
     d = FDIV(amax, 127.0f);
-    const float id = d == 0.0f ? 0.0f : FDIV(1.0f, d);
+    const float id = q8_inverse(d);
     r = roundf(FMUL(v, id));
   } else {
     d = amax / 127.0f;

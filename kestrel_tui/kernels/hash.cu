@@ -1,28 +1,42 @@
-// hash.cu — FNV-1a 64 of every probe key of a decode step, in ONE launch.
+// hash.cu — FNV-1a 64 of every probe key of a decode step, on the device.
+//
+// The hash is a definition (trace/fnv.py: h = 0xcbf29ce484222325; per byte
+// h ^= b; h *= P = 0x100000001b3 mod 2^64), so there is no fast/exact split;
+// the versions differ in how they parallelise a serial chain. Hashes come back
+// to the host once per step; raw buffers stay on the device.
+//
+// Why not one thread per key: FNV-1a costs ~10 cycles a byte in one thread, so
+// a 600 KB logits row (Qwen3-30B vocab) alone would take ~3 ms. Both versions
+// cut every key into HASH_CHUNK-byte chunks and rest on one identity: XOR with a
+// byte only touches the low 8 bits, so for s = h & 255
+//     (h ^ b) * P = (h - s) * P + (s ^ b) * P      (mod 2^64)
+// and after a chunk of n bytes   h_n = (h_0 - s) * P^n + F(s),
+// F(s) = FNV-1a over the chunk started from the value s (0..255). The low 8
+// bits alone follow a 256-state machine, s' = ((s ^ b) * 0xb3) & 255.
 //
 // Versions:
-//   fnv1a64_keys   the only one: hashing has no fast/exact split (the hash is
-//                  a definition, trace/fnv.py: h = 0xcbf29ce484222325; per byte
-//                  h ^= b; h *= 0x100000001b3 mod 2^64). Hashes come back to the
-//                  host once per step; raw buffers stay on the device.
-//
-// Why not one thread per key: FNV-1a is a serial chain, ~10 cycles a byte, so
-// a 600 KB logits row (Qwen3-30B vocab) alone would take ~3 ms. Instead every
-// key is cut into CHUNK-byte pieces hashed in parallel, using this identity:
-// XOR with a byte b only touches the low 8 bits, and for s = h & 255
-//     (h ^ b) * P = (h - s) * P + (s ^ b) * P      (mod 2^64)
-// so after n bytes  h_n = (h_0 - s) * P^n + F(s)  where F(s) is FNV-1a over the
-// chunk started from the value s (0..255). One 256-thread block computes F for
-// all 256 starts of a chunk (thread s starts from h = s); a key's first chunk
-// starts from the offset basis, so only one thread works there. The last block
-// to finish a key (atomic ticket) folds its chunks in order:
-//     h = (h - (h & 255)) * P^len(c) + F_c[h & 255]
-// P^len(c) is precomputed on the host per chunk. The counters reset themselves.
+//   fnv1a64_keys         one launch: a 256-thread block per chunk computes F for
+//                        all 256 starts (256x the work of the serial hash); the
+//                        last block of a key (atomic ticket) folds its chunks
+//                        h = (h - (h & 255)) * P^len + F_c[h & 255].
+//   fnv_states +         two launches, ~1/200 of the 64-bit work (what the backend
+//   fnv_chunks           uses): (1) eight warps per chunk run only the 8-bit
+//                        state machine for all 256 starts over their eighth —
+//                        two states per 32-bit register, two instructions per
+//                        byte per register — snapshotting it every PIECE bytes,
+//                        then compose the eighths; the last block of a key
+//                        walks the chunks' permutations to find every chunk's
+//                        true start state. (2) one thread per PIECE
+//                        bytes runs FNV-1a once, from its true state, and adds
+//                        its term of the closed-form fold (below) to the key's
+//                        hash with a 64-bit atomicAdd.
+// The powers of P are precomputed on the host. The ticket counters reset
+// themselves, so the scratch needs zeroing once, at allocation.
 #include "common.cuh"
 
 #define FNV_OFFSET 0xcbf29ce484222325ull
 #define FNV_PRIME 0x100000001b3ull
-#define HASH_CHUNK 2048          // bytes per chunk (host and device must agree)
+#define HASH_CHUNK 4096          // bytes per chunk (host and device must agree)
 #define HASH_THREADS 256
 #define FOLD_BATCH 16            // chunk rows staged in shared memory per fold step
 
@@ -107,5 +121,166 @@ extern "C" __global__ void fnv1a64_keys(const unsigned char *__restrict__ base,
   if (tid == 0) {
     out[k] = h;
     tickets[k] = 0;  // ready for the next step
+  }
+}
+
+// ------------------------------------------------------------ two launches
+
+#define WALK_BATCH 64   // permutations staged in shared memory per step of the walk
+#define PIECE 256       // bytes per FNV run in fnv_chunks (HASH_CHUNK / PIECE pieces a chunk)
+#define PIECES (HASH_CHUNK / PIECE)
+
+// (1) grid = n_chunks blocks of STATE_THREADS: warp w runs the state machine over pieces
+// 2w, 2w+1 of the chunk from all 256 starts, then the block composes the warps' results.
+// snap: [n_chunks, PIECES, 256] scratch — the state machine after each full piece, for all
+// 256 starts at the chunk's start (the last one is the chunk's permutation); start:
+// [n_chunks], each chunk's true low-8-bit start state; out: [n_keys], zeroed here for
+// fnv_chunks' sums; tickets: [n_keys], zero.
+#define STATE_THREADS 256
+#define PIECES_PER_WARP (PIECES / (STATE_THREADS / 32))
+#define STATES_PER_THREAD (256 / STATE_THREADS)
+extern "C" __global__ void fnv_states(const unsigned char *__restrict__ base, const int *__restrict__ chunk_key,
+                                      const unsigned long long *__restrict__ chunk_off,
+                                      const int *__restrict__ chunk_len, const int *__restrict__ key_first,
+                                      const int *__restrict__ key_n, unsigned char *__restrict__ snap,
+                                      unsigned char *__restrict__ start, unsigned *__restrict__ tickets,
+                                      unsigned long long *__restrict__ out) {
+  __shared__ unsigned words[HASH_CHUNK / 4];
+  __shared__ __align__(16) unsigned char lsnap[PIECES][256];  // per warp: from its own segment's start
+  __shared__ __align__(16) unsigned char stage[WALK_BATCH][256];
+  __shared__ int is_last;
+  const int c = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int k = chunk_key[c], first = key_first[k], n = key_n[k];
+  const int len = chunk_len[c];  // a multiple of 4
+  const int full = len / PIECE;  // pieces that end inside the chunk: the snapshots
+  if (full > 0) {
+    const unsigned *src = (const unsigned *)(base + chunk_off[c]);
+    for (int i = tid; i < len / 4; i += STATE_THREADS) words[i] = src[i];
+    __syncthreads();
+    const int p0 = warp * PIECES_PER_WARP;
+    if (p0 < full) {
+      // lane holds starts 8*lane .. 8*lane+7, two per register (bits 0-7 and 16-23)
+      unsigned x[4];
+#pragma unroll
+      for (int r = 0; r < 4; r++) x[r] = (8u * lane + 2 * r) | ((8u * lane + 2 * r + 1) << 16);
+      const int w_end = min(p0 + PIECES_PER_WARP, full) * (PIECE / 4);
+      for (int i = p0 * (PIECE / 4); i < w_end; i++) {
+        const unsigned w = words[i];
+#pragma unroll
+        for (int kb = 0; kb < 4; kb++) {
+          const unsigned bb = __byte_perm(w, 0u, 0x4040u | (kb << 8) | kb);  // byte kb in both halves
+#pragma unroll
+          for (int r = 0; r < 4; r++) x[r] = ((x[r] ^ bb) & 0x00FF00FFu) * 0xB3u;  // (s ^ b) * P mod 256
+        }
+        if ((i + 1) % (PIECE / 4) == 0) {  // a piece ends: snapshot
+          unsigned char *ps = lsnap[(i + 1) / (PIECE / 4) - 1] + 8 * lane;
+#pragma unroll
+          for (int r = 0; r < 4; r++) {
+            ps[2 * r] = (unsigned char)(x[r] & 255u);
+            ps[2 * r + 1] = (unsigned char)((x[r] >> 16) & 255u);
+          }
+        }
+      }
+    }
+    __syncthreads();
+    // compose: a later warp's snapshots start from the state the earlier warps reached
+    for (int w2 = 1; w2 * PIECES_PER_WARP < full; w2++) {
+      const int prev = w2 * PIECES_PER_WARP - 1;
+      unsigned char nxt[STATES_PER_THREAD][PIECES_PER_WARP];
+#pragma unroll
+      for (int h = 0; h < STATES_PER_THREAD; h++) {
+        const int st = tid + h * STATE_THREADS;
+        const unsigned sp = lsnap[prev][st];
+#pragma unroll
+        for (int j = 0; j < PIECES_PER_WARP; j++)
+          if (w2 * PIECES_PER_WARP + j < full) nxt[h][j] = lsnap[w2 * PIECES_PER_WARP + j][sp];
+      }
+      __syncthreads();
+#pragma unroll
+      for (int h = 0; h < STATES_PER_THREAD; h++)
+#pragma unroll
+        for (int j = 0; j < PIECES_PER_WARP; j++)
+          if (w2 * PIECES_PER_WARP + j < full) lsnap[w2 * PIECES_PER_WARP + j][tid + h * STATE_THREADS] = nxt[h][j];
+      __syncthreads();
+    }
+    uint4 *dst = (uint4 *)(snap + (size_t)c * PIECES * 256);
+    for (int i = tid; i < full * 16; i += STATE_THREADS) dst[i] = ((const uint4 *)lsnap)[i];
+  }
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) is_last = (atomicAdd(&tickets[k], 1u) == (unsigned)(n - 1));
+  __syncthreads();
+  if (!is_last) return;
+  __threadfence();
+  // walk: start[first] = low 8 bits of the offset basis, start[c+1] = perm_c[start[c]]
+  // (every chunk but a key's last is a full HASH_CHUNK, so its permutation is snapshot PIECES-1)
+  unsigned s = (unsigned)(FNV_OFFSET & 255u);
+  for (int b0 = 0; b0 < n - 1; b0 += WALK_BATCH) {
+    const int nb = min(WALK_BATCH, n - 1 - b0);
+    for (int i = tid; i < nb * 16; i += STATE_THREADS) {
+      const int row = i / 16, part = i % 16;
+      ((uint4 *)stage[row])[part] =
+          __ldcg((const uint4 *)(snap + ((size_t)(first + b0 + row) * PIECES + PIECES - 1) * 256) + part);
+    }
+    __syncthreads();
+    if (tid == 0) {
+      for (int i = 0; i < nb; i++) {
+        start[first + b0 + i] = (unsigned char)s;
+        s = stage[i][s];
+      }
+    }
+    __syncthreads();
+  }
+  if (tid == 0) {
+    start[first + n - 1] = (unsigned char)s;
+    out[k] = 0;
+    tickets[k] = 0;
+  }
+}
+
+// (2) grid = ceil(n_chunks*PIECES/128) blocks of 128 threads, one thread per PIECE bytes.
+// Writing h_c = P_c*h_{c-1} + b_c for the fold (P_c = P^len(c), b_c = F_c(s_c) - s_c*P_c,
+// b_first = FNV from the offset basis), a key's hash is the plain sum
+//     h = sum over pieces of b_piece * P^(bytes after the piece)   (mod 2^64),
+// so every piece adds its term with one 64-bit atomicAdd: no serial fold, and the sum is
+// the same in any order. piece_pow[q] = P^len(piece), piece_spow[q] = P^(bytes after it).
+extern "C" __global__ void fnv_chunks(const unsigned char *__restrict__ base, const int *__restrict__ chunk_key,
+                                      const unsigned long long *__restrict__ chunk_off,
+                                      const int *__restrict__ chunk_len, const int *__restrict__ key_first,
+                                      const unsigned long long *__restrict__ piece_pow,
+                                      const unsigned long long *__restrict__ piece_spow,
+                                      const unsigned char *__restrict__ snap, const unsigned char *__restrict__ start,
+                                      unsigned long long *__restrict__ out, int n_chunks) {
+  const int q = blockIdx.x * blockDim.x + threadIdx.x;
+  const int c = q / PIECES, j = q % PIECES;
+  int k = -1;  // no term
+  unsigned long long term = 0;
+  if (c < n_chunks) {
+    const int len = chunk_len[c] - j * PIECE;
+    const int kc = chunk_key[c];
+    const bool basis = j == 0 && c == key_first[kc];
+    if (len > 0) {
+      const unsigned s0 = start[c];
+      const unsigned s = j == 0 ? s0 : snap[((size_t)c * PIECES + j - 1) * 256 + s0];
+      unsigned long long h = basis ? FNV_OFFSET : (unsigned long long)s;
+      const unsigned *src = (const unsigned *)(base + chunk_off[c] + (size_t)j * PIECE);
+      const int nw = min(len, PIECE) / 4;
+#pragma unroll 8
+      for (int i = 0; i < nw; i++) h = fnv_word(h, src[i], 4);
+      term = (basis ? h : h - (unsigned long long)s * piece_pow[q]) * piece_spow[q];
+      k = kc;
+    } else if (basis) {  // an empty buffer hashes to the offset basis
+      term = FNV_OFFSET;
+      k = kc;
+    }
+  }
+  // a warp whose pieces all belong to one key adds one sum (mod 2^64, so order-free)
+  const int k0 = __shfl_sync(FULL_MASK, k, 0);
+  if (__all_sync(FULL_MASK, k == k0)) {
+#pragma unroll
+    for (int off = 16; off >= 1; off >>= 1) term += __shfl_xor_sync(FULL_MASK, term, off);
+    if ((threadIdx.x & 31) == 0 && k0 >= 0) atomicAdd(&out[k0], term);
+  } else if (k >= 0) {
+    atomicAdd(&out[k], term);
   }
 }

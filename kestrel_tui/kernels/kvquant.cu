@@ -2,7 +2,7 @@
 //
 // Versions:
 //   kvquant_exact  q8 row per kv head: amax = max|x|, d = amax/127 kept in f32
-//                  (the ks/vs keys), id = d == 0 ? 0 : 1/d,
+//                  (the ks/vs keys), id = 1/d (0 where not finite),
 //                  q = clamp(roundf(x*id), -127, 127) (half away from zero).
 //   kvquant_fast   the common GPU shortcut: inv = 127/amax computed directly,
 //                  q = rint(x*inv) (ties to even), scale amax/127.
@@ -37,7 +37,7 @@ __device__ __forceinline__ void kv_row_q8(const float *__restrict__ x, signed ch
   float d, id;
   if (EXACT) {
     d = FDIV(amax, 127.0f);
-    id = d == 0.0f ? 0.0f : FDIV(1.0f, d);
+    id = q8_inverse(d);
   } else {
     d = amax / 127.0f;
     id = amax == 0.0f ? 0.0f : 127.0f / amax;

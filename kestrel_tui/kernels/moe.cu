@@ -116,7 +116,7 @@ __device__ __forceinline__ void silu_mul(const float *__restrict__ g, const floa
     float d, r;
     if (exact_quant) {
       d = FDIV(amax, 127.0f);
-      const float id = d == 0.0f ? 0.0f : FDIV(1.0f, d);
+      const float id = q8_inverse(d);
       r = roundf(FMUL(av, id));
     } else {
       d = amax / 127.0f;

@@ -41,13 +41,9 @@ import numpy as np
 
 from .config import ModelError, default_config, load_config
 from .quant import quantize_q4_0
-from .weights import FORMATS, Layer, Linear, Model, make_linear, rope_tables, synthetic_model
+from .weights import FORMATS, Layer, Linear, Model, linear_from_q4, make_linear, rope_tables, synthetic_model
 
 F32 = np.float32
-# Expert stacks up to this many elements also keep the f32-widened q4_0 values
-# (`Linear.qsf`, 4 bytes per weight) for BLAS; larger ones (a real 30B
-# checkpoint: 201M per projection per layer) keep only the int8 blocks.
-WIDEN_EXPERTS_MAX = 1 << 26
 _DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": None}
 
 
@@ -168,9 +164,7 @@ def _experts(ck: _Checkpoint, p: str, E: int, F: int, H: int, fmt: str) -> tuple
         out, inp = shapes[kind]
         if fmt == "f32":
             return Linear(out, inp, w=bufs[kind])
-        qs, d = bufs[kind]
-        widen = qs.size <= WIDEN_EXPERTS_MAX
-        return Linear(out, inp, qs=qs, d=d, qsf=qs.astype(F32) if widen else None)
+        return linear_from_q4(*bufs[kind], fmt)
 
     return lin("gate"), lin("up"), lin("down")
 

@@ -57,20 +57,25 @@ def concat_rows(lins: tuple[Linear, ...]) -> Linear:
                   qsf=qsf)
 
 
-def make_linear(w: np.ndarray, fmt: str, widen: bool = True) -> Linear:
+def make_linear(w: np.ndarray, fmt: str) -> Linear:
     w = np.asarray(w, dtype=np.float32)
-    out, inp = w.shape[-2:]
     if fmt == "f32":
+        out, inp = w.shape[-2:]
         return Linear(out, inp, w=np.ascontiguousarray(w))
-    qs, d = quantize_q4_0(w)
-    return Linear(out, inp, qs=qs, d=d, qsf=qs.astype(np.float32) if widen else None)
+    return linear_from_q4(*quantize_q4_0(w), fmt)
 
 
-def linear_from_q4(qs: np.ndarray, d: np.ndarray, fmt: str, widen: bool = True) -> Linear:
+# Matrices up to this many elements keep an f32-widened copy of their q4_0 values
+# (4x the memory, no per-call conversion); larger expert stacks — a real 30B
+# layer would need ~116 GB of copies — widen only the selected experts per call.
+WIDEN_MAX = 1 << 26
+
+
+def linear_from_q4(qs: np.ndarray, d: np.ndarray, fmt: str) -> Linear:
     nb, out = d.shape[-2:]
     if fmt == "f32":
         return Linear(out, nb * QK, w=dequantize_q4_0(qs, d))
-    return Linear(out, nb * QK, qs=qs, d=d, qsf=qs.astype(np.float32) if widen else None)
+    return Linear(out, nb * QK, qs=qs, d=d, qsf=qs.astype(np.float32) if qs.size <= WIDEN_MAX else None)
 
 
 @dataclass(frozen=True)

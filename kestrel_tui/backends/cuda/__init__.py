@@ -1,0 +1,22 @@
+"""The cuda subject: the decode step as PyCUDA kernels (kernels/*.cu), fast or exact per op.
+
+    make_cuda_backend(model, kv, exact, deep) -> Backend
+
+Raises UsageError (one line, naming the sim fallback) when PyCUDA, a driver, a
+device or nvcc is missing, or a kernel fails to compile. Module map:
+runtime.py (device, context, compiled modules), weights.py (weights on the
+device), layout.py (the step's buffers and the hash work list), backend.py
+(the step).
+"""
+from __future__ import annotations
+
+from ...model.weights import Model
+
+
+def make_cuda_backend(model: Model, kv: str = "q8", exact: frozenset[str] = frozenset(), deep: bool = False):
+    from .backend import CudaBackend
+
+    return CudaBackend(model, kv=kv, exact=frozenset(exact), deep=deep)
+
+
+__all__ = ["make_cuda_backend"]

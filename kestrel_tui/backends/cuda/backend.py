@@ -1,0 +1,429 @@
+"""The cuda backend: the decode step of backends/decoder.py as a sequence of kernel launches.
+
+Weights and the KV cache stay on the device. A step uploads the tokens (and,
+in isolate mode, the reference's buffers), launches one kernel per op — fast
+or exact as the toggles say — writing every probe buffer into the arena
+(layout.py), hashes all keys of all M columns at the end (one pass of two
+launches, kernels/hash.cu), and copies back the logits and the hashes; the
+raw buffers only when asked. The kernels run on the default stream, so launch
+order is execution order; the two copies to the host run on a second stream
+behind events, and the host syncs once per step.
+
+Kernel choice per toggle (kernels/*.cu, each file lists its versions):
+norm -> rmsnorm_*, qknorm_*; gemm -> quantize_q8_0_*, gemv_*; rope ->
+rope_table_*, rope_*; expf -> the exp inside attention, router and silu;
+attention -> attn_*; kvquant -> kvquant_*; moe -> router_*, silu_mul_*,
+combine_*.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ...errors import UsageError
+from ...model.weights import Model
+from ...trace.keys import token_keys
+from ..base import KV_FIELDS, Backend, StepOut, key_of
+from ..toggles import describe
+from .layout import HASH_CHUNK, HASH_PIECE, HashWork, Layout
+from .runtime import runtime
+from .weights import DeviceLinear, device_model
+
+F32 = np.float32
+# fields whose reference buffer replaces the subject's as the next op's input (isolate mode)
+FED = frozenset({"emb", "x", "nrm", "kraw", "knorm", "kpre", "qrope", "attn", "ores", *KV_FIELDS})
+
+
+def _blocks(n: int, per: int) -> int:
+    return -(-n // per)
+
+
+def device_hash_work(cuda, work: HashWork, onepass: bool = False) -> dict:
+    """Upload a hash work list with its scratch (self-resetting tickets) and output buffer.
+    onepass: scratch for fnv1a64_keys (256 x 8 bytes a chunk) instead of fnv_states/fnv_chunks."""
+    hb = {name: cuda.to_device(getattr(work, name)) for name in HashWork.ARRAYS}
+    nc, nk = max(1, work.n_chunks), max(1, work.n_keys)
+    if onepass:
+        hb["F"] = cuda.mem_alloc(nc * 256 * 8)
+    else:
+        hb["snap"], hb["start"] = cuda.mem_alloc(nc * 256 * (HASH_CHUNK // HASH_PIECE)), cuda.mem_alloc(nc)
+    hb["tickets"] = cuda.mem_alloc(nk * 4)
+    cuda.memset_d32(hb["tickets"], 0, nk)
+    hb["out"] = cuda.mem_alloc(nk * 8)
+    hb["ptr"] = {name: int(a) for name, a in hb.items()}
+    hb["n_chunks"] = work.n_chunks
+    hb["onepass"] = onepass
+    return hb
+
+
+def launch_hash(rt, hb: dict, base: int) -> None:
+    """Hash every span of the work list (two launches, or one with onepass scratch)."""
+    p, n = hb["ptr"], hb["n_chunks"]
+    if hb["onepass"]:
+        rt.kernel("hash", "fnv1a64_keys").prepared_call(
+            (n, 1, 1), (256, 1, 1), base, p["chunk_key"], p["chunk_off"], p["chunk_len"], p["chunk_pow"],
+            p["key_first"], p["key_n"], p["F"], p["tickets"], p["out"])
+        return
+    rt.kernel("hash", "fnv_states").prepared_call(
+        (n, 1, 1), (256, 1, 1), base, p["chunk_key"], p["chunk_off"], p["chunk_len"], p["key_first"], p["key_n"],
+        p["snap"], p["start"], p["tickets"], p["out"])
+    rt.kernel("hash", "fnv_chunks").prepared_call(
+        (_blocks(n * (HASH_CHUNK // HASH_PIECE), 128), 1, 1), (128, 1, 1), base, p["chunk_key"], p["chunk_off"],
+        p["chunk_len"], p["key_first"], p["piece_pow"], p["piece_spow"], p["snap"], p["start"], p["out"], n)
+
+
+class CudaBackend(Backend):
+    def __init__(self, model: Model, kv: str = "q8", exact: frozenset[str] = frozenset(), deep: bool = False):
+        cfg = model.cfg
+        if cfg.head_dim % 16 or cfg.head_dim > 256:
+            raise UsageError(f"cuda subject: head_dim {cfg.head_dim} is not supported (needs a multiple of 16,"
+                             f" at most 256); the sim subject is the fallback (--subject sim)")
+        if deep and not cfg.is_moe:
+            raise UsageError("cuda subject: --deep probes MoE internals and needs a qwen3_moe model")
+        self.model, self.kv, self.exact, self.deep = model, kv, frozenset(exact), deep
+        self.rt = runtime()
+        self.name = f"cuda ({describe(self.exact)})"
+        self.device_name = self.rt.name  # shown by the app's header
+        with self.rt.active():
+            self.dm = device_model(self.rt, model)
+        self._layouts: dict[int, Layout] = {}
+        self._arena = self._feed = self._scores = None
+        self._arena_size = self._feed_size = self._scores_size = 0
+        self._hash_bufs: dict[int, dict] = {}
+        self._feed_host: dict[int, np.ndarray] = {}
+        self._copy_stream = self._fwd_done = self._hash_done = self._logits_host = self._hash_host = None
+        self._tokens = None
+        self._tokens_size = 0
+        self._cache = None
+        self.capacity = 0
+        with self.rt.active():
+            self._kernels()
+
+    def __del__(self):
+        try:
+            objs = [self._arena, self._feed, self._scores, self._tokens, self._cache, self._copy_stream,
+                    self._fwd_done, self._hash_done, self._logits_host, self._hash_host, *self._feed_host.values()]
+            for hb in self._hash_bufs.values():
+                objs += [v for k, v in hb.items() if k not in ("ptr", "n_chunks", "onepass")]
+            self.rt.bury(objs)
+        except Exception:  # interpreter shutdown, or a failed __init__
+            pass
+
+    # ------------------------------------------------------------ setup
+
+    def _kernels(self) -> None:
+        ex, k = self.exact, self.rt.kernel
+
+        def pick(on: str) -> str:
+            return "exact" if on in ex else "fast"
+
+        q4 = self.model.fmt == "q4_0"
+        g = pick("gemm")
+        self.k_quant = k("gemv", f"quantize_q8_0_{g}")
+        self.k_gemv = k("gemv", f"gemv_q4_{g}") if q4 else k("gemv", f"gemv_f32_{g}")
+        self.k_gemv_e = (k("gemv", f"gemv_q4_experts_{g}") if q4
+                         else k("gemv", f"gemv_f32_experts_{g}"))
+        self.k_embed = k("gemv", "embed_q4") if q4 else k("gemv", "embed_f32")
+        self.k_rms = k("norm", f"rmsnorm_{pick('norm')}")
+        self.k_qkn = k("norm", f"qknorm_{pick('norm')}")
+        self.k_rtab = k("rope", f"rope_table_{pick('rope')}")
+        self.k_rope = k("rope", f"rope_{pick('rope')}")
+        self.k_kv = (k("kvquant", f"kvquant_{pick('kvquant')}") if self.kv == "q8"
+                     else k("kvquant", "kv_rows_f32"))
+        kvt = "q8" if self.kv == "q8" else "f32"
+        self.attn_exact = "attention" in ex
+        self.k_attn = (k("attention", f"attn_exact_{kvt}") if self.attn_exact
+                       else k("attention", f"attn_fast_{kvt}"))
+        self.k_router = k("moe", f"router_{pick('moe')}")
+        self.k_silu = k("moe", f"silu_mul_{pick('moe')}")
+        self.k_combine = k("moe", f"combine_{pick('moe')}")
+        self.exp_exact = int("expf" in ex)
+        self.quant_exact = int("gemm" in ex)
+
+    def describe(self) -> str:
+        return f"{self.name} on {self.rt.name}"
+
+    def reset(self, capacity: int) -> None:
+        cfg, cuda = self.model.cfg, self.rt.cuda
+        esz = 1 if self.kv == "q8" else 4
+        row = cfg.n_kv_heads * cfg.head_dim
+        sizes = dict(k=capacity * row * esz, v=capacity * row * esz, ks=capacity * cfg.n_kv_heads * 4,
+                     vs=capacity * cfg.n_kv_heads * 4)
+        with self.rt.active():
+            self._cache = None
+            per_layer = sum(-(-s // 256) * 256 for s in sizes.values())
+            total = per_layer * cfg.n_layers
+            self._cache = cuda.mem_alloc(max(total, 1))
+            cuda.memset_d8(self._cache, 0, max(total, 1))
+            base = int(self._cache)
+            self.cache = []
+            for li in range(cfg.n_layers):
+                off, ptrs = base + li * per_layer, {}
+                for name, s in sizes.items():
+                    ptrs[name] = off
+                    off += -(-s // 256) * 256
+                self.cache.append(ptrs)
+        self.capacity = capacity
+        self._row_bytes = dict(k=row * esz, v=row * esz, ks=cfg.n_kv_heads * 4, vs=cfg.n_kv_heads * 4)
+
+    def _layout(self, M: int) -> Layout:
+        lay = self._layouts.get(M)
+        if lay is None:
+            lay = self._layouts[M] = Layout(self.model.cfg, self.kv, M, self.deep)
+        return lay
+
+    def _grow(self, attr: str, size: int):
+        cur = getattr(self, f"{attr}_size")
+        if cur < size:
+            setattr(self, attr, None)
+            setattr(self, attr, self.rt.cuda.mem_alloc(size))
+            setattr(self, f"{attr}_size", size)
+        return int(getattr(self, attr))
+
+    def _hash_tables(self, lay: Layout) -> dict:
+        hb = self._hash_bufs.get(lay.M)
+        if hb is None:
+            hb = self._hash_bufs[lay.M] = device_hash_work(self.rt.cuda, lay.hash_work)
+        return hb
+
+    # ------------------------------------------------------------ the step
+
+    def step(self, tokens: np.ndarray, pos0: int, raw: bool = True, feed=None) -> StepOut:
+        tokens = np.ascontiguousarray(np.asarray(tokens).reshape(-1), dtype=np.int32)
+        M = len(tokens)
+        cfg = self.model.cfg
+        if self._cache is None:
+            raise RuntimeError("cuda backend: reset(capacity) before step()")
+        if pos0 + M > self.capacity:
+            raise ValueError(f"KV cache full: positions up to {pos0 + M} > capacity {self.capacity}")
+        if M == 0 or tokens.min() < 0 or tokens.max() >= cfg.vocab:
+            raise ValueError(f"token ids must be in 0..{cfg.vocab - 1}")
+        with self.rt.active():
+            lay = self.prepare(tokens, pos0, feed)
+            self.forward(lay, pos0, isolate=feed is not None)
+            self.copy_logits(lay)  # overlaps the hash launch
+            self.hash(lay)
+            return self.fetch(lay, pos0, raw)
+
+    def prepare(self, tokens: np.ndarray, pos0: int, feed) -> Layout:
+        """Arena, token upload and (isolate) the reference's buffers. Inside rt.active()."""
+        cuda = self.rt.cuda
+        tokens = np.ascontiguousarray(tokens, dtype=np.int32)
+        M = len(tokens)
+        lay = self._layout(M)
+        self.base = self._grow("_arena", lay.total)
+        self.tokens_ptr = self._grow("_tokens", M * 4)
+        cuda.memcpy_htod(self.tokens_ptr, tokens)
+        if not self.attn_exact:
+            self._grow("_scores", M * self.model.cfg.n_heads * (pos0 + M) * 4)
+        self.feed_base = None
+        if feed is not None:
+            self.feed_base = self._grow("_feed", lay.total)
+            host = self._feed_host.get(M)
+            if host is None:
+                host = self._feed_host[M] = cuda.pagelocked_empty(lay.key_bytes, np.uint8)
+            n_layers = self.model.cfg.n_layers
+            for m in range(M):
+                t = pos0 + m
+                for key, (field, layer) in zip(token_keys(t, n_layers, self.deep), lay.key_fields):
+                    if field not in FED:
+                        continue
+                    r = lay.regions[field, layer]
+                    buf = np.ascontiguousarray(feed[m][key_of(t, field, layer)], dtype=r.dtype)
+                    if buf.nbytes != r.col_bytes:
+                        raise ValueError(f"isolate feed {key}: {buf.nbytes} bytes, expected {r.col_bytes}")
+                    start = r.offset + m * r.col_bytes
+                    host[start:start + r.col_bytes] = buf.reshape(-1).view(np.uint8)
+            cuda.memcpy_htod(self._feed, host)
+        return lay
+
+    def forward(self, lay: Layout, pos0: int, isolate: bool = False) -> None:
+        """Launch the kernels of one step (inside rt.active())."""
+        cfg, dm, cuda = self.model.cfg, self.dm, self.rt.cuda
+        M = lay.M
+        h, hd, nh, nkv = cfg.hidden, cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
+        eps = float(np.float32(cfg.eps))
+        base = self.base
+        feed = self.feed_base if isolate else None
+
+        def A(name, layer=None):  # the subject's own buffer
+            return base + lay.offset(name, layer)
+
+        def In(name, layer=None):  # an op's input: the reference's buffer in isolate mode
+            if feed is not None and name in FED:
+                return feed + lay.offset(name, layer)
+            return A(name, layer)
+
+        q4 = dm.fmt == "q4_0"
+        xq, xd = A("xq"), A("xd")
+
+        def quant(x: int, rows: int, n: int) -> None:
+            if q4:
+                total = rows * n
+                self.k_quant.prepared_call((_blocks(total, 256), 1, 1), (256, 1, 1), x, xq, xd, total)
+
+        def gemv(lin: DeviceLinear, x: int, y: int, res: int = 0, x_q: int = xq, x_d: int = xd) -> None:
+            """y[M, out] = (res +) lin @ x; x: the f32 input (q4_0 reads its quantization x_q/x_d)."""
+            grid = (_blocks(lin.out, 4), _blocks(M, 4), 1)
+            if q4:
+                self.k_gemv.prepared_call(grid, (128, 1, 1), lin.w, lin.d, x_q, x_d, res, y, lin.out, lin.nb, M)
+            else:
+                self.k_gemv.prepared_call(grid, (128, 1, 1), lin.w, x, res, y, lin.out, lin.inp, M)
+
+        def gemv_experts(l0: DeviceLinear, y0: int, l1: DeviceLinear | None, y1: int, eidx: int, x: int,
+                         x_q: int, x_d: int, x_div: int, pairs: int) -> None:
+            grid = (_blocks(l0.out, 4), pairs, 2 if l1 is not None else 1)
+            if q4:
+                self.k_gemv_e.prepared_call(grid, (128, 1, 1), l0.w, l0.d, y0, l1.w if l1 else 0,
+                                            l1.d if l1 else 0, y1, eidx, x_q, x_d, x_div, l0.out, l0.nb)
+            else:
+                self.k_gemv_e.prepared_call(grid, (128, 1, 1), l0.w, y0, l1.w if l1 else 0, y1, eidx, x,
+                                            x_div, l0.out, l0.inp)
+
+        # embedding and the step's RoPE table
+        if q4:
+            self.k_embed.prepared_call((_blocks(h, 256), M, 1), (256, 1, 1), dm.embed.w, dm.embed.d,
+                                       self.tokens_ptr, A("emb"), h // 32)
+        else:
+            self.k_embed.prepared_call((_blocks(h, 256), M, 1), (256, 1, 1), dm.embed.w, self.tokens_ptr,
+                                       A("emb"), h)
+        half = hd // 2
+        self.k_rtab.prepared_call((_blocks(half, 64), M, 1), (64, 1, 1), dm.inv_freq, A("cos"), A("sin"),
+                                  pos0, half)
+        for li, W in enumerate(dm.layers):
+            x_in = In("emb") if li == 0 else In("x", li - 1)
+            self.k_rms.prepared_call((M, 1, 1), (256, 1, 1), x_in, W["input_layernorm"], A("nrm", li), h, eps)
+            nrm = In("nrm", li)
+            quant(nrm, M, h)
+            gemv(W["q_proj"], nrm, A("q"))
+            gemv(W["k_proj"], nrm, A("kraw", li))
+            gemv(W["v_proj"], nrm, A("vraw"))
+            self.k_qkn.prepared_call((nh + nkv, M, 1), (32, 1, 1), A("q"), A("qn"), W["q_norm"], In("kraw", li),
+                                     A("knorm", li), W["k_norm"], nh, nkv, hd, eps)
+            self.k_rope.prepared_call((nh + nkv, M, 1), (half, 1, 1), A("qn"), A("qrope", li), In("knorm", li),
+                                      A("kpre", li), A("cos"), A("sin"), nh, nkv, hd)
+            c = self.cache[li]
+            k_in = In("kpre", li) if self.deep else A("kpre", li)
+            cache_ptrs = (0, 0, 0, 0) if isolate else (c["k"], c["ks"], c["v"], c["vs"])
+            self.k_kv.prepared_call((2 * nkv, M, 1), (32, 1, 1), k_in, A("vraw"), A("k", li), A("ks", li),
+                                    A("v", li), A("vs", li), *cache_ptrs, pos0, nkv, hd)
+            if isolate:  # the cache holds the reference's rows
+                for f in KV_FIELDS:
+                    rb = self._row_bytes[f]
+                    cuda.memcpy_dtod(c[f] + pos0 * rb, In(f, li), M * rb)
+            self.attention(In("qrope", li), A("attn", li), li, pos0, M)
+            attn = In("attn", li)
+            quant(attn, M, nh * hd)
+            gemv(W["o_proj"], attn, A("ores", li), res=x_in)
+            ores = In("ores", li)
+            self.k_rms.prepared_call((M, 1, 1), (256, 1, 1), ores, W["post_attention_layernorm"], A("pnrm", li),
+                                     h, eps)
+            pnrm = A("pnrm", li)
+            quant(pnrm, M, h)
+            F = cfg.ffn_dim
+            if cfg.is_moe:
+                k, E = cfg.top_k, cfg.n_experts
+                gemv(W["gate"], pnrm, A("router", li))
+                self.k_router.prepared_call((M, 1, 1), (_blocks(E, 32) * 32, 1, 1), A("router", li),
+                                            A("topk", li), A("topw", li), E, k, int(cfg.norm_topk_prob),
+                                            self.exp_exact)
+                P = M * k
+                gemv_experts(W["gate_proj"], A("g"), W["up_proj"], A("u"), A("topk", li), pnrm, xq, xd, k, P)
+                self._silu(A("g"), A("u"), A("a"), A("aq") if q4 else 0, A("ad") if q4 else 0, P * F)
+                gemv_experts(W["down_proj"], A("y"), None, 0, A("topk", li), A("a"), A("aq"), A("ad"), 1, P)
+                self.k_combine.prepared_call((_blocks(h, 256), M, 1), (256, 1, 1), A("y"), A("topw", li), ores,
+                                             A("moe", li), A("x", li), h, k)
+            else:
+                gemv(W["gate_proj"], pnrm, A("g"))
+                gemv(W["up_proj"], pnrm, A("u"))
+                self._silu(A("g"), A("u"), A("a"), A("aq") if q4 else 0, A("ad") if q4 else 0, M * F)
+                # the down projection reads silu's own quantization of its output
+                gemv(W["down_proj"], A("a"), A("x", li), res=ores, x_q=A("aq"), x_d=A("ad"))
+        x_last = In("x", cfg.n_layers - 1)
+        self.k_rms.prepared_call((M, 1, 1), (256, 1, 1), x_last, dm.norm, A("fnrm"), h, eps)
+        quant(A("fnrm"), M, h)
+        gemv(dm.lm_head, A("fnrm"), A("logits"))
+
+    def attention(self, q: int, out: int, layer: int, pos0: int, M: int) -> None:
+        """Attention of M columns at positions pos0.. over the layer's cache (q, out: [M, n_q*hd])."""
+        cfg = self.model.cfg
+        c = self.cache[layer]
+        args = (q, c["k"], c["ks"], c["v"], c["vs"], out)
+        tail = (pos0, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, float(self.model.attn_scale), self.exp_exact)
+        if self.attn_exact:  # tiles of up to 256 positions for the parallel part
+            self.k_attn.prepared_call((cfg.n_heads, M, 1), (256, 1, 1), *args, *tail)
+        else:
+            self.k_attn.prepared_call((cfg.n_heads, M, 1), (256, 1, 1), *args, int(self._scores), pos0 + M, *tail)
+
+    def _silu(self, g: int, u: int, a: int, aq: int, ad: int, n: int) -> None:
+        self.k_silu.prepared_call((_blocks(n, 256), 1, 1), (256, 1, 1), g, u, a, aq, ad, n, self.exp_exact,
+                                  self.quant_exact)
+
+    def hash(self, lay: Layout) -> None:
+        """FNV-1a 64 of every key of every column (kernels/hash.cu: fnv_states + fnv_chunks),
+        then their copy to pinned host memory on the copy stream (fetch waits for it)."""
+        cuda = self.rt.cuda
+        hb = self._hash_tables(lay)
+        launch_hash(self.rt, hb, self.base)
+        self._streams()
+        if self._hash_host is None or self._hash_host.size < lay.n_keys:
+            self._hash_host = cuda.pagelocked_empty(lay.n_keys, np.uint64)
+        self._hash_done.record()
+        self._copy_stream.wait_for_event(self._hash_done)
+        cuda.memcpy_dtoh_async(self._hash_host[:lay.n_keys], hb["ptr"]["out"], self._copy_stream)
+
+    def _streams(self) -> None:
+        if self._copy_stream is None:
+            cuda = self.rt.cuda
+            # CU_STREAM_NON_BLOCKING (1): no implicit sync with the default stream, so the
+            # copies really overlap; events order them after the kernels they wait for.
+            self._copy_stream, self._fwd_done, self._hash_done = cuda.Stream(1), cuda.Event(), cuda.Event()
+
+    def copy_logits(self, lay: Layout) -> None:
+        """Start the logits' copy to pinned host memory on a second stream, after the forward
+        pass, so it overlaps the hash kernel on the default stream."""
+        cuda = self.rt.cuda
+        self._streams()
+        n = lay.M * self.model.cfg.vocab
+        if self._logits_host is None or self._logits_host.size < n:
+            self._logits_host = cuda.pagelocked_empty(n, F32)
+        self._fwd_done.record()  # default stream: the forward pass is queued before it
+        self._copy_stream.wait_for_event(self._fwd_done)
+        cuda.memcpy_dtoh_async(self._logits_host[:n], self.base + lay.offset("logits"), self._copy_stream)
+
+    def fetch(self, lay: Layout, pos0: int, raw: bool) -> StepOut:
+        cuda, cfg = self.rt.cuda, self.model.cfg
+        M = lay.M
+        # the key names are built while the hash kernels run
+        names = [[f"t{pos0 + m}_{suffix}" for suffix in lay.key_suffixes] for m in range(M)]
+        self._copy_stream.synchronize()  # logits and hashes are on the host
+        logits = self._logits_host[:M * cfg.vocab].reshape(M, cfg.vocab).copy()
+        nk = len(lay.key_fields)
+        hv = self._hash_host[:lay.n_keys].tolist()
+        hashes = [dict(zip(names[m], hv[m * nk:(m + 1) * nk])) for m in range(M)]
+        raws = None
+        if raw:
+            host = np.empty(lay.key_bytes, np.uint8)
+            cuda.memcpy_dtoh(host, self._arena)
+            raws = []
+            for m in range(M):
+                col = {}
+                for key, (field, layer) in zip(names[m], lay.key_fields):
+                    r = lay.regions[field, layer]
+                    start = r.offset + m * r.col_bytes
+                    col[key] = host[start:start + r.col_bytes].view(r.dtype).reshape(r.shape)
+                raws.append(col)
+        return StepOut(logits=logits, hashes=hashes, raw=raws)
+
+    def load_kv(self, pos0: int, raws: list[dict[str, np.ndarray]]) -> None:
+        cfg, cuda = self.model.cfg, self.rt.cuda
+        dt = {"k": np.int8 if self.kv == "q8" else F32, "v": np.int8 if self.kv == "q8" else F32,
+              "ks": F32, "vs": F32}
+        with self.rt.active():
+            for li in range(cfg.n_layers):
+                for f in KV_FIELDS:
+                    rows = np.ascontiguousarray(np.stack([np.asarray(col[key_of(pos0 + m, f, li)], dtype=dt[f])
+                                                          .reshape(-1) for m, col in enumerate(raws)]))
+                    if rows.shape[1] * rows.itemsize != self._row_bytes[f]:
+                        raise ValueError(f"load_kv {f}: rows of {rows.shape[1] * rows.itemsize} bytes,"
+                                         f" expected {self._row_bytes[f]}")
+                    cuda.memcpy_htod(self.cache[li][f] + pos0 * self._row_bytes[f], rows)

@@ -1,0 +1,151 @@
+"""Where every buffer of an M-column step lives on the device, and the hash work list.
+
+All buffers of a step live in one device allocation, the *arena*. Each probe
+field (per layer, or emb/logits) is a region [M, *shape] — column m's buffer is
+contiguous at offset + m*col_bytes — so the kernels write their outputs straight
+into the buffers that get hashed and, when asked, copied back. Probe regions
+come first (`key_bytes` is their end: a raw copy-back moves only those), then
+the per-step scratch reused by every layer.
+
+Isolate mode uploads the reference's buffers into a second arena with the
+same layout, so an op's input pointer is simply taken from the other arena.
+
+The hash work list cuts each key into HASH_CHUNK-byte chunks for the one-launch
+FNV kernel (kernels/hash.cu); its layout depends only on M (and deep).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...model.config import Config
+from ...trace.keys import parse_key, token_keys
+
+HASH_CHUNK = 4096  # must equal kernels/hash.cu HASH_CHUNK
+HASH_PIECE = 256  # must equal kernels/hash.cu PIECE
+FNV_PRIME = 0x100000001B3
+ALIGN = 256
+F32, I8, I32 = np.dtype(np.float32), np.dtype(np.int8), np.dtype(np.int32)
+
+
+class HashWork:
+    """The chunk list of kernels/hash.cu for byte spans (offset, nbytes), one hash per span.
+    Offsets must be multiples of 4."""
+
+    def __init__(self, spans: list[tuple[int, int]]):
+        chunk_key, chunk_off, chunk_len, key_first, key_n = [], [], [], [], []
+        for k, (start, nbytes) in enumerate(spans):
+            if start % 4 or nbytes % 4:
+                raise ValueError(f"hash span ({start}, {nbytes}): offset and length must be multiples of 4")
+            n_chunks = max(1, -(-nbytes // HASH_CHUNK))
+            key_first.append(len(chunk_key))
+            key_n.append(n_chunks)
+            for c in range(n_chunks):
+                chunk_key.append(k)
+                chunk_off.append(start + c * HASH_CHUNK)
+                chunk_len.append(min(HASH_CHUNK, nbytes - c * HASH_CHUNK))
+        pows = {n: pow(FNV_PRIME, n, 1 << 64) for n in set(chunk_len)}
+        spow_cache = dict(pows)
+        # per piece (HASH_PIECE bytes; chunk c's pieces are c*PIECES ...): P^len and P^(bytes
+        # after the piece in its key), for fnv_chunks' closed-form fold
+        per = HASH_CHUNK // HASH_PIECE
+        piece_pow = np.zeros(len(chunk_key) * per, np.uint64)
+        piece_spow = np.zeros(len(chunk_key) * per, np.uint64)
+        for c, (k, ln) in enumerate(zip(chunk_key, chunk_len)):
+            start, nbytes = spans[k]
+            for j in range(per):
+                plen = min(HASH_PIECE, ln - j * HASH_PIECE)
+                if plen <= 0:
+                    break
+                end = chunk_off[c] + j * HASH_PIECE + plen
+                after = start + nbytes - end
+                for n in (plen, after):
+                    if n not in spow_cache:
+                        spow_cache[n] = pow(FNV_PRIME, n, 1 << 64)
+                piece_pow[c * per + j] = spow_cache[plen]
+                piece_spow[c * per + j] = spow_cache[after]
+        self.piece_pow, self.piece_spow = piece_pow, piece_spow
+        self.chunk_key = np.array(chunk_key, np.int32)
+        self.chunk_off = np.array(chunk_off, np.uint64)
+        self.chunk_len = np.array(chunk_len, np.int32)
+        self.chunk_pow = np.array([pows[n] for n in chunk_len], np.uint64)
+        self.key_first = np.array(key_first, np.int32)
+        self.key_n = np.array(key_n, np.int32)
+        self.n_chunks = len(chunk_key)
+        self.n_keys = len(spans)
+
+    ARRAYS = ("chunk_key", "chunk_off", "chunk_len", "chunk_pow", "key_first", "key_n", "piece_pow", "piece_spow")
+
+
+@dataclass(frozen=True)
+class Region:
+    offset: int  # bytes from the arena base
+    col_bytes: int  # one column's buffer
+    dtype: np.dtype
+    shape: tuple[int, ...]  # one column's shape (the cpu backend's buffer shape)
+
+
+class Layout:
+    def __init__(self, cfg: Config, kv: str, M: int, deep: bool):
+        self.M = M
+        self.regions: dict[tuple[str, int | None], Region] = {}
+        self.total = 0
+        h, hd, nkv, nh = cfg.hidden, cfg.head_dim, cfg.n_kv_heads, cfg.n_heads
+        kdt = I8 if kv == "q8" else F32
+        moe = cfg.is_moe
+        add = self._add
+        add("emb", None, F32, (h,))
+        for li in range(cfg.n_layers):
+            add("nrm", li, F32, (h,))
+            add("kraw", li, F32, (nkv * hd,))
+            add("knorm", li, F32, (nkv, hd))
+            add("kpre", li, F32, (nkv, hd))
+            add("k", li, kdt, (nkv, hd))
+            add("ks", li, F32, (nkv,))
+            add("v", li, kdt, (nkv, hd))
+            add("vs", li, F32, (nkv,))
+            add("qrope", li, F32, (nh, hd))
+            add("attn", li, F32, (nh * hd,))
+            add("ores", li, F32, (h,))
+            add("pnrm", li, F32, (h,))
+            if moe:
+                add("router", li, F32, (cfg.n_experts,))
+                add("topk", li, I32, (cfg.top_k,))
+                add("topw", li, F32, (cfg.top_k,))
+                add("moe", li, F32, (h,))
+            add("x", li, F32, (h,))
+        add("logits", None, F32, (cfg.vocab,))
+        self.key_bytes = self.total
+        # scratch, reused by every layer
+        slots = cfg.top_k if moe else 1
+        F = cfg.ffn_dim
+        max_in = max(h, nh * hd, F)
+        for name, dt, n in (("q", F32, nh * hd), ("qn", F32, nh * hd), ("vraw", F32, nkv * hd),
+                            ("xq", I8, max_in), ("xd", F32, max(1, max_in // 32)),
+                            ("g", F32, slots * F), ("u", F32, slots * F), ("a", F32, slots * F),
+                            ("aq", I8, slots * F), ("ad", F32, max(1, slots * F // 32)), ("y", F32, slots * h),
+                            ("fnrm", F32, h), ("cos", F32, hd // 2), ("sin", F32, hd // 2)):
+            add(name, None, dt, (n,))
+
+        # hash work list, columns in order, each column's keys in dataflow order
+        names = token_keys(0, cfg.n_layers, deep)
+        self.key_fields = [(k.field, k.layer) for k in map(parse_key, names)]
+        self.key_suffixes = [name[len("t0_"):] for name in names]  # key of position t: f"t{t}_{suffix}"
+        spans = []
+        for m in range(M):
+            for field, layer in self.key_fields:
+                r = self.regions[field, layer]
+                spans.append((r.offset + m * r.col_bytes, r.col_bytes))
+        self.hash_work = HashWork(spans)
+        self.n_keys = len(spans)
+
+    def _add(self, name: str, layer: int | None, dtype: np.dtype, shape: tuple[int, ...]) -> None:
+        col = int(np.prod(shape)) * dtype.itemsize
+        if col % 4:
+            raise ValueError(f"buffer {name} of {col} bytes: the device hash needs a multiple of 4")
+        self.regions[name, layer] = Region(self.total, col, dtype, shape)
+        self.total += -(-(self.M * col) // ALIGN) * ALIGN
+
+    def offset(self, name: str, layer: int | None = None) -> int:
+        return self.regions[name, layer].offset

@@ -1,0 +1,144 @@
+"""PyCUDA setup: the device, its primary context, and the compiled kernel modules.
+
+One `Runtime` per process (`runtime()`), created on first use. Every public
+entry of the backend runs inside `rt.active()`, which makes the device's
+primary context current on the calling thread — the app drives backends from
+worker threads, and a CUDA context is per thread.
+
+Each kernels/*.cu file is one module, compiled once with nvcc through PyCUDA
+(`-fmad=false`, the device's own sm_XY). `common.cuh` is pasted into the source
+instead of included, so PyCUDA's compile cache keys on everything the module
+uses. Anything missing — PyCUDA, a driver, a device, nvcc, or a kernel that
+does not compile — raises UsageError with one line ending in the fallback.
+"""
+from __future__ import annotations
+
+import contextlib
+import shutil
+import threading
+from pathlib import Path
+
+from ...errors import UsageError
+
+KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernels"
+MODULES = ("gemv", "norm", "rope", "kvquant", "attention", "moe", "hash", "transcend")
+NVCC_OPTIONS = ["-fmad=false", "-std=c++17"]
+FALLBACK = "the sim subject is the fallback (--subject sim)"
+
+# Every kernel's PyCUDA argument format (P: pointer, i: int, f: float), in the
+# .cu parameter order. tests/test_kernels_compile.py checks it against the PTX.
+SIGNATURES = {
+    # gemv.cu
+    "quantize_q8_0_exact": "PPPi", "quantize_q8_0_fast": "PPPi",
+    "gemv_q4_exact": "PPPPPPiii", "gemv_q4_fast": "PPPPPPiii",
+    "gemv_q4_experts_exact": "PPPPPPPPPiii", "gemv_q4_experts_fast": "PPPPPPPPPiii",
+    "gemv_f32_exact": "PPPPiii", "gemv_f32_fast": "PPPPiii",
+    "gemv_f32_experts_exact": "PPPPPPiii", "gemv_f32_experts_fast": "PPPPPPiii",
+    "embed_q4": "PPPPi", "embed_f32": "PPPi",
+    # norm.cu
+    "rmsnorm_exact": "PPPif", "rmsnorm_fast": "PPPif",
+    "qknorm_exact": "PPPPPPiiif", "qknorm_fast": "PPPPPPiiif",
+    # rope.cu
+    "rope_table_exact": "PPPii", "rope_table_fast": "PPPii",
+    "rope_exact": "PPPPPPiii", "rope_fast": "PPPPPPiii",
+    # kvquant.cu
+    "kvquant_exact": "PPPPPPPPPPiii", "kvquant_fast": "PPPPPPPPPPiii", "kv_rows_f32": "PPPPPPPPPPiii",
+    # attention.cu
+    "attn_exact_q8": "PPPPPPiiiifi", "attn_exact_f32": "PPPPPPiiiifi",
+    "attn_fast_q8": "PPPPPPPiiiiifi", "attn_fast_f32": "PPPPPPPiiiiifi",
+    # moe.cu
+    "router_exact": "PPPiiii", "router_fast": "PPPiiii",
+    "silu_mul_exact": "PPPPPiii", "silu_mul_fast": "PPPPPiii",
+    "combine_exact": "PPPPPii", "combine_fast": "PPPPPii",
+    # hash.cu
+    "fnv1a64_keys": "PPPPPPPPPP", "fnv_states": "PPPPPPPPPP", "fnv_chunks": "PPPPPPPPPPi",
+    # transcend.cu
+    "eval_expf_ucrt": "PPi", "eval_cosf_ucrt": "PPi", "eval_sinf_ucrt": "PPi", "eval_expf_fast": "PPi",
+    "eval_sincosf_fast": "PPPi",
+}
+
+_lock = threading.Lock()
+_runtime: "Runtime | None" = None
+
+
+def module_source(name: str) -> str:
+    """The .cu text with common.cuh inlined (what PyCUDA compiles and caches on)."""
+    common = (KERNEL_DIR / "common.cuh").read_text()
+    common = common.replace("#pragma once\n", "")
+    return (KERNEL_DIR / f"{name}.cu").read_text().replace('#include "common.cuh"', common)
+
+
+class Runtime:
+    def __init__(self) -> None:
+        try:
+            import pycuda.driver as cuda
+            from pycuda.compiler import SourceModule
+        except ImportError as e:
+            raise UsageError(f"cuda subject: PyCUDA is not installed ({e}; pip install 'kestrel-tui[cuda]');"
+                             f" {FALLBACK}") from None
+        self.cuda = cuda
+        try:
+            cuda.init()
+            count = cuda.Device.count()
+        except Exception as e:  # pycuda.driver.Error, or a missing libcuda
+            raise UsageError(f"cuda subject: no usable CUDA driver ({str(e).strip() or type(e).__name__});"
+                             f" {FALLBACK}") from None
+        if count == 0:
+            raise UsageError(f"cuda subject: no CUDA device found; {FALLBACK}")
+        if shutil.which("nvcc") is None:
+            raise UsageError(f"cuda subject: nvcc is not on PATH (the kernels are compiled at start); {FALLBACK}")
+        self.device = cuda.Device(0)
+        major, minor = self.device.compute_capability()
+        self.arch = f"sm_{major}{minor}"
+        self.name = self.device.name()
+        self.ctx = self.device.retain_primary_context()
+        self._graveyard: list = []
+        self._grave_lock = threading.Lock()
+        self.modules = {}
+        with self.active():
+            for name in MODULES:
+                try:
+                    self.modules[name] = SourceModule(module_source(name), options=NVCC_OPTIONS, arch=self.arch,
+                                                      no_extern_c=True)
+                except Exception as e:  # CompileError, or nvcc failing to start
+                    first = next((ln.strip() for ln in str(e).splitlines() if "error" in ln), str(e).strip())
+                    raise UsageError(f"cuda subject: kernels/{name}.cu failed to compile for {self.arch}"
+                                     f" ({first[:200]}); {FALLBACK}") from None
+        self._prepared: dict[tuple[str, str], object] = {}
+
+    @contextlib.contextmanager
+    def active(self):
+        self.ctx.push()
+        try:
+            if self._graveyard:
+                with self._grave_lock:
+                    dead, self._graveyard = self._graveyard, []
+                del dead  # freed here, with the context current
+            yield self
+        finally:
+            self.cuda.Context.pop()
+
+    def bury(self, objects) -> None:
+        """Keep device objects of a dropped backend until the context is current again.
+        The app drops backends in whichever thread held the last reference, where the
+        context is not current and PyCUDA could not free them."""
+        with self._grave_lock:
+            self._graveyard.extend(o for o in objects if o is not None)
+
+    def kernel(self, module: str, name: str):
+        """A prepared kernel: call as k.prepared_call(grid, block, *args) (ints for pointers)."""
+        key = (module, name)
+        fn = self._prepared.get(key)
+        if fn is None:
+            fn = self.modules[module].get_function(name)
+            fn.prepare(SIGNATURES[name])
+            self._prepared[key] = fn
+        return fn
+
+
+def runtime() -> Runtime:
+    global _runtime
+    with _lock:
+        if _runtime is None:
+            _runtime = Runtime()
+        return _runtime

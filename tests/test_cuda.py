@@ -1,0 +1,153 @@
+"""The cuda backend on a real GPU (marked `cuda`; skipped without PyCUDA or a device).
+
+* the replica device functions equal the numpy replicas bit for bit on >= 10M
+  inputs each;
+* the device FNV-1a 64 equals trace.fnv on buffers around every chunk boundary;
+* all exact: every key of every position equals the cpu reference (the default
+  48-layer model, a short run; scripts/gpu_acceptance.py does the full one),
+  with the prefill on either side, in isolate mode, with --deep, and with f32
+  weights and KV; batch-verify columns equal M=1 decode;
+* all fast: the first DIFF is at position 0, layer 0 (prefill on the subject);
+  switching toggles on one by one moves it monotonically to all ok.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from kestrel_tui.backends.toggles import OWNERS, TOGGLES
+from kestrel_tui.errors import UsageError
+from kestrel_tui.trace.fnv import fnv1a64
+from kestrel_tui.trace.keys import order_key, parse_key
+
+pytestmark = pytest.mark.cuda
+
+REPLICA_N = int(os.environ.get("KESTREL_REPLICA_N", 10_000_000))
+
+
+@pytest.fixture(scope="module")
+def rt():
+    from kestrel_tui.backends.cuda.runtime import runtime
+
+    try:
+        return runtime()
+    except UsageError as e:
+        pytest.skip(str(e))
+
+
+@pytest.mark.parametrize("fn", ["expf", "cosf", "sinf"])
+def test_replica_device_functions_equal_numpy(rt, fn):
+    from kestrel_tui.backends.cuda.selfcheck import replica_mismatches
+
+    n, bad, first = replica_mismatches(rt, fn, REPLICA_N, seed=len(fn) + ord(fn[0]))
+    assert n >= REPLICA_N
+    assert bad == 0, f"{fn}: {bad}/{n} differ, first inputs {first}"
+
+
+def test_device_fnv_equals_host(rt):
+    from kestrel_tui.backends.cuda.backend import device_hash_work, launch_hash
+    from kestrel_tui.backends.cuda.layout import HashWork
+
+    rng = np.random.default_rng(7)
+    lengths = [0, 4, 8, 2044, 2048, 2052, 4096, 10_000, 600_000, 2048 * 17 + 4]
+    spans, off = [], 0
+    for n in lengths:
+        spans.append((off, n))
+        off += (n + 255) // 256 * 256 + 256
+    data = rng.integers(0, 256, off, dtype=np.uint8)
+    cuda = rt.cuda
+    want = [fnv1a64(data[o:o + n].tobytes()) for o, n in spans]
+    with rt.active():
+        base = cuda.to_device(data)
+        for onepass in (False, True):
+            hb = device_hash_work(cuda, HashWork(spans), onepass=onepass)
+            for _ in range(2):  # the second launch checks that the tickets reset themselves
+                launch_hash(rt, hb, int(base))
+                out = np.empty(len(spans), np.uint64)
+                cuda.memcpy_dtoh(out, hb["ptr"]["out"])
+                assert [int(h) for h in out] == want, f"onepass={onepass}"
+
+
+# ------------------------------------------------------------ runs against the cpu reference
+
+def _session(model, n_prompt=4, n_tokens=4, **kw):
+    from kestrel_tui.commands import default_prompt
+    from kestrel_tui.engine.session import Session
+
+    return Session(model, default_prompt(model.cfg.vocab, n_prompt), n_tokens, subject="cuda", **kw)
+
+
+def _run(session, exact, **kw):
+    from kestrel_tui.engine.session import RunSettings
+
+    return session.run(RunSettings(exact=frozenset(exact), **kw), record=False)
+
+
+@pytest.fixture(scope="module")
+def default_session(rt, default_model):
+    return _session(default_model)
+
+
+@pytest.mark.parametrize("prefill", ["subject", "reference"])
+def test_all_exact_equals_cpu(default_session, prefill):
+    res = _run(default_session, TOGGLES, prefill=prefill)
+    assert res.all_ok, f"first DIFF {res.first_diff}: {res.stats(res.first_diff)}"
+    assert len(res.comparison.status) == 8 * 530
+
+
+def test_all_exact_isolate_equals_cpu(default_session):
+    res = _run(default_session, TOGGLES, mode="isolate")
+    assert res.all_ok, f"first DIFF {res.first_diff}: {res.stats(res.first_diff)}"
+
+
+def test_isolate_pins_each_fast_op_on_its_own_keys(default_session):
+    """Isolate mode feeds every op the reference's inputs: a fast op's DIFFs stay in keys it owns."""
+    for op in ("norm", "rope", "attention"):
+        res = _run(default_session, set(TOGGLES) - {op}, mode="isolate", prefill="subject")
+        diffs = [k for k, s in res.comparison.status.items() if s.value == "DIFF"]
+        assert diffs, op
+        assert all(op in OWNERS[parse_key(k).field] or parse_key(k).field == "logits" for k in diffs), \
+            (op, sorted({parse_key(k).field for k in diffs}))
+
+
+def test_fast_first_diff_at_position_0_layer_0(default_session):
+    res = _run(default_session, (), prefill="subject")
+    assert res.first_diff is not None and res.first_diff.startswith("t0_l0_"), res.first_diff
+
+
+def test_toggles_one_by_one_move_first_diff_monotonically(default_session):
+    exact: set[str] = set()
+    seen = [_run(default_session, exact, prefill="subject").first_diff]
+    for op in ("norm", "gemm", "rope", "kvquant", "attention", "expf", "moe"):
+        exact.add(op)
+        seen.append(_run(default_session, exact, prefill="subject").first_diff)
+    assert seen[-1] is None, seen
+    keys = [order_key(k) if k else (float("inf"),) for k in seen]
+    assert keys == sorted(keys), seen
+
+
+def test_batch_verify_equals_single_decode(rt, small_model):
+    from kestrel_tui.backends.cuda import make_cuda_backend
+    from kestrel_tui.commands import default_prompt
+    from kestrel_tui.engine.iso import iso
+
+    cols = iso(lambda: make_cuda_backend(small_model, exact=frozenset(TOGGLES)),
+               default_prompt(small_model.cfg.vocab, 5), 4)
+    assert all(c.ndiff == 0 and c.first_diff_key is None for c in cols), cols
+
+
+def test_deep_keys_exact(rt, small_model):
+    res = _run(_session(small_model, deep=True), TOGGLES)
+    assert res.all_ok, res.first_diff
+    assert any(k.endswith("_topw") for k in res.comparison.status)
+
+
+def test_f32_weights_and_kv_exact(rt):
+    from kestrel_tui.model.config import default_config
+    from kestrel_tui.model.weights import synthetic_model
+
+    model = synthetic_model(default_config().with_layers(3), "f32")
+    res = _run(_session(model, kv="f32"), TOGGLES)
+    assert res.all_ok, f"first DIFF {res.first_diff}: {res.stats(res.first_diff)}"

@@ -1,0 +1,350 @@
+"""The cuda backend's CPU-side checks: they run in CI, where there is nvcc but no GPU.
+
+* every kernels/*.cu compiles with the local nvcc for sm_90 (PTX), and every
+  kernel's parameter list matches the argument format the backend launches it
+  with (runtime.SIGNATURES);
+* the UCRT replica device functions of common.cuh, compiled for the *host* by
+  nvcc, equal the numpy replicas (numerics/transcend.py) bit for bit — the same
+  source the GPU runs, with the C99 equivalents of its IEEE intrinsics;
+* the device weight layout equals ggml's q4_0 bytes, and the hash work list
+  folded the way kernels/hash.cu folds it gives trace.fnv's FNV-1a 64;
+* the whole step, run against a fake driver, launches every kernel with
+  pointers inside live allocations and returns the cpu backend's keys, shapes
+  and dtypes.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import re
+import shutil
+import struct
+import subprocess
+
+import numpy as np
+import pytest
+
+from kestrel_tui.backends.cuda.layout import FNV_PRIME, HASH_CHUNK, HASH_PIECE, HashWork, Layout
+from kestrel_tui.backends.cuda.runtime import KERNEL_DIR, MODULES, SIGNATURES
+from kestrel_tui.backends.cuda.selfcheck import replica_inputs
+from kestrel_tui.backends.cuda.weights import pack_q4_0
+from kestrel_tui.model.config import default_config
+from kestrel_tui.model.quant import q4_0_to_ggml
+from kestrel_tui.numerics import transcend
+from kestrel_tui.trace.fnv import OFFSET_BASIS, fnv1a64
+
+NVCC = shutil.which("nvcc")
+needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not on PATH (CUDA toolkit not installed)")
+PTX_TYPES = {".u64": "P", ".u32": "i", ".s32": "i", ".f32": "f"}
+
+
+@pytest.fixture(scope="module")
+def ptx_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ptx")
+    for name in MODULES:
+        proc = subprocess.run([NVCC, "-arch=sm_90", "-fmad=false", "-std=c++17", "--ptx", "-I", str(KERNEL_DIR),
+                               "-o", str(out / f"{name}.ptx"), str(KERNEL_DIR / f"{name}.cu")],
+                              capture_output=True, text=True)
+        assert proc.returncode == 0, f"{name}.cu failed to compile:\n{proc.stderr}"
+    return out
+
+
+@needs_nvcc
+def test_every_cu_file_is_a_module():
+    assert sorted(p.stem for p in KERNEL_DIR.glob("*.cu")) == sorted(MODULES)
+
+
+@needs_nvcc
+def test_kernels_compile_and_match_launch_formats(ptx_dir):
+    entries = {}
+    for name in MODULES:
+        ptx = (ptx_dir / f"{name}.ptx").read_text()
+        for m in re.finditer(r"\.entry\s+(\w+)\s*\(([^)]*)\)", ptx):
+            types = re.findall(r"\.param\s+(\.\w+)", m[2])
+            entries[m[1]] = "".join(PTX_TYPES[t] for t in types)
+    assert set(entries) == set(SIGNATURES), "kernels without a launch format (or formats without a kernel)"
+    for kname, fmt in SIGNATURES.items():
+        assert entries[kname] == fmt, f"{kname}: PTX params {entries[kname]} vs launch format {fmt}"
+
+
+@pytest.fixture(scope="module")
+def host_replicas(tmp_path_factory):
+    src = tmp_path_factory.mktemp("host") / "replicas.cu"
+    src.write_text('#include "common.cuh"\n' + "".join(
+        f'extern "C" void host_{f}(const float *x, float *y, long n)'
+        f' {{ for (long i = 0; i < n; i++) y[i] = {f}_ucrt(x[i]); }}\n' for f in ("expf", "cosf", "sinf")))
+    lib = src.with_suffix(".so")
+    proc = subprocess.run([NVCC, "-shared", "-Xcompiler", "-fPIC,-ffp-contract=off", "-I", str(KERNEL_DIR),
+                           "-o", str(lib), str(src)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    dll = ctypes.CDLL(str(lib))
+    for f in ("expf", "cosf", "sinf"):
+        getattr(dll, f"host_{f}").argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long]
+    return dll
+
+
+def _call(dll, fn: str, x: np.ndarray) -> np.ndarray:
+    y = np.empty_like(x)
+    getattr(dll, f"host_{fn}")(x.ctypes.data, y.ctypes.data, x.size)
+    return y
+
+
+@needs_nvcc
+@pytest.mark.parametrize("fn", ["expf", "cosf", "sinf"])
+def test_host_compiled_replicas_equal_numpy(host_replicas, fn):
+    x = replica_inputs(fn, 1_000_000, seed=len(fn))
+    got = _call(host_replicas, fn, x)
+    want = getattr(transcend, fn)(x)
+    bad = np.flatnonzero(got.view(np.uint32) != want.view(np.uint32))
+    assert bad.size == 0, (f"{fn}: {bad.size} of {x.size} differ, first x={x[bad[0]]!r}:"
+                           f" {got[bad[0]]!r} vs {want[bad[0]]!r}")
+
+
+def test_q4_0_device_layout_is_ggml():
+    rng = np.random.default_rng(3)
+    qs = rng.integers(-8, 8, (4, 5, 32)).astype(np.int8)  # [nb, out, 32]
+    d = rng.uniform(-1, 1, (4, 5)).astype(np.float16).astype(np.float32)
+    packed, scales = pack_q4_0(qs, d)
+    ggml = q4_0_to_ggml(qs, d)  # [out, nb, 18]
+    assert np.array_equal(packed, ggml[..., 2:])
+    assert np.array_equal(scales.view(np.uint8).reshape(5, 4, 2), ggml[..., :2])
+    stacked, _ = pack_q4_0(np.stack([qs, qs[::-1]]), np.stack([d, d[::-1]]))
+    assert np.array_equal(stacked[0], packed)
+
+
+def _fold_onepass(work, arena: bytes) -> list[int]:
+    """fnv1a64_keys in numpy: F over 256 starts per chunk, then the fold."""
+    mask = (1 << 64) - 1
+    starts = np.arange(256, dtype=np.uint64)
+    F = []
+    for c in range(work.n_chunks):
+        data = np.frombuffer(arena, np.uint8, int(work.chunk_len[c]), int(work.chunk_off[c])).astype(np.uint64)
+        h = starts.copy()
+        with np.errstate(over="ignore"):
+            for b in data:
+                h = (h ^ b) * np.uint64(FNV_PRIME)
+        F.append(h)
+    out = []
+    for k in range(work.n_keys):
+        first, n = int(work.key_first[k]), int(work.key_n[k])
+        data = np.frombuffer(arena, np.uint8, int(work.chunk_len[first]), int(work.chunk_off[first]))
+        h = fnv1a64(data.tobytes()) if data.size else OFFSET_BASIS
+        for c in range(first + 1, first + n):
+            s = h & 255
+            h = ((h - s) * int(work.chunk_pow[c]) + int(F[c][s])) & mask
+        out.append(h)
+    return out
+
+
+def _fold_two_pass(work, arena: bytes) -> list[int]:
+    """fnv_states + fnv_chunks in numpy: the 8-bit state machine (two states per 32-bit
+    word, as a lane runs it) with a snapshot every HASH_PIECE bytes, the walk, one FNV run
+    per piece from its true state, and the closed-form sum of the pieces' terms."""
+    mask = (1 << 64) - 1
+    per = HASH_CHUNK // HASH_PIECE
+    snaps = {}
+    for c in range(work.n_chunks):
+        data = np.frombuffer(arena, np.uint8, int(work.chunk_len[c]), int(work.chunk_off[c])).astype(np.uint32)
+        s = np.arange(256, dtype=np.uint32)
+        x = s[0::2] | (s[1::2] << np.uint32(16))
+        for i, b in enumerate(data):
+            x = ((x ^ (b | (b << np.uint32(16)))) & np.uint32(0x00FF00FF)) * np.uint32(0xB3)
+            if (i + 1) % HASH_PIECE == 0:
+                snap = np.empty(256, np.uint32)
+                snap[0::2], snap[1::2] = x & 255, (x >> 16) & 255
+                snaps[c, (i + 1) // HASH_PIECE - 1] = snap
+    start = {}
+    for k in range(work.n_keys):
+        first, n = int(work.key_first[k]), int(work.key_n[k])
+        s = OFFSET_BASIS & 255
+        for c in range(first, first + n):
+            start[c] = s
+            if c < first + n - 1:
+                s = int(snaps[c, per - 1][s])
+    out = [0] * work.n_keys
+    for c in range(work.n_chunks):
+        k = int(work.chunk_key[c])
+        for j in range(per):
+            ln = int(work.chunk_len[c]) - j * HASH_PIECE
+            if ln <= 0:
+                if j == 0 and c == work.key_first[k]:
+                    out[k] = (out[k] + OFFSET_BASIS) & mask
+                break
+            s = start[c] if j == 0 else int(snaps[c, j - 1][start[c]])
+            basis = j == 0 and c == work.key_first[k]
+            h = OFFSET_BASIS if basis else s
+            off = int(work.chunk_off[c]) + j * HASH_PIECE
+            for b in arena[off:off + min(ln, HASH_PIECE)]:
+                h = ((h ^ b) * FNV_PRIME) & mask
+            q = c * per + j
+            term = h if basis else (h - s * int(work.piece_pow[q])) & mask
+            out[k] = (out[k] + term * int(work.piece_spow[q])) & mask
+    return out
+
+
+def test_hash_work_list_folds_to_fnv1a64():
+    cfg = default_config().with_layers(1)
+    from dataclasses import replace
+
+    cfg = replace(cfg, vocab=2500)  # logits of 10000 bytes: three chunks, a short last one
+    lay = Layout(cfg, "q8", 2, deep=True)
+    arena = np.random.default_rng(5).integers(0, 256, lay.total, dtype=np.uint8).tobytes()
+    want = []
+    for m in range(lay.M):
+        for field, layer in lay.key_fields:
+            r = lay.regions[field, layer]
+            want.append(fnv1a64(arena[r.offset + m * r.col_bytes:r.offset + (m + 1) * r.col_bytes]))
+    assert _fold_onepass(lay.hash_work, arena) == want
+    assert _fold_two_pass(lay.hash_work, arena) == want
+    assert max(lay.hash_work.key_n) == 3
+
+
+def test_two_pass_hash_on_odd_spans():
+    rng = np.random.default_rng(9)
+    lengths = [0, 4, 256, 260, 2048, 2052, 4096 + 512 + 12]
+    spans, off = [], 0
+    for n in lengths:
+        spans.append((off, n))
+        off += n + 20
+    arena = rng.integers(0, 256, off + 64, dtype=np.uint8).tobytes()
+    want = [fnv1a64(arena[o:o + n]) for o, n in spans]
+    assert _fold_two_pass(HashWork(spans), arena) == want
+
+
+# ------------------------------------------------------------ the step against a fake driver
+
+class _FakeDriver:
+    """Just enough of pycuda.driver: allocations are host buffers at fake addresses."""
+
+    def __init__(self):
+        self.allocs: dict[int, np.ndarray] = {}
+        self.next = 1 << 32
+
+    def _find(self, ptr: int, n: int = 1) -> tuple[np.ndarray, int]:
+        ptr = int(ptr)
+        for base, buf in self.allocs.items():
+            if base <= ptr and ptr + n <= base + buf.size:
+                return buf, ptr - base
+        raise AssertionError(f"pointer {ptr:#x} (+{n}) outside every live allocation")
+
+    def mem_alloc(self, n):
+        base = self.next
+        self.next += (n + 4095) // 4096 * 4096 + 4096
+        self.allocs[base] = np.zeros(n, np.uint8)
+        return base
+
+    def to_device(self, arr):
+        p = self.mem_alloc(arr.nbytes)
+        self.memcpy_htod(p, arr)
+        return p
+
+    def memset_d8(self, p, v, n):
+        buf, o = self._find(p, n)
+        buf[o:o + n] = v
+
+    def memset_d32(self, p, v, n):
+        self.memset_d8(p, 0, 4 * n)
+
+    def memcpy_htod(self, p, arr):
+        raw = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+        buf, o = self._find(p, raw.size)
+        buf[o:o + raw.size] = raw
+
+    def memcpy_dtoh(self, arr, p):
+        raw = arr.reshape(-1).view(np.uint8)
+        buf, o = self._find(p, raw.size)
+        raw[:] = buf[o:o + raw.size]
+
+    def memcpy_dtod(self, dst, src, n):
+        b1, o1 = self._find(dst, n)
+        b2, o2 = self._find(src, n)
+        b1[o1:o1 + n] = b2[o2:o2 + n]
+
+    def pagelocked_empty(self, n, dtype):
+        return np.empty(n, dtype)
+
+    def memcpy_dtoh_async(self, arr, p, stream=None):
+        self.memcpy_dtoh(arr, p)
+
+    class Stream:
+        def __init__(self, flags=0):
+            pass
+
+        def wait_for_event(self, ev):
+            pass
+
+        def synchronize(self):
+            pass
+
+    class Event:
+        def record(self, stream=None):
+            pass
+
+        def synchronize(self):
+            pass
+
+        def time_till(self, other):
+            return 1.0
+
+
+class _FakeKernel:
+    def __init__(self, drv, name):
+        self.drv, self.name, self.fmt = drv, name, SIGNATURES[name]
+        self.calls = 0
+
+    def prepared_call(self, grid, block, *args):
+        assert len(args) == len(self.fmt), f"{self.name}: {len(args)} args for format {self.fmt}"
+        struct.pack("".join({"P": "Q", "i": "i", "f": "f"}[c] for c in self.fmt), *args)  # types
+        for c, a in zip(self.fmt, args):
+            if c == "P" and a:
+                self.drv._find(a)
+        assert all(g >= 1 for g in grid) and block[0] % 32 == 0 and block[0] <= 1024, (self.name, grid, block)
+        self.calls += 1
+
+
+class _FakeRuntime:
+    name = "fake GPU"
+
+    def __init__(self):
+        self.cuda = _FakeDriver()
+        self.kernels: dict[str, _FakeKernel] = {}
+
+    @contextlib.contextmanager
+    def active(self):
+        yield self
+
+    def bury(self, objects):
+        pass
+
+    def kernel(self, module, name):
+        return self.kernels.setdefault(name, _FakeKernel(self.cuda, name))
+
+
+@pytest.mark.parametrize("weights,kv,deep,exact", [("q4_0", "q8", False, "all"), ("q4_0", "q8", True, "none"),
+                                                    ("f32", "f32", False, "norm,attention")])
+def test_step_wiring_against_fake_driver(monkeypatch, weights, kv, deep, exact):
+    from kestrel_tui.backends import cuda as cuda_pkg
+    from kestrel_tui.backends.base import NumpyBackend
+    from kestrel_tui.backends.cuda import backend as be
+    from kestrel_tui.backends.toggles import parse_exact
+    from kestrel_tui.model.weights import synthetic_model
+    from kestrel_tui.trace.keys import token_keys
+
+    fake = _FakeRuntime()
+    monkeypatch.setattr(be, "runtime", lambda: fake)
+    model = synthetic_model(default_config().with_layers(2), weights)
+    sub = cuda_pkg.make_cuda_backend(model, kv=kv, exact=parse_exact(exact), deep=deep)
+    ref = NumpyBackend(model, kv=kv, deep=deep)
+    for b in (sub, ref):
+        b.reset(8)
+    prompt = np.array([5, 9, 11])
+    r_out, s_out = ref.step(prompt, 0), sub.step(prompt, 0)
+    sub.load_kv(0, r_out.raw)
+    s_iso = sub.step(np.array([7]), 3, feed=ref.step(np.array([7]), 3).raw)
+    for r_col, s_col in zip(r_out.raw, s_out.raw):
+        assert list(s_col) == list(r_col)
+        for key in r_col:
+            assert (s_col[key].shape, s_col[key].dtype) == (r_col[key].shape, r_col[key].dtype), key
+    assert list(s_iso.hashes[0]) == token_keys(3, 2, deep)
+    assert s_out.logits.shape == r_out.logits.shape
+    assert fake.kernels["fnv_states"].calls == fake.kernels["fnv_chunks"].calls == 2
