@@ -67,11 +67,10 @@ class NumpyBackend(Backend):
         def emit(field_name, layer, data):
             bufs[field_name, layer] = data
 
-        feed_fn = None
-        if feed is not None:  # feed: per column, key -> reference buffer
-            def feed_fn(field_name, layer):
-                return np.stack([feed[m][key_of(pos0 + m, field_name, layer)] for m in range(len(tokens))])
+        def from_feed(field_name, layer):  # feed: per column, key -> reference buffer
+            return np.stack([feed[m][key_of(pos0 + m, field_name, layer)] for m in range(len(tokens))])
 
+        feed_fn = from_feed if feed is not None else None
         logits = step(self.model, self.cache, np.asarray(tokens), pos0, self.ops, emit, feed_fn, self.deep)
         n_layers = self.model.n_layers
         hashes, raws = [], []
@@ -90,7 +89,6 @@ class NumpyBackend(Backend):
         for m, col in enumerate(raws):
             t = pos0 + m
             for li in range(cfg.n_layers):
-                rows = {f: col[key_of(t, f, li)].reshape(1, cfg.n_kv_heads, -1)[:, :, :] for f in KV_FIELDS}
-                rows["ks"], rows["vs"] = rows["ks"][..., 0], rows["vs"][..., 0]
+                rows = {f: col[key_of(t, f, li)][None] for f in KV_FIELDS}  # k/v [1, n_kv, hd], ks/vs [1, n_kv]
                 self.cache.write(li, t, rows)
 
