@@ -4,6 +4,11 @@ reference  ms/token of the CPU reference decode (P prompt + N generated tokens),
            the hashing cost per token, and HF transformers eager on the same
            weights as the peer figure (skipped with a note when torch is absent).
 toggle     wall time from changing one toggle to the new first DIFF (sim subject).
+
+--subject cuda (needs the GPU): decode speed of the full-size synthetic
+Qwen3-30B-A3B (48 layers, weights generated on the device) at context 1024,
+fast and exact kernels, each M=1 step replayed as a CUDA graph, beside the
+memory-bandwidth floor (backends/cuda/perf.py says how each figure is taken).
 """
 from __future__ import annotations
 
@@ -93,8 +98,52 @@ def bench_toggle(model, prompt: list[int], n_tokens: int) -> dict:
     return {"reference_s": ref_s, "rows": rows}
 
 
+CUDA_BENCH_CTX = 1024
+
+
+def run_bench_cuda(args: argparse.Namespace) -> int:
+    from .backends.cuda import perf
+    from .backends.cuda.runtime import runtime
+    from .backends.cuda.weights import DeviceSyntheticModel
+    from .model.config import qwen3_30b_a3b_config
+
+    rt = runtime()
+    if args.model:
+        from .commands import load_model_args
+
+        model = load_model_args(args)
+    else:
+        model = DeviceSyntheticModel(qwen3_30b_a3b_config(48))
+    cfg, ctx = model.cfg, CUDA_BENCH_CTX
+    console.print(f"model {model.name} ({cfg.n_layers} layers, hidden {cfg.hidden}, {cfg.n_experts} experts"
+                  f" top-{cfg.top_k}, vocab {cfg.vocab}, q4_0) on {rt.name}; context {ctx}, {args.tokens} steps")
+    bw = perf.copy_bandwidth(rt)
+    r = perf.decode_bench(model, ctx=ctx, steps=max(4, args.tokens), log=lambda *_: None)
+    need = perf.active_bytes(cfg, ctx)
+    floor_ms = need["total"] / (bw["gbps_rw"] * 1e9) * 1e3
+    fast, exact = r["fast"], r["exact"]
+    t = Table(title=f"decode at context {ctx} (cuda, M=1, CUDA graph per step)", title_justify="left")
+    for col in ("what", "ms/token", "note"):
+        t.add_column(col)
+    t.add_row("bandwidth floor", f"{floor_ms:.3f}", f"{need['total'] / 1e9:.3f} GB a token (weights"
+              f" {(need['total'] - need['kv']) / 1e9:.3f} + KV {need['kv'] / 1e9:.3f}) / {bw['gbps_rw']:.0f} GB/s"
+              f" (device copy, read + write)")
+    for label, v in (("fast", fast), ("exact", exact)):
+        t.add_row(f"{label} step", f"{v['graph_ms']:.3f}", f"{v['graph_ms'] / floor_ms:.2f}x the floor"
+                  + ("; target <= 3x" if label == "fast" else f"; {r['exact_over_fast']:.2f}x fast, target <= 1.2x"))
+        t.add_row(f"  {label} without hashing", f"{v['graph_nohash_ms']:.3f}",
+                  f"hashing {100 * v['hash_overhead']:.1f}% of the step; target <= 5%")
+        t.add_row(f"  {label}, kernels launched one by one", f"{v['direct_ms']:.3f}",
+                  f"launch overhead {100 * v['launch_share']:.0f}% of that; the graph has {v['graph_nodes']} nodes")
+    console.print(t)
+    return 0
+
+
 def run_bench(args: argparse.Namespace) -> int:
     from .commands import load_model_args, resolve_prompt
+
+    if getattr(args, "subject", "cpu") == "cuda":
+        return run_bench_cuda(args)
 
     model = load_model_args(args)
     prompt = resolve_prompt(args, model)

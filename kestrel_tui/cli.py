@@ -74,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="print speed figures")
     _model_args(p)
     p.add_argument("--what", default="reference", help="reference | toggle | all")
+    p.add_argument("--subject", choices=("cpu", "cuda"), default="cpu", help="cuda: full-size GPU decode figures")
     return ap
 
 

@@ -239,7 +239,7 @@ def _attention_only(b, ctx: int, reps: int = 50) -> float:
     cuda = b.rt.cuda
     with b.rt.active():
         lay = b._layout(1)
-        b._grow("_scores", b.model.cfg.n_heads * ctx * 4)
+        b._grow("_scores", b.scratch_bytes(1))
         q, out = b.base + lay.offset("qrope", 0), b.base + lay.offset("attn", 0)
         b.attention(q, out, 0, ctx - 1, 1)
         e0, e1 = cuda.Event(), cuda.Event()

@@ -138,6 +138,28 @@ def test_batch_verify_equals_single_decode(rt, small_model):
     assert all(c.ndiff == 0 and c.first_diff_key is None for c in cols), cols
 
 
+@pytest.mark.parametrize("exact", ["all", "none"])
+def test_batch_widths_2_to_8(rt, small_model, exact):
+    """Exact: every column of every width equals M=1 decode. Fast: the split-K GEMV changes the
+    reduction order with M, so the columns differ (and the run still completes)."""
+    from kestrel_tui.backends.cuda.perf import batch_verify
+
+    res = batch_verify(small_model, frozenset(TOGGLES) if exact == "all" else frozenset(), n_pos=24,
+                       n_prompt=4, log=lambda *_: None)
+    if exact == "all":
+        assert all(w["columns_with_diff"] == 0 for w in res["widths"].values()), res["widths"]
+    else:
+        assert any(w["ndiff_total"] for w in res["widths"].values()), res["widths"]
+
+
+@pytest.mark.parametrize("exact", ["all", "none"])
+def test_graph_replay_equals_direct_steps(rt, small_model, exact):
+    from kestrel_tui.backends.cuda.perf import graph_equals_direct
+
+    r = graph_equals_direct(small_model, frozenset(TOGGLES) if exact == "all" else frozenset(), n_pos=12)
+    assert r["logits_ndiff"] == 0 and r["key_diffs"] == 0, r
+
+
 def test_deep_keys_exact(rt, small_model):
     res = _run(_session(small_model, deep=True), TOGGLES)
     assert res.all_ok, res.first_diff

@@ -197,6 +197,10 @@ def test_hash_work_list_folds_to_fnv1a64():
     assert _fold_onepass(lay.hash_work, arena) == want
     assert _fold_two_pass(lay.hash_work, arena) == want
     assert max(lay.hash_work.key_n) == 3
+    # the split the backend hashes with (body keys on a second stream, then the logits)
+    body, logits = _fold_two_pass(lay.hash_body, arena), _fold_two_pass(lay.hash_logits, arena)
+    assert np.array(body + logits, dtype=np.uint64)[lay.merge].tolist() == want
+    assert len(logits) == lay.M
 
 
 def test_two_pass_hash_on_odd_spans():
@@ -266,7 +270,12 @@ class _FakeDriver:
     def memcpy_dtoh_async(self, arr, p, stream=None):
         self.memcpy_dtoh(arr, p)
 
+    def memcpy_htod_async(self, p, arr, stream=None):
+        self.memcpy_htod(p, arr)
+
     class Stream:
+        handle = 0x5EED
+
         def __init__(self, flags=0):
             pass
 
@@ -286,6 +295,11 @@ class _FakeDriver:
         def time_till(self, other):
             return 1.0
 
+    class Context:
+        @staticmethod
+        def synchronize():
+            pass
+
 
 class _FakeKernel:
     def __init__(self, drv, name):
@@ -300,6 +314,9 @@ class _FakeKernel:
                 self.drv._find(a)
         assert all(g >= 1 for g in grid) and block[0] % 32 == 0 and block[0] <= 1024, (self.name, grid, block)
         self.calls += 1
+
+    def prepared_async_call(self, grid, block, stream, *args):
+        self.prepared_call(grid, block, *args)
 
 
 class _FakeRuntime:
@@ -347,4 +364,56 @@ def test_step_wiring_against_fake_driver(monkeypatch, weights, kv, deep, exact):
             assert (s_col[key].shape, s_col[key].dtype) == (r_col[key].shape, r_col[key].dtype), key
     assert list(s_iso.hashes[0]) == token_keys(3, 2, deep)
     assert s_out.logits.shape == r_out.logits.shape
-    assert fake.kernels["fnv_states"].calls == fake.kernels["fnv_chunks"].calls == 2
+    # two steps, each: the body keys (on the hash stream) and the logits
+    assert fake.kernels["fnv_states"].calls == fake.kernels["fnv_chunks"].calls == 4
+
+
+class _FakeLibcuda:
+    """The driver entry points graph.py calls through ctypes; records the capture calls."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getattr__(self, name):
+        def fn(*args):
+            self.calls.append(name)
+            return 0
+        return fn
+
+
+def test_device_synthetic_model_graph_and_bench_wiring(monkeypatch):
+    """The full-size path on a small config: weights generated on the (fake) device, an M=1 step
+    captured as a graph (the capture entry points faked), the batch widths' split-K grids, and
+    the bench's bookkeeping."""
+    from kestrel_tui.backends.cuda import backend as be
+    from kestrel_tui.backends.cuda import graph as gr
+    from kestrel_tui.backends.cuda import make_cuda_backend, perf
+    from kestrel_tui.backends.cuda.weights import DeviceSyntheticModel
+    from kestrel_tui.model.config import qwen3_30b_a3b_config
+
+    fake = _FakeRuntime()
+    monkeypatch.setattr(be, "runtime", lambda: fake)
+    lib = _FakeLibcuda()
+    monkeypatch.setattr(gr, "_cu", lambda: lib)
+    model = DeviceSyntheticModel(default_config().with_layers(2))
+    b = make_cuda_backend(model)
+    b.reset(40)
+    assert fake.kernels["gen_q4"].calls == 1 + 1 + 2 * 8  # embed, lm_head, 8 matrices a layer
+    for M in (1, 2, 5, 8):
+        out = b.step(np.arange(M) + 3, 0, raw=False)
+        assert out.logits.shape == (M, model.cfg.vocab) and len(out.hashes) == M
+    g = gr.DecodeGraph(b, hashing=True)
+    assert b.stream is None and b.dpos == 0 and b.cap_s == 0  # restored after the capture
+    assert lib.calls[:2] == ["cuStreamBeginCapture_v2", "cuStreamEndCapture"]
+    logits, hashes = g.step(7, 9)
+    assert logits.shape == (model.cfg.vocab,) and len(hashes) == len(g.keys(9))
+    g.close()
+    r = perf.decode_bench(model, ctx=8, steps=2, warm=1, log=lambda *_: None)
+    assert set(r) == {"fast", "exact", "exact_over_fast"}
+    bv = perf.batch_verify(model, frozenset(), n_pos=6, widths=(2, 5), n_prompt=3, log=lambda *_: None)
+    assert bv["widths"][5]["ndiff_per_column"] == [0] * 5  # the fake device returns zeros
+    assert perf.graph_equals_direct(model, frozenset(), n_pos=3)["key_diffs"] == 0
+    fb = perf.active_bytes(qwen3_30b_a3b_config(48), 1024)
+    assert 1.5e9 < fb["total"] < 2.0e9, fb
+    assert be.gemv_split(1, False) == 4 and be.gemv_split(3, False) == 2 and be.gemv_split(8, False) == 1
+    assert all(be.gemv_split(m, True) == 1 for m in range(1, 9))

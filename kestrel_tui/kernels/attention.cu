@@ -1,6 +1,7 @@
 // attention.cu — decode / prefill attention over the KV cache. Toggle: attention
 // (and expf for its exponentials).
 //
+// dpos (last argument): null, or a device int that replaces pos0 (CUDA graph replay).
 // Column m sits at position t = pos0+m and attends to cache positions 0..t;
 // q head h reads kv head h / (n_q/n_kv). grid (n_q, M) for every version.
 //
@@ -75,7 +76,8 @@ template <bool Q8>
 __device__ __forceinline__ void attn_exact(const float *__restrict__ q, const void *__restrict__ kc,
                                            const float *__restrict__ ksc, const void *__restrict__ vc,
                                            const float *__restrict__ vsc, float *__restrict__ out, int pos0,
-                                           int n_q, int n_kv, int hd, float scale, int exact_exp) {
+                                           int n_q, int n_kv, int hd, float scale, int exact_exp, const int *__restrict__ dpos) {
+  if (dpos) pos0 = *dpos;
   __shared__ float qf[ATT_MAX_HD];
   __shared__ int qq4[ATT_MAX_HD / 4];
   __shared__ float s_c[ATT_MAX_THREADS], s_w[ATT_MAX_THREADS], s_incl[ATT_MAX_THREADS];
@@ -184,13 +186,13 @@ __device__ __forceinline__ void attn_exact(const float *__restrict__ q, const vo
 
 extern "C" __global__ void attn_exact_q8(const float *q, const signed char *kc, const float *ksc,
                                          const signed char *vc, const float *vsc, float *out, int pos0, int n_q,
-                                         int n_kv, int hd, float scale, int exact_exp) {
-  attn_exact<true>(q, kc, ksc, vc, vsc, out, pos0, n_q, n_kv, hd, scale, exact_exp);
+                                         int n_kv, int hd, float scale, int exact_exp, const int *dpos) {
+  attn_exact<true>(q, kc, ksc, vc, vsc, out, pos0, n_q, n_kv, hd, scale, exact_exp, dpos);
 }
 extern "C" __global__ void attn_exact_f32(const float *q, const float *kc, const float *ksc, const float *vc,
                                           const float *vsc, float *out, int pos0, int n_q, int n_kv, int hd,
-                                          float scale, int exact_exp) {
-  attn_exact<false>(q, kc, ksc, vc, vsc, out, pos0, n_q, n_kv, hd, scale, exact_exp);
+                                          float scale, int exact_exp, const int *dpos) {
+  attn_exact<false>(q, kc, ksc, vc, vsc, out, pos0, n_q, n_kv, hd, scale, exact_exp, dpos);
 }
 
 // ------------------------------------------------------------ fast
@@ -201,7 +203,8 @@ __device__ __forceinline__ void attn_fast(const float *__restrict__ q, const voi
                                           const float *__restrict__ ksc, const void *__restrict__ vc,
                                           const float *__restrict__ vsc, float *__restrict__ out,
                                           float *__restrict__ scores, int cap_s, int pos0, int n_q, int n_kv,
-                                          int hd, float scale, int exact_exp) {
+                                          int hd, float scale, int exact_exp, const int *__restrict__ dpos) {
+  if (dpos) pos0 = *dpos;
   __shared__ float qf[ATT_MAX_HD];
   __shared__ float part[ATT_MAX_THREADS], wt[ATT_MAX_THREADS];
   __shared__ float red[32];
@@ -290,11 +293,246 @@ __device__ __forceinline__ void attn_fast(const float *__restrict__ q, const voi
 extern "C" __global__ void attn_fast_q8(const float *q, const signed char *kc, const float *ksc,
                                         const signed char *vc, const float *vsc, float *out, float *scores,
                                         int cap_s, int pos0, int n_q, int n_kv, int hd, float scale,
-                                        int exact_exp) {
-  attn_fast<true>(q, kc, ksc, vc, vsc, out, scores, cap_s, pos0, n_q, n_kv, hd, scale, exact_exp);
+                                        int exact_exp, const int *dpos) {
+  attn_fast<true>(q, kc, ksc, vc, vsc, out, scores, cap_s, pos0, n_q, n_kv, hd, scale, exact_exp, dpos);
 }
 extern "C" __global__ void attn_fast_f32(const float *q, const float *kc, const float *ksc, const float *vc,
                                          const float *vsc, float *out, float *scores, int cap_s, int pos0,
-                                         int n_q, int n_kv, int hd, float scale, int exact_exp) {
-  attn_fast<false>(q, kc, ksc, vc, vsc, out, scores, cap_s, pos0, n_q, n_kv, hd, scale, exact_exp);
+                                         int n_q, int n_kv, int hd, float scale, int exact_exp, const int *dpos) {
+  attn_fast<false>(q, kc, ksc, vc, vsc, out, scores, cap_s, pos0, n_q, n_kv, hd, scale, exact_exp, dpos);
+}
+
+// ------------------------------------------------------------ split versions (q8 cache; the default)
+//
+// The single-kernel versions above run one block per (head, column): at M = 1
+// that is n_q blocks (32 for Qwen3-30B-A3B) working through the whole context
+// with a sync-heavy loop per 256-position tile, ~35 us a layer at context 1024
+// on an H200. The split versions spread the parallel parts over the context:
+//
+//   attn_exact_scores_q8  grid (n_q, M, tiles of ATT_SPLIT_TILE): the query's q8
+//       quantization and the scores s_p, bit-identical to attn_exact_q8 (same
+//       expressions), and each tile's inclusive prefix max I_p (max is exact, so
+//       the global running max m_p = max(earlier tiles' maxima, I_p) equals the
+//       serial kernel's, whatever the tiling).
+//   attn_exact_pv_q8      grid (n_q, M, hd/ATT_SPLIT_COLS): in chunks of
+//       ATT_SPLIT_CHUNK positions, c_p = expf(m_{p-1} - m_p) and
+//       w_p = expf(s_p - m_p) in parallel, the chunk's slice of V staged in
+//       shared memory, then one warp runs the contract's serial recurrence
+//       acc = acc*c_p + w_p*v_p, l = l*c_p + w_p over the positions in order
+//       (every product rounded before its add), out = acc / l: the same
+//       operations in the same order as attn_exact_q8, so the same bits.
+//   attn_fast_part_q8 +   flash-decoding as engines do it: each tile of positions
+//   attn_fast_combine     gives (its max, its sum of exp, its P.V with FMAs), and
+//       a second kernel rescales and adds the tiles, out = acc * (1/L).
+//
+// Scratch: exact S and I rows [M, n_q, cap_s] (cap_s >= pos0 + M); fast
+// partials [M, n_q, tiles_cap, hd + 2]. Tiles past a column's position exit at
+// once, so a CUDA graph captures the grid for the whole cache.
+#define ATT_SPLIT_TILE 256
+#define ATT_SPLIT_CHUNK 1024
+#define ATT_SPLIT_COLS 32
+
+extern "C" __global__ void attn_exact_scores_q8(const float *__restrict__ q, const signed char *__restrict__ kc,
+                                                const float *__restrict__ ksc, float *__restrict__ S,
+                                                float *__restrict__ I, int cap_s, int pos0, int n_q, int n_kv,
+                                                int hd, float scale, const int *__restrict__ dpos) {
+  if (dpos) pos0 = *dpos;
+  __shared__ int qq4[ATT_MAX_HD / 4];
+  __shared__ float red[32];
+  const int h = blockIdx.x, m = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int T = pos0 + m + 1;
+  const int p0 = blockIdx.z * ATT_SPLIT_TILE;
+  if (p0 >= T) return;  // block-uniform
+  const int kvh = h / (n_q / n_kv);
+  const float *qh = q + ((size_t)m * n_q + h) * hd;
+  {  // query q8 (as attn_exact_q8)
+    const float v = tid < hd ? qh[tid] : 0.0f;
+    const float amax = block_max(fabsf(v), red);
+    const float dq0 = FDIV(amax, 127.0f);
+    const float id = q8_inverse(dq0);
+    if (tid < hd) ((signed char *)qq4)[tid] = (signed char)fminf(127.0f, fmaxf(-127.0f, roundf(FMUL(v, id))));
+    if (tid == 0) red[31] = dq0;  // red[0..nw) were read inside block_max; slot 31 is free (nw <= 8)
+  }
+  __syncthreads();
+  const float dq = red[31];
+  const int np = min(ATT_SPLIT_TILE, T - p0);
+  const int p = p0 + tid;
+  float s = -INFINITY;
+  if (tid < np) {
+    const size_t row = (size_t)p * n_kv + kvh;
+    const int4 *krow = (const int4 *)(kc + row * hd);
+    int4 kk[ATT_MAX_HD / 16];
+#pragma unroll
+    for (int i = 0; i < ATT_MAX_HD / 16; i++)
+      if (i < hd / 16) kk[i] = krow[i];
+    int isum = 0;
+#pragma unroll
+    for (int i = 0; i < ATT_MAX_HD / 16; i++) {
+      if (i < hd / 16) {
+        isum = __dp4a(qq4[4 * i + 0], kk[i].x, isum);
+        isum = __dp4a(qq4[4 * i + 1], kk[i].y, isum);
+        isum = __dp4a(qq4[4 * i + 2], kk[i].z, isum);
+        isum = __dp4a(qq4[4 * i + 3], kk[i].w, isum);
+      }
+    }
+    s = FMUL(FMUL(__int2float_rn(isum), FMUL(dq, ksc[row])), scale);
+  }
+  float incl = s;  // tile-local inclusive prefix max
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const float o = __shfl_up_sync(FULL_MASK, incl, off);
+    if (lane >= off) incl = fmaxf(incl, o);
+  }
+  __syncthreads();  // everyone has read dq
+  if (lane == 31) red[warp] = incl;
+  __syncthreads();
+  for (int w2 = 0; w2 < warp; w2++) incl = fmaxf(incl, red[w2]);
+  if (tid < np) {
+    const size_t o = ((size_t)m * n_q + h) * cap_s + p;
+    S[o] = s;
+    I[o] = incl;
+  }
+}
+
+extern "C" __global__ void attn_exact_pv_q8(const signed char *__restrict__ vc, const float *__restrict__ vsc,
+                                            const float *__restrict__ S, const float *__restrict__ I,
+                                            float *__restrict__ out, int cap_s, int pos0, int n_q, int n_kv, int hd,
+                                            int exact_exp, const int *__restrict__ dpos) {
+  if (dpos) pos0 = *dpos;
+  __shared__ float s_c[ATT_SPLIT_CHUNK], s_w[ATT_SPLIT_CHUNK], vst[ATT_SPLIT_CHUNK];
+  __shared__ __align__(16) signed char vt[ATT_SPLIT_CHUNK * ATT_SPLIT_COLS];
+  const int h = blockIdx.x, m = blockIdx.y, j0 = blockIdx.z * ATT_SPLIT_COLS, tid = threadIdx.x;
+  const int kvh = h / (n_q / n_kv);
+  const int T = pos0 + m + 1;
+  const float *Sr = S + ((size_t)m * n_q + h) * cap_s, *Ir = I + ((size_t)m * n_q + h) * cap_s;
+  constexpr int TPC = ATT_SPLIT_CHUNK / ATT_SPLIT_TILE;  // tiles per chunk
+  float m_run = -INFINITY, l = 0.0f, acc = 0.0f;
+  for (int c0 = 0; c0 < T; c0 += ATT_SPLIT_CHUNK) {
+    const int np = min(ATT_SPLIT_CHUNK, T - c0);
+    float tm[TPC];  // the chunk's tile maxima (-inf past its end)
+#pragma unroll
+    for (int k = 0; k < TPC; k++) {
+      const int first = k * ATT_SPLIT_TILE;
+      tm[k] = first < np ? Ir[c0 + min(first + ATT_SPLIT_TILE, np) - 1] : -INFINITY;
+    }
+    float seed = m_run;
+#pragma unroll
+    for (int k = 0; k < TPC; k++) {
+      const int i = k * ATT_SPLIT_TILE + tid;  // blockDim == ATT_SPLIT_TILE
+      if (i < np) {
+        const float incl = fmaxf(Ir[c0 + i], seed);
+        const float mprev = tid == 0 ? seed : fmaxf(Ir[c0 + i - 1], seed);
+        const float sp = Sr[c0 + i];
+        s_c[i] = exact_exp ? expf_ucrt(FSUB(mprev, incl)) : expf(FSUB(mprev, incl));
+        s_w[i] = exact_exp ? expf_ucrt(FSUB(sp, incl)) : expf(FSUB(sp, incl));
+        vst[i] = vsc[(size_t)(c0 + i) * n_kv + kvh];
+      }
+      seed = fmaxf(seed, tm[k]);
+    }
+    for (int i = tid; i < np * (ATT_SPLIT_COLS / 16); i += blockDim.x) {
+      const int r = i / (ATT_SPLIT_COLS / 16), part = i % (ATT_SPLIT_COLS / 16);
+      ((int4 *)(vt + (size_t)r * ATT_SPLIT_COLS))[part] =
+          ((const int4 *)(vc + ((size_t)(c0 + r) * n_kv + kvh) * hd + j0))[part];
+    }
+    __syncthreads();
+    if (tid < ATT_SPLIT_COLS) {
+#pragma unroll 8
+      for (int i = 0; i < np; i++) {
+        const float vv = FMUL((float)vt[i * ATT_SPLIT_COLS + tid], vst[i]);
+        const float ci = s_c[i], wi = s_w[i];
+        acc = FADD(FMUL(acc, ci), FMUL(wi, vv));
+        l = FADD(FMUL(l, ci), wi);
+      }
+    }
+    m_run = seed;
+    __syncthreads();
+  }
+  if (tid < ATT_SPLIT_COLS) out[((size_t)m * n_q + h) * hd + j0 + tid] = FDIV(acc, l);
+}
+
+// part: [M, n_q, tiles_cap, hd + 2] = (P.V[hd], max, sum) per tile. grid (n_q, M, tiles_cap), block 256.
+extern "C" __global__ void attn_fast_part_q8(const float *__restrict__ q, const signed char *__restrict__ kc,
+                                             const float *__restrict__ ksc, const signed char *__restrict__ vc,
+                                             const float *__restrict__ vsc, float *__restrict__ part, int tiles_cap,
+                                             int pos0, int n_q, int n_kv, int hd, float scale, int exact_exp,
+                                             const int *__restrict__ dpos) {
+  if (dpos) pos0 = *dpos;
+  __shared__ float qf[ATT_MAX_HD];
+  __shared__ float wt[ATT_SPLIT_TILE], vs_t[ATT_SPLIT_TILE];
+  __shared__ float red[32];
+  __shared__ float grp[ATT_SPLIT_TILE];
+  const int h = blockIdx.x, m = blockIdx.y, tile = blockIdx.z, tid = threadIdx.x;
+  const int T = pos0 + m + 1;
+  const int p0 = tile * ATT_SPLIT_TILE;
+  if (p0 >= T) return;
+  const int kvh = h / (n_q / n_kv);
+  const float *qh = q + ((size_t)m * n_q + h) * hd;
+  for (int j = tid; j < hd; j += blockDim.x) qf[j] = qh[j];
+  __syncthreads();
+  const int np = min(ATT_SPLIT_TILE, T - p0);
+  float a = -INFINITY;
+  if (tid < np) {
+    const size_t row = (size_t)(p0 + tid) * n_kv + kvh;
+    const int4 *krow = (const int4 *)(kc + row * hd);
+    float a4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 4
+    for (int i = 0; i < hd / 16; i++) {
+      const int4 kk = krow[i];
+      const int w[4] = {kk.x, kk.y, kk.z, kk.w};
+#pragma unroll
+      for (int c = 0; c < 4; c++) {
+        const float *qq = qf + 16 * i + 4 * c;
+        a4[c] = fmaf(qq[0], (float)(signed char)(w[c]), a4[c]);
+        a4[c] = fmaf(qq[1], (float)(signed char)(w[c] >> 8), a4[c]);
+        a4[c] = fmaf(qq[2], (float)(signed char)(w[c] >> 16), a4[c]);
+        a4[c] = fmaf(qq[3], (float)(signed char)(w[c] >> 24), a4[c]);
+      }
+    }
+    a = ((a4[0] + a4[1]) + (a4[2] + a4[3])) * (ksc[row] * scale);
+    vs_t[tid] = vsc[row];
+  }
+  const float mx = block_max(a, red);
+  const float e = tid < np ? (exact_exp ? expf_ucrt(a - mx) : __expf(a - mx)) : 0.0f;
+  wt[tid] = tid < np ? e * vs_t[tid] : 0.0f;  // the V scale folded into the weight
+  const float L = block_sum_fast(e, red);
+  __syncthreads();
+  // P.V: G = blockDim/hd groups of hd threads, group g takes positions g, g+G, ...
+  const int G = blockDim.x / hd, g = tid / hd, j = tid % hd;
+  float accv = 0.0f;
+  if (g < G) {
+    const signed char *vb = vc + ((size_t)p0 * n_kv + kvh) * hd + j;
+    for (int i = g; i < np; i += G) accv = fmaf(wt[i], (float)vb[(size_t)i * n_kv * hd], accv);
+    grp[tid] = accv;
+  }
+  __syncthreads();
+  float *dst = part + (((size_t)m * n_q + h) * tiles_cap + tile) * (hd + 2);
+  if (tid < hd) {
+    float t = grp[tid];
+    for (int g2 = 1; g2 < G; g2++) t += grp[g2 * hd + tid];
+    dst[tid] = t;
+  }
+  if (tid == 0) {
+    dst[hd] = mx;
+    dst[hd + 1] = L;
+  }
+}
+
+// grid (n_q, M), block >= hd (a multiple of 32).
+extern "C" __global__ void attn_fast_combine(const float *__restrict__ part, float *__restrict__ out, int tiles_cap,
+                                             int pos0, int n_q, int hd, int exact_exp, const int *__restrict__ dpos) {
+  if (dpos) pos0 = *dpos;
+  const int h = blockIdx.x, m = blockIdx.y, tid = threadIdx.x;
+  const int T = pos0 + m + 1;
+  const int nt = (T + ATT_SPLIT_TILE - 1) / ATT_SPLIT_TILE;
+  const float *src = part + ((size_t)m * n_q + h) * tiles_cap * (hd + 2);
+  float gm = -INFINITY;
+  for (int t = 0; t < nt; t++) gm = fmaxf(gm, src[t * (hd + 2) + hd]);
+  float L = 0.0f, acc = 0.0f;
+  for (int t = 0; t < nt; t++) {
+    const float *pt = src + t * (hd + 2);
+    const float f = exact_exp ? expf_ucrt(pt[hd] - gm) : __expf(pt[hd] - gm);
+    L = fmaf(pt[hd + 1], f, L);
+    if (tid < hd) acc = fmaf(pt[tid], f, acc);
+  }
+  if (tid < hd) out[((size_t)m * n_q + h) * hd + tid] = acc * (1.0f / L);
 }

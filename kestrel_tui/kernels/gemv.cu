@@ -22,7 +22,12 @@
 //                        several columns; every column is still reduced on its
 //                        own, so batch columns equal M=1 decode.
 //   gemv_q4_fast         same loop with the term fused: acc = fma(float(isum),
-//                        dw*dx, acc) — what FMA contraction makes of it.
+//                        dw*dx, acc) — what FMA contraction makes of it — and
+//                        split-K chosen by M (gemv_split: 4 warps a row at
+//                        M = 1, 2 at M = 2..4, 1 from 5), so its reduction
+//                        order, and its bits, change with the batch width.
+//   gemv_q4_x3_*         gemv_q4 of three matrices of one input in one launch
+//                        (q, k, v), grid.z picking the matrix.
 //   gemv_q4_experts_*    the same for stacked experts: grid.y = (column,
 //                        slot) pairs, each with its own expert id; grid.z picks
 //                        one of two matrices (gate and up in one launch).
@@ -124,25 +129,93 @@ __device__ __forceinline__ float lane_reduce(float v) {
   return EXACT ? warp_butterfly_exact(v) : warp_sum_fast(v);
 }
 
+// Split-K of the fast dense GEMV, chosen by the batch width M like a real
+// engine picks its tiling: at M = 1 four warps share a row (warp w takes the
+// w-th quarter of the row's blocks, its lanes strided over it), at M = 2..4
+// two, from M = 5 one. The
+// warps' partial sums are added in shared memory, so the fp32 reduction order
+// of a column depends on M: batch-verify columns differ from M = 1 decode in
+// fast mode. The exact GEMV never splits (the contract's lane order).
+// Host mirror: backends/cuda/backend.py gemv_split().
+__device__ __forceinline__ int gemv_split(int M) { return M == 1 ? 4 : (M <= 4 ? 2 : 1); }
+
 // W: [out, nb] uint4, D: [out, nb] f16; xq: [M, nb*32]; xd: [M, nb]; res, y: [M, out].
-// grid (ceil(out/GEMV_WARPS), ceil(M/GEMV_MC)), block 32*GEMV_WARPS.
+// grid (ceil(out/(GEMV_WARPS/ks)), ceil(M/GEMV_MC)), block 32*GEMV_WARPS; ks = 1 (exact) or gemv_split(M).
 template <bool EXACT>
 __device__ __forceinline__ void gemv_q4(const uint4 *__restrict__ W, const __half *__restrict__ D,
                                         const signed char *__restrict__ xq, const float *__restrict__ xd,
                                         const float *__restrict__ res, float *__restrict__ y, int out, int nb,
                                         int M) {
-  const int row = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
-  if (row >= out) return;  // warp-uniform
+  __shared__ float part[GEMV_WARPS][GEMV_MC];
+  const int ks = EXACT ? 1 : gemv_split(M);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int row = blockIdx.x * (GEMV_WARPS / ks) + warp / ks, k = warp % ks;
+  const bool live = row < out;  // warp-uniform; no early return (the block syncs when split)
   const int m0 = blockIdx.y * GEMV_MC;
   const int ncols = min(GEMV_MC, M - m0);
   float acc[GEMV_MC];
 #pragma unroll
   for (int c = 0; c < GEMV_MC; c++) acc[c] = 0.0f;
-  q4_lane_dot<EXACT, GEMV_MC>(W + (size_t)row * nb, D + (size_t)row * nb, nb, xq + (size_t)m0 * nb * QK,
-                              xd + (size_t)m0 * nb, ncols, acc);
+  if (live) {
+    if (ks == 1) {
+      q4_lane_dot<EXACT, GEMV_MC>(W + (size_t)row * nb, D + (size_t)row * nb, nb, xq + (size_t)m0 * nb * QK,
+                                  xd + (size_t)m0 * nb, ncols, acc);
+    } else {  // fast only: this warp's contiguous share of the row's blocks, lanes strided in it
+      const uint4 *wr = W + (size_t)row * nb;
+      const __half *dr = D + (size_t)row * nb;
+      const int per = (nb + ks - 1) / ks, b_end = min(nb, (k + 1) * per);
+      for (int b = k * per + lane; b < b_end; b += 32) {
+        const uint4 wv = wr[b];
+        const float dw = __half2float(dr[b]);
+        const int wl0 = wv.x & 0x0F0F0F0F, wl1 = wv.y & 0x0F0F0F0F, wl2 = wv.z & 0x0F0F0F0F,
+                  wl3 = wv.w & 0x0F0F0F0F;
+        const int wh0 = (wv.x >> 4) & 0x0F0F0F0F, wh1 = (wv.y >> 4) & 0x0F0F0F0F;
+        const int wh2 = (wv.z >> 4) & 0x0F0F0F0F, wh3 = (wv.w >> 4) & 0x0F0F0F0F;
+#pragma unroll
+        for (int c = 0; c < GEMV_MC; c++) {
+          if (c < ncols) {
+            const int4 *xp = (const int4 *)(xq + ((size_t)(m0 + c) * nb + b) * QK);
+            const int4 xa = xp[0], xb = xp[1];
+            int su = __dp4a(wl0, xa.x, 0);
+            su = __dp4a(wl1, xa.y, su);
+            su = __dp4a(wl2, xa.z, su);
+            su = __dp4a(wl3, xa.w, su);
+            su = __dp4a(wh0, xb.x, su);
+            su = __dp4a(wh1, xb.y, su);
+            su = __dp4a(wh2, xb.z, su);
+            su = __dp4a(wh3, xb.w, su);
+            int sx = __dp4a(0x01010101, xa.x, 0);
+            sx = __dp4a(0x01010101, xa.y, sx);
+            sx = __dp4a(0x01010101, xa.z, sx);
+            sx = __dp4a(0x01010101, xa.w, sx);
+            sx = __dp4a(0x01010101, xb.x, sx);
+            sx = __dp4a(0x01010101, xb.y, sx);
+            sx = __dp4a(0x01010101, xb.z, sx);
+            sx = __dp4a(0x01010101, xb.w, sx);
+            acc[c] = fmaf(__int2float_rn(su - 8 * sx), dw * xd[(size_t)(m0 + c) * nb + b], acc[c]);
+          }
+        }
+      }
+    }
+  }
 #pragma unroll
   for (int c = 0; c < GEMV_MC; c++) acc[c] = lane_reduce<EXACT>(acc[c]);
-  if ((threadIdx.x & 31) == 0) {
+  if (ks > 1) {  // fast only: add the warps' partial sums of each row
+    if (lane == 0) {
+#pragma unroll
+      for (int c = 0; c < GEMV_MC; c++) part[warp][c] = acc[c];
+    }
+    __syncthreads();
+    if (k == 0 && lane == 0) {
+#pragma unroll
+      for (int c = 0; c < GEMV_MC; c++) {
+        float t = part[warp][c];
+        for (int j = 1; j < ks; j++) t += part[warp + j][c];
+        acc[c] = t;
+      }
+    }
+  }
+  if (live && k == 0 && lane == 0) {
     for (int c = 0; c < ncols; c++) {
       const size_t o = (size_t)(m0 + c) * out + row;
       y[o] = res ? (EXACT ? FADD(res[o], acc[c]) : res[o] + acc[c]) : acc[c];
@@ -157,6 +230,32 @@ extern "C" __global__ void gemv_q4_exact(const uint4 *W, const __half *D, const 
 extern "C" __global__ void gemv_q4_fast(const uint4 *W, const __half *D, const signed char *xq, const float *xd,
                                         const float *res, float *y, int out, int nb, int M) {
   gemv_q4<false>(W, D, xq, xd, res, y, out, nb, M);
+}
+
+// Three projections of one input in one launch (q, k and v): grid.z picks the matrix; each
+// row is computed exactly as by gemv_q4 (same lane order, same rounding). grid (ceil(max
+// out/(GEMV_WARPS/ks)), ceil(M/GEMV_MC), 3); blocks past a matrix's rows do nothing.
+template <bool EXACT>
+__device__ __forceinline__ void gemv_q4_x3(const uint4 *W0, const __half *D0, float *y0, int out0, const uint4 *W1,
+                                           const __half *D1, float *y1, int out1, const uint4 *W2,
+                                           const __half *D2, float *y2, int out2, const signed char *xq,
+                                           const float *xd, int nb, int M) {
+  const int z = blockIdx.z;
+  gemv_q4<EXACT>(z == 0 ? W0 : (z == 1 ? W1 : W2), z == 0 ? D0 : (z == 1 ? D1 : D2), xq, xd, nullptr,
+                 z == 0 ? y0 : (z == 1 ? y1 : y2), z == 0 ? out0 : (z == 1 ? out1 : out2), nb, M);
+}
+
+extern "C" __global__ void gemv_q4_x3_exact(const uint4 *W0, const __half *D0, float *y0, int out0, const uint4 *W1,
+                                            const __half *D1, float *y1, int out1, const uint4 *W2,
+                                            const __half *D2, float *y2, int out2, const signed char *xq,
+                                            const float *xd, int nb, int M) {
+  gemv_q4_x3<true>(W0, D0, y0, out0, W1, D1, y1, out1, W2, D2, y2, out2, xq, xd, nb, M);
+}
+extern "C" __global__ void gemv_q4_x3_fast(const uint4 *W0, const __half *D0, float *y0, int out0, const uint4 *W1,
+                                           const __half *D1, float *y1, int out1, const uint4 *W2,
+                                           const __half *D2, float *y2, int out2, const signed char *xq,
+                                           const float *xd, int nb, int M) {
+  gemv_q4_x3<false>(W0, D0, y0, out0, W1, D1, y1, out1, W2, D2, y2, out2, xq, xd, nb, M);
 }
 
 // Stacked experts W*: [E, out, nb]; eidx: [P] expert of each pair; pair p reads
@@ -285,4 +384,31 @@ extern "C" __global__ void embed_f32(const float *__restrict__ W, const int *__r
   const int i = blockIdx.x * blockDim.x + threadIdx.x, m = blockIdx.y;
   if (i >= n) return;
   out[(size_t)m * n + i] = W[(size_t)tokens[m] * n + i];
+}
+
+// ------------------------------------------------------------ synthetic weights on the device
+
+// Counter-based RNG: splitmix64 of (seed, block index). Fills q4_0 blocks with
+// uniform nibbles and f16 scales d = dscale * (0.5 + u), u uniform in [0, 1),
+// so a full-size model is generated in place without a host copy. (Not the
+// host synthetic generator's values: model/weights.py draws Gaussian weights
+// and quantizes them; only the format and the scale of the values agree.)
+// W: [n] uint4, D: [n] f16 (the layout of weights.py); grid-stride.
+__device__ __forceinline__ unsigned long long splitmix64(unsigned long long z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+extern "C" __global__ void gen_q4(uint4 *__restrict__ W, __half *__restrict__ D, int n, int seed,
+                                  float dscale) {
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+    const unsigned long long base = splitmix64(((unsigned long long)(unsigned)seed << 32) ^
+                                               ((unsigned long long)i * 0xd1342543de82ef95ull));
+    const unsigned long long a = splitmix64(base), b = splitmix64(base + 1), c = splitmix64(base + 2);
+    W[i] = make_uint4((unsigned)a, (unsigned)(a >> 32), (unsigned)b, (unsigned)(b >> 32));
+    const float u = (float)(c >> 40) * (1.0f / 16777216.0f);
+    D[i] = __float2half_rn(dscale * (0.5f + u));
+  }
 }

@@ -21,9 +21,31 @@
 #define NORM_THREADS 256
 #define NORM_MAX_TERMS 4096  // hidden sizes up to 32768
 
-// x, out: [M, n] row-major; grid = M blocks of NORM_THREADS.
+// The q8_0 quantization of the GEMV that follows a norm, fused into its output loop (kernels
+// /gemv.cu quantize_q8_0_*, same expressions): one warp = one 32-element block, because
+// element j = k*blockDim + tid puts a warp on 32 consecutive, 32-aligned elements.
+// quant: 0 none, 1 the fast rule (q = round(x / d)), 2 the exact rule (reciprocal multiply).
+__device__ __forceinline__ void norm_quant(float v, size_t i, signed char *__restrict__ xq,
+                                           float *__restrict__ xd, int quant) {
+  const float amax = warp_max(fabsf(v));
+  float d, r;
+  if (quant == 2) {
+    d = FDIV(amax, 127.0f);
+    const float id = q8_inverse(d);
+    r = roundf(FMUL(v, id));
+  } else {
+    d = amax / 127.0f;
+    r = amax == 0.0f ? 0.0f : roundf(v / d);
+  }
+  xq[i] = (signed char)r;
+  if ((threadIdx.x & 31) == 0) xd[i / QK] = f16_round(d);
+}
+
+// x, out: [M, n] row-major; grid = M blocks of NORM_THREADS. xq/xd: the q8_0 of out
+// ([M, n] int8, [M, n/32]; n a multiple of 32) when quant != 0.
 extern "C" __global__ void rmsnorm_exact(const float *__restrict__ x, const float *__restrict__ w,
-                                         float *__restrict__ out, int n, float eps) {
+                                         float *__restrict__ out, int n, float eps, signed char *__restrict__ xq,
+                                         float *__restrict__ xd, int quant) {
   __shared__ float terms[NORM_MAX_TERMS];
   __shared__ float rms_s;
   const float *xr = x + (size_t)blockIdx.x * n;
@@ -45,11 +67,16 @@ extern "C" __global__ void rmsnorm_exact(const float *__restrict__ x, const floa
   }
   __syncthreads();
   const float rms = rms_s;
-  for (int j = threadIdx.x; j < n; j += blockDim.x) yr[j] = FMUL(FMUL(xr[j], rms), w[j]);
+  for (int j = threadIdx.x; j < n; j += blockDim.x) {
+    const float v = FMUL(FMUL(xr[j], rms), w[j]);
+    yr[j] = v;
+    if (quant) norm_quant(v, (size_t)blockIdx.x * n + j, xq, xd, quant);
+  }
 }
 
 extern "C" __global__ void rmsnorm_fast(const float *__restrict__ x, const float *__restrict__ w,
-                                        float *__restrict__ out, int n, float eps) {
+                                        float *__restrict__ out, int n, float eps, signed char *__restrict__ xq,
+                                        float *__restrict__ xd, int quant) {
   __shared__ float partial[NORM_THREADS / 32];
   __shared__ float rms_s;
   const float *xr = x + (size_t)blockIdx.x * n;
@@ -66,7 +93,11 @@ extern "C" __global__ void rmsnorm_fast(const float *__restrict__ x, const float
   }
   __syncthreads();
   const float rms = rms_s;
-  for (int j = threadIdx.x; j < n; j += blockDim.x) yr[j] = xr[j] * (rms * w[j]);
+  for (int j = threadIdx.x; j < n; j += blockDim.x) {
+    const float v = xr[j] * (rms * w[j]);
+    yr[j] = v;
+    if (quant) norm_quant(v, (size_t)blockIdx.x * n + j, xq, xd, quant);
+  }
 }
 
 // q_in/q_out: [M, n_q, hd]; k_in/k_out: [M, n_kv, hd]. grid (n_q + n_kv, M), block 32.

@@ -14,9 +14,12 @@
 // columns in one launch: grid (n_q + n_kv, M), block hd/2.
 #include "common.cuh"
 
-// cos_t, sin_t: [M, half]; grid (ceil(half/64), M), block 64.
+// cos_t, sin_t: [M, half]; grid (ceil(half/64), M), block 64. dpos: null, or a device int
+// that replaces pos0 (a captured CUDA graph replays one launch at every position).
 extern "C" __global__ void rope_table_exact(const float *__restrict__ inv_freq, float *__restrict__ cos_t,
-                                            float *__restrict__ sin_t, int pos0, int half) {
+                                            float *__restrict__ sin_t, int pos0, int half,
+                                            const int *__restrict__ dpos) {
+  if (dpos) pos0 = *dpos;
   const int i = blockIdx.x * blockDim.x + threadIdx.x, m = blockIdx.y;
   if (i >= half) return;
   const float a = FMUL((float)(pos0 + m), inv_freq[i]);
@@ -25,7 +28,9 @@ extern "C" __global__ void rope_table_exact(const float *__restrict__ inv_freq, 
 }
 
 extern "C" __global__ void rope_table_fast(const float *__restrict__ inv_freq, float *__restrict__ cos_t,
-                                           float *__restrict__ sin_t, int pos0, int half) {
+                                           float *__restrict__ sin_t, int pos0, int half,
+                                            const int *__restrict__ dpos) {
+  if (dpos) pos0 = *dpos;
   const int i = blockIdx.x * blockDim.x + threadIdx.x, m = blockIdx.y;
   if (i >= half) return;
   float s, c;

@@ -17,6 +17,8 @@ combine_*.
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from ...errors import UsageError
@@ -29,6 +31,7 @@ from .runtime import runtime
 from .weights import DeviceLinear, device_model
 
 F32 = np.float32
+ATT_SPLIT_TILE = 256  # kernels/attention.cu ATT_SPLIT_TILE
 # fields whose reference buffer replaces the subject's as the next op's input (isolate mode)
 FED = frozenset({"emb", "x", "nrm", "kraw", "knorm", "kpre", "qrope", "attn", "ores", *KV_FIELDS})
 
@@ -37,8 +40,9 @@ def _blocks(n: int, per: int) -> int:
     return -(-n // per)
 
 
-def device_hash_work(cuda, work: HashWork, onepass: bool = False) -> dict:
-    """Upload a hash work list with its scratch (self-resetting tickets) and output buffer.
+def device_hash_work(cuda, work: HashWork, onepass: bool = False, out: int | None = None) -> dict:
+    """Upload a hash work list with its scratch (self-resetting tickets) and output buffer
+    (`out`: a device pointer to write the n_keys hashes to instead of an own allocation).
     onepass: scratch for fnv1a64_keys (256 x 8 bytes a chunk) instead of fnv_states/fnv_chunks."""
     hb = {name: cuda.to_device(getattr(work, name)) for name in HashWork.ARRAYS}
     nc, nk = max(1, work.n_chunks), max(1, work.n_keys)
@@ -48,26 +52,38 @@ def device_hash_work(cuda, work: HashWork, onepass: bool = False) -> dict:
         hb["snap"], hb["start"] = cuda.mem_alloc(nc * 256 * (HASH_CHUNK // HASH_PIECE)), cuda.mem_alloc(nc)
     hb["tickets"] = cuda.mem_alloc(nk * 4)
     cuda.memset_d32(hb["tickets"], 0, nk)
-    hb["out"] = cuda.mem_alloc(nk * 8)
+    hb["out"] = cuda.mem_alloc(nk * 8) if out is None else out
     hb["ptr"] = {name: int(a) for name, a in hb.items()}
     hb["n_chunks"] = work.n_chunks
     hb["onepass"] = onepass
     return hb
 
 
-def launch_hash(rt, hb: dict, base: int) -> None:
+def launch(k, grid, block, stream, *args) -> None:
+    """One kernel launch on `stream` (None: the default stream)."""
+    if stream is None:
+        k.prepared_call(grid, block, *args)
+    else:
+        k.prepared_async_call(grid, block, stream, *args)
+
+
+def gemv_split(M: int, exact: bool) -> int:
+    """Warps per output row of the q4_0 dense GEMV (mirror of kernels/gemv.cu gemv_split):
+    the fast kernel splits K by batch width like a tiled engine; the exact one never splits."""
+    return 1 if exact else (4 if M == 1 else 2 if M <= 4 else 1)
+
+
+def launch_hash(rt, hb: dict, base: int, stream=None) -> None:
     """Hash every span of the work list (two launches, or one with onepass scratch)."""
     p, n = hb["ptr"], hb["n_chunks"]
     if hb["onepass"]:
-        rt.kernel("hash", "fnv1a64_keys").prepared_call(
-            (n, 1, 1), (256, 1, 1), base, p["chunk_key"], p["chunk_off"], p["chunk_len"], p["chunk_pow"],
+        launch(rt.kernel("hash", "fnv1a64_keys"), (n, 1, 1), (256, 1, 1), stream, base, p["chunk_key"], p["chunk_off"], p["chunk_len"], p["chunk_pow"],
             p["key_first"], p["key_n"], p["F"], p["tickets"], p["out"])
         return
-    rt.kernel("hash", "fnv_states").prepared_call(
-        (n, 1, 1), (256, 1, 1), base, p["chunk_key"], p["chunk_off"], p["chunk_len"], p["key_first"], p["key_n"],
+    launch(rt.kernel("hash", "fnv_states"), (n, 1, 1), (256, 1, 1), stream, base, p["chunk_key"], p["chunk_off"], p["chunk_len"], p["key_first"], p["key_n"],
         p["snap"], p["start"], p["tickets"], p["out"])
-    rt.kernel("hash", "fnv_chunks").prepared_call(
-        (_blocks(n * (HASH_CHUNK // HASH_PIECE), 128), 1, 1), (128, 1, 1), base, p["chunk_key"], p["chunk_off"],
+    launch(rt.kernel("hash", "fnv_chunks"), (_blocks(n * (HASH_CHUNK // HASH_PIECE), 128), 1, 1), (128, 1, 1),
+           stream, base, p["chunk_key"], p["chunk_off"],
         p["chunk_len"], p["key_first"], p["piece_pow"], p["piece_spow"], p["snap"], p["start"], p["out"], n)
 
 
@@ -95,15 +111,21 @@ class CudaBackend(Backend):
         self._tokens_size = 0
         self._cache = None
         self.capacity = 0
+        # launch target: None = the default stream; a captured graph (graph.py) swaps in its own
+        # stream, a device position (dpos) and a fixed scores stride (cap_s)
+        self.stream, self.dpos, self.cap_s = None, 0, 0
+        self._hash_stream = self._body_ready = self._body_done = None
+        self._body_launched = False
         with self.rt.active():
             self._kernels()
 
     def __del__(self):
         try:
             objs = [self._arena, self._feed, self._scores, self._tokens, self._cache, self._copy_stream,
-                    self._fwd_done, self._hash_done, self._logits_host, self._hash_host, *self._feed_host.values()]
+                    self._fwd_done, self._hash_done, self._logits_host, self._hash_host, self._hash_stream,
+                    self._body_ready, self._body_done, *self._feed_host.values()]
             for hb in self._hash_bufs.values():
-                objs += [v for k, v in hb.items() if k not in ("ptr", "n_chunks", "onepass")]
+                objs += [v for k, v in hb.items() if k not in ("ptr", "n_chunks", "onepass", "out")]
             self.rt.bury(objs)
         except Exception:  # interpreter shutdown, or a failed __init__
             pass
@@ -120,6 +142,7 @@ class CudaBackend(Backend):
         g = pick("gemm")
         self.k_quant = k("gemv", f"quantize_q8_0_{g}")
         self.k_gemv = k("gemv", f"gemv_q4_{g}") if q4 else k("gemv", f"gemv_f32_{g}")
+        self.k_gemv3 = k("gemv", f"gemv_q4_x3_{g}") if q4 else None
         self.k_gemv_e = (k("gemv", f"gemv_q4_experts_{g}") if q4
                          else k("gemv", f"gemv_f32_experts_{g}"))
         self.k_embed = k("gemv", "embed_q4") if q4 else k("gemv", "embed_f32")
@@ -133,6 +156,15 @@ class CudaBackend(Backend):
         self.attn_exact = "attention" in ex
         self.k_attn = (k("attention", f"attn_exact_{kvt}") if self.attn_exact
                        else k("attention", f"attn_fast_{kvt}"))
+        # the split attention kernels (q8 cache, head_dim a multiple of 32); KESTREL_ATTN_SPLIT=0: the
+        # single-kernel versions
+        hd = self.model.cfg.head_dim
+        self.attn_split = (self.kv == "q8" and hd % 32 == 0 and os.environ.get("KESTREL_ATTN_SPLIT", "1") != "0")
+        if self.attn_split:
+            if self.attn_exact:
+                self.k_att_a, self.k_att_b = k("attention", "attn_exact_scores_q8"), k("attention", "attn_exact_pv_q8")
+            else:
+                self.k_att_a, self.k_att_b = k("attention", "attn_fast_part_q8"), k("attention", "attn_fast_combine")
         self.k_router = k("moe", f"router_{pick('moe')}")
         self.k_silu = k("moe", f"silu_mul_{pick('moe')}")
         self.k_combine = k("moe", f"combine_{pick('moe')}")
@@ -176,14 +208,27 @@ class CudaBackend(Backend):
         if cur < size:
             setattr(self, attr, None)
             setattr(self, attr, self.rt.cuda.mem_alloc(size))
+            self.rt.cuda.memset_d8(getattr(self, attr), 0, size)  # no stale bits (e.g. expert ids)
             setattr(self, f"{attr}_size", size)
         return int(getattr(self, attr))
 
-    def _hash_tables(self, lay: Layout) -> dict:
-        hb = self._hash_bufs.get(lay.M)
+    def _hash_tables(self, lay: Layout, which: str) -> dict:
+        """The device work list of `which` ("body": every key but the logits; "logits")."""
+        hb = self._hash_bufs.get((lay.M, which))
         if hb is None:
-            hb = self._hash_bufs[lay.M] = device_hash_work(self.rt.cuda, lay.hash_work)
+            # both lists write into one buffer (body hashes, then the logits'): one copy back
+            out = self._hash_bufs.get((lay.M, "out"))
+            if out is None:
+                out = self._hash_bufs[lay.M, "out"] = {"buf": self.rt.cuda.mem_alloc(max(8, lay.n_keys * 8))}
+            ptr = int(out["buf"]) + (0 if which == "body" else 8 * len(lay.body_index))
+            work = lay.hash_body if which == "body" else lay.hash_logits
+            hb = self._hash_bufs[lay.M, which] = device_hash_work(self.rt.cuda, work, out=ptr)
         return hb
+
+    def hash_out(self, lay: Layout) -> int:
+        """Device pointer of the step's n_keys hashes (body keys first; fetch reorders)."""
+        self._hash_tables(lay, "body")
+        return int(self._hash_bufs[lay.M, "out"]["buf"])
 
     # ------------------------------------------------------------ the step
 
@@ -199,8 +244,8 @@ class CudaBackend(Backend):
             raise ValueError(f"token ids must be in 0..{cfg.vocab - 1}")
         with self.rt.active():
             lay = self.prepare(tokens, pos0, feed)
-            self.forward(lay, pos0, isolate=feed is not None)
-            self.copy_logits(lay)  # overlaps the hash launch
+            self.forward(lay, pos0, isolate=feed is not None, hash_body=True)
+            self.copy_logits(lay)  # overlaps the logits' hash
             self.hash(lay)
             return self.fetch(lay, pos0, raw)
 
@@ -213,8 +258,7 @@ class CudaBackend(Backend):
         self.base = self._grow("_arena", lay.total)
         self.tokens_ptr = self._grow("_tokens", M * 4)
         cuda.memcpy_htod(self.tokens_ptr, tokens)
-        if not self.attn_exact:
-            self._grow("_scores", M * self.model.cfg.n_heads * (pos0 + M) * 4)
+        self._grow("_scores", self.scratch_bytes(M))
         self.feed_base = None
         if feed is not None:
             self.feed_base = self._grow("_feed", lay.total)
@@ -236,8 +280,10 @@ class CudaBackend(Backend):
             cuda.memcpy_htod(self._feed, host)
         return lay
 
-    def forward(self, lay: Layout, pos0: int, isolate: bool = False) -> None:
-        """Launch the kernels of one step (inside rt.active())."""
+    def forward(self, lay: Layout, pos0: int, isolate: bool = False, hash_body: bool = False) -> None:
+        """Launch the kernels of one step (inside rt.active()). hash_body: once the last layer is
+        queued, hash every key but the logits on a second stream, overlapping the final norm
+        and lm_head (hash() then adds the logits' hash and joins the streams)."""
         cfg, dm, cuda = self.model.cfg, self.dm, self.rt.cuda
         M = lay.M
         h, hd, nh, nkv = cfg.hidden, cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
@@ -256,56 +302,75 @@ class CudaBackend(Backend):
         q4 = dm.fmt == "q4_0"
         xq, xd = A("xq"), A("xd")
 
+        # q4_0: the norms quantize their own output for the GEMV behind them (one launch less);
+        # in isolate mode the input norm's GEMVs read the reference's nrm, so it stays apart
+        fuse_all = q4 and h % 32 == 0
+        fuse_q = fuse_all and feed is None
+        qmode = 2 if self.quant_exact else 1
+
         def quant(x: int, rows: int, n: int) -> None:
             if q4:
                 total = rows * n
-                self.k_quant.prepared_call((_blocks(total, 256), 1, 1), (256, 1, 1), x, xq, xd, total)
+                launch(self.k_quant, (_blocks(total, 256), 1, 1), (256, 1, 1), self.stream, x, xq, xd, total)
 
         def gemv(lin: DeviceLinear, x: int, y: int, res: int = 0, x_q: int = xq, x_d: int = xd) -> None:
             """y[M, out] = (res +) lin @ x; x: the f32 input (q4_0 reads its quantization x_q/x_d)."""
-            grid = (_blocks(lin.out, 4), _blocks(M, 4), 1)
+            ks = gemv_split(M, bool(self.quant_exact)) if q4 else 1
+            grid = (_blocks(lin.out, 4 // ks), _blocks(M, 4), 1)
             if q4:
-                self.k_gemv.prepared_call(grid, (128, 1, 1), lin.w, lin.d, x_q, x_d, res, y, lin.out, lin.nb, M)
+                launch(self.k_gemv, grid, (128, 1, 1), self.stream, lin.w, lin.d, x_q, x_d, res, y, lin.out, lin.nb, M)
             else:
-                self.k_gemv.prepared_call(grid, (128, 1, 1), lin.w, x, res, y, lin.out, lin.inp, M)
+                launch(self.k_gemv, grid, (128, 1, 1), self.stream, lin.w, x, res, y, lin.out, lin.inp, M)
 
         def gemv_experts(l0: DeviceLinear, y0: int, l1: DeviceLinear | None, y1: int, eidx: int, x: int,
                          x_q: int, x_d: int, x_div: int, pairs: int) -> None:
             grid = (_blocks(l0.out, 4), pairs, 2 if l1 is not None else 1)
             if q4:
-                self.k_gemv_e.prepared_call(grid, (128, 1, 1), l0.w, l0.d, y0, l1.w if l1 else 0,
+                launch(self.k_gemv_e, grid, (128, 1, 1), self.stream, l0.w, l0.d, y0, l1.w if l1 else 0,
                                             l1.d if l1 else 0, y1, eidx, x_q, x_d, x_div, l0.out, l0.nb)
             else:
-                self.k_gemv_e.prepared_call(grid, (128, 1, 1), l0.w, y0, l1.w if l1 else 0, y1, eidx, x,
+                launch(self.k_gemv_e, grid, (128, 1, 1), self.stream, l0.w, y0, l1.w if l1 else 0, y1, eidx, x,
                                             x_div, l0.out, l0.inp)
 
         # embedding and the step's RoPE table
         if q4:
-            self.k_embed.prepared_call((_blocks(h, 256), M, 1), (256, 1, 1), dm.embed.w, dm.embed.d,
+            launch(self.k_embed, (_blocks(h, 256), M, 1), (256, 1, 1), self.stream, dm.embed.w, dm.embed.d,
                                        self.tokens_ptr, A("emb"), h // 32)
         else:
-            self.k_embed.prepared_call((_blocks(h, 256), M, 1), (256, 1, 1), dm.embed.w, self.tokens_ptr,
+            launch(self.k_embed, (_blocks(h, 256), M, 1), (256, 1, 1), self.stream, dm.embed.w, self.tokens_ptr,
                                        A("emb"), h)
         half = hd // 2
-        self.k_rtab.prepared_call((_blocks(half, 64), M, 1), (64, 1, 1), dm.inv_freq, A("cos"), A("sin"),
-                                  pos0, half)
+        launch(self.k_rtab, (_blocks(half, 64), M, 1), (64, 1, 1), self.stream, dm.inv_freq, A("cos"), A("sin"),
+                                  pos0, half, self.dpos)
         for li, W in enumerate(dm.layers):
             x_in = In("emb") if li == 0 else In("x", li - 1)
-            self.k_rms.prepared_call((M, 1, 1), (256, 1, 1), x_in, W["input_layernorm"], A("nrm", li), h, eps)
             nrm = In("nrm", li)
-            quant(nrm, M, h)
-            gemv(W["q_proj"], nrm, A("q"))
-            gemv(W["k_proj"], nrm, A("kraw", li))
-            gemv(W["v_proj"], nrm, A("vraw"))
-            self.k_qkn.prepared_call((nh + nkv, M, 1), (32, 1, 1), A("q"), A("qn"), W["q_norm"], In("kraw", li),
+            if fuse_q:  # the norm writes the q8_0 of its output too
+                launch(self.k_rms, (M, 1, 1), (256, 1, 1), self.stream, x_in, W["input_layernorm"], A("nrm", li), h,
+                       eps, xq, xd, qmode)
+            else:  # isolate: the GEMVs quantize the reference's nrm
+                launch(self.k_rms, (M, 1, 1), (256, 1, 1), self.stream, x_in, W["input_layernorm"], A("nrm", li), h,
+                       eps, 0, 0, 0)
+                quant(nrm, M, h)
+            if q4:  # q, k and v in one launch
+                lq, lk, lv = W["q_proj"], W["k_proj"], W["v_proj"]
+                ks = gemv_split(M, bool(self.quant_exact))
+                launch(self.k_gemv3, (_blocks(max(lq.out, lk.out, lv.out), 4 // ks), _blocks(M, 4), 3), (128, 1, 1),
+                       self.stream, lq.w, lq.d, A("q"), lq.out, lk.w, lk.d, A("kraw", li), lk.out, lv.w, lv.d,
+                       A("vraw"), lv.out, xq, xd, lq.nb, M)
+            else:
+                gemv(W["q_proj"], nrm, A("q"))
+                gemv(W["k_proj"], nrm, A("kraw", li))
+                gemv(W["v_proj"], nrm, A("vraw"))
+            launch(self.k_qkn, (nh + nkv, M, 1), (32, 1, 1), self.stream, A("q"), A("qn"), W["q_norm"], In("kraw", li),
                                      A("knorm", li), W["k_norm"], nh, nkv, hd, eps)
-            self.k_rope.prepared_call((nh + nkv, M, 1), (half, 1, 1), A("qn"), A("qrope", li), In("knorm", li),
+            launch(self.k_rope, (nh + nkv, M, 1), (half, 1, 1), self.stream, A("qn"), A("qrope", li), In("knorm", li),
                                       A("kpre", li), A("cos"), A("sin"), nh, nkv, hd)
             c = self.cache[li]
             k_in = In("kpre", li) if self.deep else A("kpre", li)
             cache_ptrs = (0, 0, 0, 0) if isolate else (c["k"], c["ks"], c["v"], c["vs"])
-            self.k_kv.prepared_call((2 * nkv, M, 1), (32, 1, 1), k_in, A("vraw"), A("k", li), A("ks", li),
-                                    A("v", li), A("vs", li), *cache_ptrs, pos0, nkv, hd)
+            launch(self.k_kv, (2 * nkv, M, 1), (32, 1, 1), self.stream, k_in, A("vraw"), A("k", li), A("ks", li),
+                                    A("v", li), A("vs", li), *cache_ptrs, pos0, nkv, hd, self.dpos)
             if isolate:  # the cache holds the reference's rows
                 for f in KV_FIELDS:
                     rb = self._row_bytes[f]
@@ -315,22 +380,26 @@ class CudaBackend(Backend):
             quant(attn, M, nh * hd)
             gemv(W["o_proj"], attn, A("ores", li), res=x_in)
             ores = In("ores", li)
-            self.k_rms.prepared_call((M, 1, 1), (256, 1, 1), ores, W["post_attention_layernorm"], A("pnrm", li),
-                                     h, eps)
             pnrm = A("pnrm", li)
-            quant(pnrm, M, h)
+            if fuse_all:
+                launch(self.k_rms, (M, 1, 1), (256, 1, 1), self.stream, ores, W["post_attention_layernorm"], pnrm, h,
+                       eps, xq, xd, qmode)
+            else:
+                launch(self.k_rms, (M, 1, 1), (256, 1, 1), self.stream, ores, W["post_attention_layernorm"], pnrm, h,
+                       eps, 0, 0, 0)
+                quant(pnrm, M, h)
             F = cfg.ffn_dim
             if cfg.is_moe:
                 k, E = cfg.top_k, cfg.n_experts
                 gemv(W["gate"], pnrm, A("router", li))
-                self.k_router.prepared_call((M, 1, 1), (_blocks(E, 32) * 32, 1, 1), A("router", li),
+                launch(self.k_router, (M, 1, 1), (_blocks(E, 32) * 32, 1, 1), self.stream, A("router", li),
                                             A("topk", li), A("topw", li), E, k, int(cfg.norm_topk_prob),
                                             self.exp_exact)
                 P = M * k
                 gemv_experts(W["gate_proj"], A("g"), W["up_proj"], A("u"), A("topk", li), pnrm, xq, xd, k, P)
                 self._silu(A("g"), A("u"), A("a"), A("aq") if q4 else 0, A("ad") if q4 else 0, P * F)
                 gemv_experts(W["down_proj"], A("y"), None, 0, A("topk", li), A("a"), A("aq"), A("ad"), 1, P)
-                self.k_combine.prepared_call((_blocks(h, 256), M, 1), (256, 1, 1), A("y"), A("topw", li), ores,
+                launch(self.k_combine, (_blocks(h, 256), M, 1), (256, 1, 1), self.stream, A("y"), A("topw", li), ores,
                                              A("moe", li), A("x", li), h, k)
             else:
                 gemv(W["gate_proj"], pnrm, A("g"))
@@ -338,45 +407,99 @@ class CudaBackend(Backend):
                 self._silu(A("g"), A("u"), A("a"), A("aq") if q4 else 0, A("ad") if q4 else 0, M * F)
                 # the down projection reads silu's own quantization of its output
                 gemv(W["down_proj"], A("a"), A("x", li), res=ores, x_q=A("aq"), x_d=A("ad"))
+        if hash_body:
+            self._launch_body_hash(lay)
         x_last = In("x", cfg.n_layers - 1)
-        self.k_rms.prepared_call((M, 1, 1), (256, 1, 1), x_last, dm.norm, A("fnrm"), h, eps)
-        quant(A("fnrm"), M, h)
+        if fuse_all:
+            launch(self.k_rms, (M, 1, 1), (256, 1, 1), self.stream, x_last, dm.norm, A("fnrm"), h, eps, xq, xd, qmode)
+        else:
+            launch(self.k_rms, (M, 1, 1), (256, 1, 1), self.stream, x_last, dm.norm, A("fnrm"), h, eps, 0, 0, 0)
+            quant(A("fnrm"), M, h)
         gemv(dm.lm_head, A("fnrm"), A("logits"))
+
+    def scratch_bytes(self, M: int) -> int:
+        """The attention scratch (self._scores) an M-column step needs at any position of the cache."""
+        cfg, cap = self.model.cfg, max(1, self.capacity)
+        nh, hd = cfg.n_heads, cfg.head_dim
+        if self.attn_split:
+            return (2 * M * nh * cap * 4 if self.attn_exact
+                    else M * nh * _blocks(cap, ATT_SPLIT_TILE) * (hd + 2) * 4)
+        return 4 if self.attn_exact else M * nh * cap * 4
 
     def attention(self, q: int, out: int, layer: int, pos0: int, M: int) -> None:
         """Attention of M columns at positions pos0.. over the layer's cache (q, out: [M, n_q*hd])."""
         cfg = self.model.cfg
         c = self.cache[layer]
+        if self.attn_split:
+            nh, nkv, hd, cap = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, max(1, self.capacity)
+            scale = float(self.model.attn_scale)
+            # a graph (dpos set) replays at any position: its grid covers the whole cache
+            tiles = _blocks(cap if self.dpos else pos0 + M, ATT_SPLIT_TILE)
+            sc = int(self._scores)
+            if self.attn_exact:
+                S, I = sc, sc + M * nh * cap * 4
+                launch(self.k_att_a, (nh, M, tiles), (ATT_SPLIT_TILE, 1, 1), self.stream, q, c["k"], c["ks"], S, I,
+                       cap, pos0, nh, nkv, hd, scale, self.dpos)
+                launch(self.k_att_b, (nh, M, hd // 32), (ATT_SPLIT_TILE, 1, 1), self.stream, c["v"], c["vs"], S, I,
+                       out, cap, pos0, nh, nkv, hd, self.exp_exact, self.dpos)
+            else:
+                tcap = _blocks(cap, ATT_SPLIT_TILE)
+                launch(self.k_att_a, (nh, M, tiles), (ATT_SPLIT_TILE, 1, 1), self.stream, q, c["k"], c["ks"], c["v"],
+                       c["vs"], sc, tcap, pos0, nh, nkv, hd, scale, self.exp_exact, self.dpos)
+                launch(self.k_att_b, (nh, M, 1), (_blocks(hd, 32) * 32, 1, 1), self.stream, sc, out, tcap, pos0, nh,
+                       hd, self.exp_exact, self.dpos)
+            return
         args = (q, c["k"], c["ks"], c["v"], c["vs"], out)
-        tail = (pos0, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, float(self.model.attn_scale), self.exp_exact)
+        tail = (pos0, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, float(self.model.attn_scale), self.exp_exact,
+                self.dpos)
         if self.attn_exact:  # tiles of up to 256 positions for the parallel part
-            self.k_attn.prepared_call((cfg.n_heads, M, 1), (256, 1, 1), *args, *tail)
+            launch(self.k_attn, (cfg.n_heads, M, 1), (256, 1, 1), self.stream, *args, *tail)
         else:
-            self.k_attn.prepared_call((cfg.n_heads, M, 1), (256, 1, 1), *args, int(self._scores), pos0 + M, *tail)
+            launch(self.k_attn, (cfg.n_heads, M, 1), (256, 1, 1), self.stream, *args, int(self._scores), self.cap_s or pos0 + M, *tail)
 
     def _silu(self, g: int, u: int, a: int, aq: int, ad: int, n: int) -> None:
-        self.k_silu.prepared_call((_blocks(n, 256), 1, 1), (256, 1, 1), g, u, a, aq, ad, n, self.exp_exact,
+        launch(self.k_silu, (_blocks(n, 256), 1, 1), (256, 1, 1), self.stream, g, u, a, aq, ad, n, self.exp_exact,
                                   self.quant_exact)
 
+    def _launch_body_hash(self, lay: Layout) -> None:
+        """Hash every key but the logits on the hash stream, after what the main stream has queued."""
+        self._streams()
+        self._body_ready.record(self.stream)
+        self._hash_stream.wait_for_event(self._body_ready)
+        launch_hash(self.rt, self._hash_tables(lay, "body"), self.base, self._hash_stream)
+        self._body_done.record(self._hash_stream)
+        self._body_launched = True
+
+    def launch_hashes(self, lay: Layout) -> None:
+        """The logits' hash on the main stream (and the body's, if forward did not start it),
+        then the main stream waits for the body's: every hash is final behind it."""
+        if not self._body_launched:
+            self._launch_body_hash(lay)
+        launch_hash(self.rt, self._hash_tables(lay, "logits"), self.base, self.stream)
+        if self.stream is not None:  # join the hash stream (a graph capture must end joined)
+            self.stream.wait_for_event(self._body_done)
+        self._body_launched = False
+
     def hash(self, lay: Layout) -> None:
-        """FNV-1a 64 of every key of every column (kernels/hash.cu: fnv_states + fnv_chunks),
+        """FNV-1a 64 of every key of every column (kernels/hash.cu: fnv_states + fnv_chunks; the
+        logits' on the main stream, the rest on the hash stream unless forward started them),
         then their copy to pinned host memory on the copy stream (fetch waits for it)."""
         cuda = self.rt.cuda
-        hb = self._hash_tables(lay)
-        launch_hash(self.rt, hb, self.base)
-        self._streams()
+        self.launch_hashes(lay)
         if self._hash_host is None or self._hash_host.size < lay.n_keys:
             self._hash_host = cuda.pagelocked_empty(lay.n_keys, np.uint64)
-        self._hash_done.record()
+        self._hash_done.record(self.stream)
         self._copy_stream.wait_for_event(self._hash_done)
-        cuda.memcpy_dtoh_async(self._hash_host[:lay.n_keys], hb["ptr"]["out"], self._copy_stream)
+        self._copy_stream.wait_for_event(self._body_done)  # on the default stream there is no join
+        cuda.memcpy_dtoh_async(self._hash_host[:lay.n_keys], self.hash_out(lay), self._copy_stream)
 
     def _streams(self) -> None:
         if self._copy_stream is None:
             cuda = self.rt.cuda
             # CU_STREAM_NON_BLOCKING (1): no implicit sync with the default stream, so the
-            # copies really overlap; events order them after the kernels they wait for.
+            # copies and the body hash really overlap; events order them.
             self._copy_stream, self._fwd_done, self._hash_done = cuda.Stream(1), cuda.Event(), cuda.Event()
+            self._hash_stream, self._body_ready, self._body_done = cuda.Stream(1), cuda.Event(), cuda.Event()
 
     def copy_logits(self, lay: Layout) -> None:
         """Start the logits' copy to pinned host memory on a second stream, after the forward
@@ -386,7 +509,7 @@ class CudaBackend(Backend):
         n = lay.M * self.model.cfg.vocab
         if self._logits_host is None or self._logits_host.size < n:
             self._logits_host = cuda.pagelocked_empty(n, F32)
-        self._fwd_done.record()  # default stream: the forward pass is queued before it
+        self._fwd_done.record(self.stream)  # the forward pass is queued before it
         self._copy_stream.wait_for_event(self._fwd_done)
         cuda.memcpy_dtoh_async(self._logits_host[:n], self.base + lay.offset("logits"), self._copy_stream)
 
@@ -398,7 +521,7 @@ class CudaBackend(Backend):
         self._copy_stream.synchronize()  # logits and hashes are on the host
         logits = self._logits_host[:M * cfg.vocab].reshape(M, cfg.vocab).copy()
         nk = len(lay.key_fields)
-        hv = self._hash_host[:lay.n_keys].tolist()
+        hv = self._hash_host[:lay.n_keys][lay.merge].tolist()
         hashes = [dict(zip(names[m], hv[m * nk:(m + 1) * nk])) for m in range(M)]
         raws = None
         if raw:

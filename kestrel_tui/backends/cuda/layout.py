@@ -128,17 +128,49 @@ class Layout:
                             ("fnrm", F32, h), ("cos", F32, hd // 2), ("sin", F32, hd // 2)):
             add(name, None, dt, (n,))
 
-        # hash work list, columns in order, each column's keys in dataflow order
+        # hash work lists, columns in order, each column's keys in dataflow order; built on
+        # first use (a prefill step that is not hashed never pays for them)
         names = token_keys(0, cfg.n_layers, deep)
         self.key_fields = [(k.field, k.layer) for k in map(parse_key, names)]
         self.key_suffixes = [name[len("t0_"):] for name in names]  # key of position t: f"t{t}_{suffix}"
-        spans = []
+        self.spans = []
         for m in range(M):
             for field, layer in self.key_fields:
                 r = self.regions[field, layer]
-                spans.append((r.offset + m * r.col_bytes, r.col_bytes))
-        self.hash_work = HashWork(spans)
-        self.n_keys = len(spans)
+                self.spans.append((r.offset + m * r.col_bytes, r.col_bytes))
+        self.n_keys = len(self.spans)
+        # the split for overlapped hashing: every key but the logits is final when the last
+        # layer is done, so it is hashed while the final norm and lm_head run
+        last = [i for i, kf in enumerate(self.key_fields * M) if kf[0] == "logits"]
+        lset = set(last)
+        self.body_index = np.array([i for i in range(self.n_keys) if i not in lset], np.int64)
+        self.logits_index = np.array(last, np.int64)
+        # hashes = concat(body_out, logits_out)[self.merge]
+        order = np.concatenate([self.body_index, self.logits_index])
+        self.merge = np.empty(self.n_keys, np.int64)
+        self.merge[order] = np.arange(self.n_keys)
+        self._work: dict[str, HashWork] = {}
+
+    def _hash_work(self, which: str) -> HashWork:
+        w = self._work.get(which)
+        if w is None:
+            idx = {"all": range(self.n_keys), "body": self.body_index, "logits": self.logits_index}[which]
+            w = self._work[which] = HashWork([self.spans[i] for i in idx])
+        return w
+
+    @property
+    def hash_work(self) -> HashWork:
+        """Every key of every column, in order (one work list)."""
+        return self._hash_work("all")
+
+    @property
+    def hash_body(self) -> HashWork:
+        """Every key but the logits (final once the last layer is done)."""
+        return self._hash_work("body")
+
+    @property
+    def hash_logits(self) -> HashWork:
+        return self._hash_work("logits")
 
     def _add(self, name: str, layer: int | None, dtype: np.dtype, shape: tuple[int, ...]) -> None:
         col = int(np.prod(shape)) * dtype.itemsize

@@ -31,21 +31,24 @@ SIGNATURES = {
     # gemv.cu
     "quantize_q8_0_exact": "PPPi", "quantize_q8_0_fast": "PPPi",
     "gemv_q4_exact": "PPPPPPiii", "gemv_q4_fast": "PPPPPPiii",
+    "gemv_q4_x3_exact": "PPPiPPPiPPPiPPii", "gemv_q4_x3_fast": "PPPiPPPiPPPiPPii",
     "gemv_q4_experts_exact": "PPPPPPPPPiii", "gemv_q4_experts_fast": "PPPPPPPPPiii",
     "gemv_f32_exact": "PPPPiii", "gemv_f32_fast": "PPPPiii",
     "gemv_f32_experts_exact": "PPPPPPiii", "gemv_f32_experts_fast": "PPPPPPiii",
-    "embed_q4": "PPPPi", "embed_f32": "PPPi",
+    "embed_q4": "PPPPi", "embed_f32": "PPPi", "gen_q4": "PPiif",
     # norm.cu
-    "rmsnorm_exact": "PPPif", "rmsnorm_fast": "PPPif",
+    "rmsnorm_exact": "PPPifPPi", "rmsnorm_fast": "PPPifPPi",
     "qknorm_exact": "PPPPPPiiif", "qknorm_fast": "PPPPPPiiif",
     # rope.cu
-    "rope_table_exact": "PPPii", "rope_table_fast": "PPPii",
+    "rope_table_exact": "PPPiiP", "rope_table_fast": "PPPiiP",
     "rope_exact": "PPPPPPiii", "rope_fast": "PPPPPPiii",
     # kvquant.cu
-    "kvquant_exact": "PPPPPPPPPPiii", "kvquant_fast": "PPPPPPPPPPiii", "kv_rows_f32": "PPPPPPPPPPiii",
+    "kvquant_exact": "PPPPPPPPPPiiiP", "kvquant_fast": "PPPPPPPPPPiiiP", "kv_rows_f32": "PPPPPPPPPPiiiP",
     # attention.cu
-    "attn_exact_q8": "PPPPPPiiiifi", "attn_exact_f32": "PPPPPPiiiifi",
-    "attn_fast_q8": "PPPPPPPiiiiifi", "attn_fast_f32": "PPPPPPPiiiiifi",
+    "attn_exact_q8": "PPPPPPiiiifiP", "attn_exact_f32": "PPPPPPiiiifiP",
+    "attn_fast_q8": "PPPPPPPiiiiifiP", "attn_fast_f32": "PPPPPPPiiiiifiP",
+    "attn_exact_scores_q8": "PPPPPiiiiifP", "attn_exact_pv_q8": "PPPPPiiiiiiP",
+    "attn_fast_part_q8": "PPPPPPiiiiifiP", "attn_fast_combine": "PPiiiiiP",
     # moe.cu
     "router_exact": "PPPiiii", "router_fast": "PPPiiii",
     "silu_mul_exact": "PPPPPiii", "silu_mul_fast": "PPPPPiii",

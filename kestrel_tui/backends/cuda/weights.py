@@ -93,6 +93,8 @@ _cache: dict[int, tuple[weakref.ref, DeviceModel]] = {}
 
 def device_model(rt, model: Model) -> DeviceModel:
     """The DeviceModel of `model`, uploaded on first use (call inside rt.active())."""
+    if isinstance(model, DeviceSyntheticModel):
+        return model.device_model(rt)
     with _cache_lock:
         hit = _cache.get(id(model))
         if hit is not None and hit[0]() is model:
@@ -107,3 +109,102 @@ def device_model(rt, model: Model) -> DeviceModel:
                 hit[1]._allocs = []
         _cache[key] = (weakref.ref(model, dropped), dm)
         return dm
+
+
+# ------------------------------------------------------------ full-size synthetic model, made on the device
+
+
+class DeviceSyntheticModel:
+    """A synthetic q4_0 model whose weights exist only on the device: every matrix is filled
+    in place by kernels/gemv.cu gen_q4 (a counter-based RNG: splitmix64 of seed and block
+    index), so a 48-layer Qwen3-30B-A3B-sized model (~17 GB of q4_0) needs no host copy.
+
+    Its values are NOT those of model/weights.synthetic_model (which draws Gaussian weights
+    on the host and quantizes them): the nibbles are uniform and the f16 scales are set so a
+    row has the same standard deviation as the host generator's (std = in^-0.5, o_proj
+    0.5 * q_dim^-0.5, router and embedding 1.0). Norm weights (0.9 + 0.2 u) are made on the
+    host — they are small. There is no cpu reference for it: it exists for speed figures
+    (`kestrel-tui bench --subject cuda`), where only the shapes and the format matter.
+    Stands in for model.weights.Model wherever CudaBackend reads one (cfg, fmt, name,
+    attn_scale, inv_freq)."""
+
+    UNIFORM_NIBBLE_STD = float(np.sqrt((16 ** 2 - 1) / 12))  # std of q - 8, q uniform in 0..15
+
+    def __init__(self, cfg, seed: int = 0, name: str | None = None):
+        from ...model.weights import rope_tables
+
+        cfg.validate("q4_0")
+        self.cfg, self.fmt, self.seed = cfg, "q4_0", seed
+        self.name = name or f"device-synthetic {cfg.n_layers}L hidden {cfg.hidden}"
+        self.inv_freq, self.attn_scale = rope_tables(cfg)
+        self._dm: DeviceModel | None = None
+
+    def device_model(self, rt) -> DeviceModel:
+        if self._dm is None:
+            self._dm = generate_device_model(rt, self)
+        return self._dm
+
+    def free(self) -> None:
+        """Drop the device weights (freed the next time the runtime's context is current)."""
+        if self._dm is not None:
+            self._dm.rt.bury(self._dm._allocs)
+            self._dm._allocs = []
+            self._dm = None
+
+
+def generate_device_model(rt, sm: DeviceSyntheticModel) -> DeviceModel:
+    """Allocate every matrix of sm.cfg on the device and fill it with gen_q4 (inside rt.active())."""
+    cuda, cfg = rt.cuda, sm.cfg
+    dm = DeviceModel.__new__(DeviceModel)
+    dm.rt, dm._allocs, dm.nbytes, dm.fmt = rt, [], 0, "q4_0"
+    gen = rt.kernel("gemv", "gen_q4")
+    rng = np.random.default_rng(sm.seed)
+    counter = [0]
+
+    def alloc(n: int) -> int:
+        a = cuda.mem_alloc(max(n, 1))
+        dm._allocs.append(a)
+        dm.nbytes += n
+        return int(a)
+
+    def lin(out: int, inp: int, std: float, experts: int = 0) -> DeviceLinear:
+        nb = inp // 32
+        n = max(experts, 1) * out * nb  # q4_0 blocks
+        w, d = alloc(n * 16), alloc(n * 2)
+        counter[0] += 1
+        seed = (sm.seed * 1_000_003 + counter[0]) & 0x7FFFFFFF
+        dscale = float(std / DeviceSyntheticModel.UNIFORM_NIBBLE_STD / 1.0)  # d ~ dscale * U(0.5, 1.5)
+        gen.prepared_call((min(65535, -(-n // 256)), 1, 1), (256, 1, 1), w, d, n, seed, dscale)
+        return DeviceLinear(out, inp, "q4_0", w=w, d=d, nb=nb, experts=experts)
+
+    def up(arr: np.ndarray) -> int:
+        arr = np.ascontiguousarray(arr, dtype=F32)
+        a = alloc(arr.nbytes)
+        cuda.memcpy_htod(a, arr)
+        return a
+
+    def norm(n: int) -> int:
+        return up(np.float32(0.9) + np.float32(0.2) * rng.random(n, dtype=np.float32))
+
+    h, hd = cfg.hidden, cfg.head_dim
+    dm.embed = lin(cfg.vocab, h, 1.0)
+    dm.lm_head = dm.embed if cfg.tie_embeddings else lin(cfg.vocab, h, h ** -0.5)
+    dm.norm = norm(h)
+    dm.inv_freq = up(sm.inv_freq)
+    dm.layers = []
+    for _ in range(cfg.n_layers):
+        if cfg.is_moe:
+            e, f = cfg.n_experts, cfg.moe_intermediate
+            gate = lin(e, h, 1.0)
+            ffn = (lin(f, h, h ** -0.5, e), lin(f, h, h ** -0.5, e), lin(h, f, f ** -0.5, e))
+        else:
+            f = cfg.intermediate
+            gate = None
+            ffn = (lin(f, h, h ** -0.5), lin(f, h, h ** -0.5), lin(h, f, f ** -0.5))
+        dm.layers.append(dict(
+            input_layernorm=norm(h), post_attention_layernorm=norm(h), q_norm=norm(hd), k_norm=norm(hd),
+            q_proj=lin(cfg.q_dim, h, h ** -0.5), k_proj=lin(cfg.kv_dim, h, h ** -0.5),
+            v_proj=lin(cfg.kv_dim, h, h ** -0.5), o_proj=lin(h, cfg.q_dim, 0.5 * cfg.q_dim ** -0.5),
+            gate=gate, gate_proj=ffn[0], up_proj=ffn[1], down_proj=ffn[2]))
+    cuda.Context.synchronize()
+    return dm
