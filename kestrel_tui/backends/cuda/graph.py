@@ -1,0 +1,167 @@
+"""One M=1 decode step captured as a CUDA graph and replayed at any position.
+
+At M = 1 a step is ~20 kernels a layer (~900 for 48 layers), and launching them
+one by one from Python costs more than the kernels themselves. The graph is
+recorded once by running CudaBackend.forward (and the hash launches) on a
+capturing stream, then every token costs one graph launch. The position is
+not baked into the graph: the kernels that use it (RoPE table, KV write,
+attention) read it from a device int (their `dpos` argument), which is
+uploaded with the token before each replay; the fast attention's scores
+scratch is sized for the whole cache (stride cap_s = capacity).
+
+PyCUDA 2026.1 (the wheel this project ships for the H200) exposes no graph API,
+so capture, instantiate and launch go through the driver API with ctypes
+(cuStreamBeginCapture_v2 in relaxed mode, cuStreamEndCapture,
+cuGraphInstantiateWithFlags, cuGraphLaunch); PyCUDA's launches on the
+capturing stream are recorded like any other.
+
+The graph owns its arena, token/position buffer and scores scratch, so steps
+of other widths on the same backend cannot move them; it shares the backend's
+weights and KV cache. Replays are exact replays of the same kernels, so a
+graph step's keys equal a direct step's.
+"""
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+CAPTURE_MODE_RELAXED = 2
+
+
+def _cu():
+    lib = ctypes.CDLL("libcuda.so.1")
+    for name in ("cuStreamBeginCapture_v2", "cuStreamEndCapture", "cuGraphInstantiateWithFlags", "cuGraphLaunch",
+                 "cuGraphGetNodes", "cuGraphExecDestroy", "cuGraphDestroy"):
+        getattr(lib, name).restype = ctypes.c_int
+    return lib
+
+
+def stream_handle(stream) -> int:
+    """The CUstream of a PyCUDA Stream (its `handle` property; `handle_int` in some builds)."""
+    h = getattr(stream, "handle", None)
+    if h is None:
+        h = stream.handle_int
+    return int(h() if callable(h) else h)
+
+
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
+        raise RuntimeError(f"{what} failed (CUresult {rc})")
+
+
+class DecodeGraph:
+    def __init__(self, backend, hashing: bool = True):
+        b = self.b = backend
+        rt, cuda, cfg = b.rt, b.rt.cuda, b.model.cfg
+        self.hashing = hashing
+        self.lib = _cu()
+        self.graph = ctypes.c_void_p()
+        self.exec = ctypes.c_void_p()
+        with rt.active():
+            self.lay = lay = b._layout(1)
+            self.arena = cuda.mem_alloc(lay.total)
+            cuda.memset_d8(self.arena, 0, lay.total)
+            self.inbuf = cuda.mem_alloc(8)  # [token, position] int32
+            cuda.memset_d8(self.inbuf, 0, 8)
+            self.scores = cuda.mem_alloc(max(4, b.scratch_bytes(1)))
+            self.host_in = cuda.pagelocked_empty(2, np.int32)
+            self.logits_host = cuda.pagelocked_empty(cfg.vocab, np.float32)
+            self.hash_host = cuda.pagelocked_empty(max(1, lay.n_keys), np.uint64)
+            self.stream = cuda.Stream(1)
+            self._h = stream_handle(self.stream)
+            b._streams()
+            if hashing:  # the work lists are uploaded before the capture (no copies inside it)
+                self.hb_body, self.hb_logits = b._hash_tables(lay, "body"), b._hash_tables(lay, "logits")
+            self.cstream = cuda.Stream(1)
+            self.ev_fwd, self.ev_copied = cuda.Event(), cuda.Event()
+            err = None
+            for copies in (True, False):  # copies back inside the graph if the driver takes them
+                try:
+                    self._capture(copies)
+                    self.copies_in_graph = copies
+                    err = None
+                    break
+                except Exception as e:  # noqa: PERF203
+                    err = e
+            if err is not None:
+                raise err
+            n = ctypes.c_size_t(0)
+            _check(self.lib.cuGraphGetNodes(self.graph, None, ctypes.byref(n)), "cuGraphGetNodes")
+            self.n_nodes = n.value
+            _check(self.lib.cuGraphInstantiateWithFlags(ctypes.byref(self.exec), self.graph, ctypes.c_ulonglong(0)),
+                   "cuGraphInstantiateWithFlags")
+
+    def _capture(self, copies: bool) -> None:
+        """Record one step on self.stream. copies: the logits' copy to the host on a forked stream
+        (overlapping the logits' hash) and the hashes' copy, as graph nodes."""
+        b, cuda, lay = self.b, self.b.rt.cuda, self.lay
+        saved = (b.stream, b.dpos, b.cap_s, getattr(b, "base", 0), getattr(b, "tokens_ptr", 0),
+                 b._scores, b._scores_size)
+        b.stream, b.dpos, b.cap_s = self.stream, int(self.inbuf) + 4, b.capacity
+        b.base, b.tokens_ptr = int(self.arena), int(self.inbuf)
+        b._scores, b._scores_size = self.scores, max(4, b.scratch_bytes(1))
+        h = ctypes.c_void_p(stream_handle(self.stream))
+        _check(self.lib.cuStreamBeginCapture_v2(h, ctypes.c_int(CAPTURE_MODE_RELAXED)), "cuStreamBeginCapture")
+        err = None
+        try:
+            b.forward(lay, 0, hash_body=self.hashing)
+            if copies:
+                self.ev_fwd.record(self.stream)
+                self.cstream.wait_for_event(self.ev_fwd)
+                cuda.memcpy_dtoh_async(self.logits_host, int(self.arena) + lay.offset("logits"), self.cstream)
+                self.ev_copied.record(self.cstream)
+            if self.hashing:
+                b.launch_hashes(lay)
+            if copies:
+                self.stream.wait_for_event(self.ev_copied)
+                if self.hashing:
+                    cuda.memcpy_dtoh_async(self.hash_host[:lay.n_keys], b.hash_out(lay), self.stream)
+        except Exception as e:  # end the capture whatever happens
+            err = e
+        finally:
+            graph = ctypes.c_void_p()
+            rc = self.lib.cuStreamEndCapture(h, ctypes.byref(graph))
+            (b.stream, b.dpos, b.cap_s, b.base, b.tokens_ptr, b._scores, b._scores_size) = saved
+            b._body_launched = False
+        if err is not None:
+            if graph:
+                self.lib.cuGraphDestroy(graph)
+            raise err
+        _check(rc, "cuStreamEndCapture")
+        self.graph = graph
+
+    def launch(self, token: int, pos: int) -> None:
+        """Queue one step (token upload, the graph, the copies back); inside rt.active()."""
+        b, cuda = self.b, self.b.rt.cuda
+        if pos + 1 > b.capacity:
+            raise ValueError(f"KV cache full: position {pos} >= capacity {b.capacity}")
+        self.host_in[0], self.host_in[1] = token, pos
+        cuda.memcpy_htod_async(self.inbuf, self.host_in, self.stream)
+        _check(self.lib.cuGraphLaunch(self.exec, ctypes.c_void_p(self._h)), "cuGraphLaunch")
+        if self.copies_in_graph:
+            return
+        lay = self.lay
+        cuda.memcpy_dtoh_async(self.logits_host, int(self.arena) + lay.offset("logits"), self.stream)
+        if self.hashing:
+            cuda.memcpy_dtoh_async(self.hash_host[:lay.n_keys], b.hash_out(lay), self.stream)
+
+    def step(self, token: int, pos: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """One decode step: (logits [vocab], hashes [n_keys] in key order, or None)."""
+        with self.b.rt.active():
+            self.launch(token, pos)
+            self.stream.synchronize()
+        hashes = self.hash_host[:self.lay.n_keys][self.lay.merge].copy() if self.hashing else None
+        return self.logits_host.copy(), hashes
+
+    def keys(self, pos: int) -> list[str]:
+        return [f"t{pos}_{s}" for s in self.lay.key_suffixes]
+
+    def close(self) -> None:
+        with self.b.rt.active():
+            if self.exec:
+                self.lib.cuGraphExecDestroy(self.exec)
+                self.exec = ctypes.c_void_p()
+            if self.graph:
+                self.lib.cuGraphDestroy(self.graph)
+                self.graph = ctypes.c_void_p()
