@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..model.config import QK
 from ..model.quant import quantize_q8_0
 from ..model.weights import Linear
 from .reduce import lane_sum
@@ -47,7 +46,3 @@ def gemv(lin: Linear, x: np.ndarray | None = None, xq: tuple | None = None,
         xq = quantize_act(x)
     return lane_sum(block_terms(lin, xq, expert), axis=-2)
 
-
-def check_blockable(n: int, what: str) -> None:
-    if n % QK:
-        raise ValueError(f"{what}: {n} is not a multiple of {QK}")
