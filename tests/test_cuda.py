@@ -6,7 +6,8 @@
 * all exact: every key of every position equals the cpu reference (the default
   48-layer model, a short run; scripts/gpu_acceptance.py does the full one),
   with the prefill on either side, in isolate mode, with --deep, and with f32
-  weights and KV; batch-verify columns equal M=1 decode;
+  weights and KV; batch-verify columns equal M=1 decode; the M=1 step as a graph
+  replay (the default) equals the direct launches on every key and raw buffer;
 * all fast: the first DIFF is at position 0, layer 0 (prefill on the subject);
   switching toggles on one by one moves it monotonically to all ok.
 """
@@ -158,6 +159,38 @@ def test_graph_replay_equals_direct_steps(rt, small_model, exact):
 
     r = graph_equals_direct(small_model, frozenset(TOGGLES) if exact == "all" else frozenset(), n_pos=12)
     assert r["logits_ndiff"] == 0 and r["key_diffs"] == 0, r
+
+
+@pytest.mark.parametrize("exact", ["all", "none"])
+def test_step_graph_path_equals_direct_path(rt, small_model, exact):
+    """CudaBackend.step's M=1 graph replay vs the same backend kind forced direct (graph=False):
+    logits bit for bit, every key's hash (in token_keys order) and every raw buffer (name,
+    shape, dtype, bytes), over a few decode positions; again after reset() (a new capture)."""
+    from kestrel_tui.backends.cuda import make_cuda_backend
+    from kestrel_tui.commands import default_prompt
+
+    ex = frozenset(TOGGLES) if exact == "all" else frozenset()
+    g_b = make_cuda_backend(small_model, exact=ex, graph=True)
+    d_b = make_cuda_backend(small_model, exact=ex, graph=False)
+    prompt = np.array(default_prompt(small_model.cfg.vocab, 4))
+    for rnd in range(2):
+        for b in (g_b, d_b):
+            b.reset(16 + 8 * rnd)
+            b.step(prompt, 0, raw=False)  # M=4: direct on both
+        tok = int(prompt[-1])
+        for pos in range(len(prompt), len(prompt) + 5):
+            g, d = g_b.step(np.array([tok]), pos, raw=True), d_b.step(np.array([tok]), pos, raw=True)
+            assert g.logits.shape == d.logits.shape and g.logits.dtype == d.logits.dtype
+            assert np.array_equal(g.logits.view(np.uint32), d.logits.view(np.uint32)), pos
+            assert list(g.hashes[0].items()) == list(d.hashes[0].items()), pos
+            assert list(g.raw[0]) == list(d.raw[0])
+            for key, a in d.raw[0].items():
+                b_ = g.raw[0][key]
+                assert (b_.shape, b_.dtype) == (a.shape, a.dtype), key
+                assert a.tobytes() == b_.tobytes(), key
+            tok = int(np.argmax(d.logits[0]))
+        assert g_b.graph_error is None, g_b.graph_status
+        assert g_b.graph_steps == 5 * (rnd + 1) and d_b.graph_steps == 0
 
 
 def test_deep_keys_exact(rt, small_model):

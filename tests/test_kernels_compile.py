@@ -417,3 +417,84 @@ def test_device_synthetic_model_graph_and_bench_wiring(monkeypatch):
     assert 1.5e9 < fb["total"] < 2.0e9, fb
     assert be.gemv_split(1, False) == 4 and be.gemv_split(3, False) == 2 and be.gemv_split(8, False) == 1
     assert all(be.gemv_split(m, True) == 1 for m in range(1, 9))
+
+
+def test_step_replays_graph_for_m1_and_falls_back(monkeypatch):
+    """CudaBackend.step: M=1 without a feed replays the decode graph (captured at the first such
+    step and again after reset), returning the direct path's keys and raw buffers (names, shapes,
+    dtypes); M>1 and isolate launch directly; KESTREL_CUDA_GRAPH=0 and a failing capture keep the
+    direct path, the latter saying why in graph_status."""
+    from kestrel_tui.backends.base import NumpyBackend
+    from kestrel_tui.backends.cuda import backend as be
+    from kestrel_tui.backends.cuda import graph as gr
+    from kestrel_tui.backends.cuda import make_cuda_backend
+    from kestrel_tui.model.weights import synthetic_model
+    from kestrel_tui.trace.keys import token_keys
+
+    fake = _FakeRuntime()
+    monkeypatch.setattr(be, "runtime", lambda: fake)
+    lib = _FakeLibcuda()
+    monkeypatch.setattr(gr, "_cu", lambda: lib)
+    monkeypatch.delenv("KESTREL_CUDA_GRAPH", raising=False)
+    model = synthetic_model(default_config().with_layers(2), "q4_0")
+    g_b, d_b = make_cuda_backend(model), make_cuda_backend(model, graph=False)
+    assert g_b.use_graph and not d_b.use_graph and g_b.graph_status == "graph (not captured yet)"
+    for b in (g_b, d_b):
+        b.reset(8)
+        b.step(np.array([5, 9, 11]), 0, raw=False)  # M=3: direct
+    assert g_b.graph_steps == 0 and "cuStreamBeginCapture_v2" not in lib.calls
+    g_out, d_out = g_b.step(np.array([7]), 3), d_b.step(np.array([7]), 3)
+    assert g_b.graph_steps == 1 and d_b.graph_steps == 0 and lib.calls.count("cuGraphLaunch") == 1
+    assert list(g_out.hashes[0]) == list(d_out.hashes[0]) == token_keys(3, 2, False)
+    assert g_out.logits.shape == d_out.logits.shape == (1, model.cfg.vocab) and g_out.logits.dtype == np.float32
+    assert all(isinstance(v, int) for v in g_out.hashes[0].values())
+    assert len(g_out.raw) == 1 and list(g_out.raw[0]) == list(d_out.raw[0])
+    for key, a in d_out.raw[0].items():
+        assert (g_out.raw[0][key].shape, g_out.raw[0][key].dtype) == (a.shape, a.dtype), key
+    assert g_b.step(np.array([8]), 4, raw=False).raw is None and g_b.graph_steps == 2
+    assert lib.calls.count("cuStreamBeginCapture_v2") == 1 and g_b.graph_status.startswith("graph (")
+    ref = NumpyBackend(model)
+    ref.reset(8)
+    ref.step(np.array([5, 9, 11, 7, 8]), 0)
+    g_b.step(np.array([1]), 5, feed=ref.step(np.array([1]), 5).raw)  # isolate: direct
+    assert g_b.graph_steps == 2
+    g_b.reset(16)  # a new cache and capacity: captured again at the next M=1 step
+    assert g_b._graph is None
+    g_b.step(np.array([5]), 0, raw=False)
+    assert lib.calls.count("cuStreamBeginCapture_v2") == 2 and g_b.graph_steps == 3
+
+    monkeypatch.setenv("KESTREL_CUDA_GRAPH", "0")
+    off = make_cuda_backend(model)
+    off.reset(4)
+    off.step(np.array([5]), 0, raw=False)
+    assert off.graph_steps == 0 and off.graph_status == "direct (KESTREL_CUDA_GRAPH=0)"
+    assert lib.calls.count("cuStreamBeginCapture_v2") == 2
+
+    monkeypatch.delenv("KESTREL_CUDA_GRAPH")
+
+    def no_driver():
+        raise OSError("libcuda.so.1: cannot open shared object file")
+
+    monkeypatch.setattr(gr, "_cu", no_driver)
+    broken = make_cuda_backend(model)
+    broken.reset(4)
+    for t in range(2):
+        out = broken.step(np.array([5 + t]), t)
+        assert list(out.hashes[0]) == token_keys(t, 2, False) and out.raw is not None
+    assert broken.graph_steps == 0 and broken._graph is None
+    assert broken.graph_status == "direct (graph failed: capture: OSError: libcuda.so.1: cannot open shared object file)"
+
+    class _NoInstantiate(_FakeLibcuda):
+        def __getattr__(self, name):
+            if name == "cuGraphInstantiateWithFlags":
+                return lambda *args: 999
+            return super().__getattr__(name)
+
+    lib2 = _NoInstantiate()
+    monkeypatch.setattr(gr, "_cu", lambda: lib2)
+    refused = make_cuda_backend(model)
+    refused.reset(4)
+    out = refused.step(np.array([5]), 0)
+    assert refused.graph_steps == 0 and "CUresult 999" in refused.graph_status
+    assert refused.stream is None and refused.dpos == 0 and refused.cap_s == 0  # restored after the capture
+    assert list(out.hashes[0]) == token_keys(0, 2, False) and "cuGraphLaunch" not in lib2.calls

@@ -6,17 +6,19 @@ Raises UsageError (one line, naming the sim fallback) when PyCUDA, a driver, a
 device or nvcc is missing, or a kernel fails to compile. Module map:
 runtime.py (device, context, compiled modules), weights.py (weights on the
 device), layout.py (the step's buffers and the hash work list), backend.py
-(the step).
+(the step), graph.py (the M=1 step as a CUDA graph, which step() replays).
 """
 from __future__ import annotations
 
 from ...model.weights import Model
 
 
-def make_cuda_backend(model: Model, kv: str = "q8", exact: frozenset[str] = frozenset(), deep: bool = False):
+def make_cuda_backend(model: Model, kv: str = "q8", exact: frozenset[str] = frozenset(), deep: bool = False,
+                      graph: bool | None = None):
+    """graph: replay M=1 steps as a CUDA graph (None: unless KESTREL_CUDA_GRAPH=0; False: direct launches)."""
     from .backend import CudaBackend
 
-    return CudaBackend(model, kv=kv, exact=frozenset(exact), deep=deep)
+    return CudaBackend(model, kv=kv, exact=frozenset(exact), deep=deep, graph=graph)
 
 
 __all__ = ["make_cuda_backend"]

@@ -19,10 +19,15 @@ The graph owns its arena, token/position buffer and scores scratch, so steps
 of other widths on the same backend cannot move them; it shares the backend's
 weights and KV cache. Replays are exact replays of the same kernels, so a
 graph step's keys equal a direct step's.
+
+CudaBackend.step replays one of these (owned=True: it holds its backend weakly,
+so the pair is no reference cycle, and its driver handles are destroyed when
+it is freed, which the backend arranges with the context current).
 """
 from __future__ import annotations
 
 import ctypes
+import weakref
 
 import numpy as np
 
@@ -51,46 +56,55 @@ def _check(rc: int, what: str) -> None:
 
 
 class DecodeGraph:
-    def __init__(self, backend, hashing: bool = True):
-        b = self.b = backend
-        rt, cuda, cfg = b.rt, b.rt.cuda, b.model.cfg
-        self.hashing = hashing
-        self.lib = _cu()
+    def __init__(self, backend, hashing: bool = True, owned: bool = False):
         self.graph = ctypes.c_void_p()
         self.exec = ctypes.c_void_p()
+        self.lib = None
+        b = self.b = weakref.proxy(backend) if owned else backend
+        self.rt = rt = backend.rt
+        cuda, cfg = rt.cuda, backend.model.cfg
+        self.hashing = hashing
+        self.lib = _cu()
         with rt.active():
-            self.lay = lay = b._layout(1)
-            self.arena = cuda.mem_alloc(lay.total)
-            cuda.memset_d8(self.arena, 0, lay.total)
-            self.inbuf = cuda.mem_alloc(8)  # [token, position] int32
-            cuda.memset_d8(self.inbuf, 0, 8)
-            self.scores = cuda.mem_alloc(max(4, b.scratch_bytes(1)))
-            self.host_in = cuda.pagelocked_empty(2, np.int32)
-            self.logits_host = cuda.pagelocked_empty(cfg.vocab, np.float32)
-            self.hash_host = cuda.pagelocked_empty(max(1, lay.n_keys), np.uint64)
-            self.stream = cuda.Stream(1)
-            self._h = stream_handle(self.stream)
-            b._streams()
-            if hashing:  # the work lists are uploaded before the capture (no copies inside it)
-                self.hb_body, self.hb_logits = b._hash_tables(lay, "body"), b._hash_tables(lay, "logits")
-            self.cstream = cuda.Stream(1)
-            self.ev_fwd, self.ev_copied = cuda.Event(), cuda.Event()
-            err = None
-            for copies in (True, False):  # copies back inside the graph if the driver takes them
-                try:
-                    self._capture(copies)
-                    self.copies_in_graph = copies
-                    err = None
-                    break
-                except Exception as e:  # noqa: PERF203
-                    err = e
-            if err is not None:
-                raise err
-            n = ctypes.c_size_t(0)
-            _check(self.lib.cuGraphGetNodes(self.graph, None, ctypes.byref(n)), "cuGraphGetNodes")
-            self.n_nodes = n.value
-            _check(self.lib.cuGraphInstantiateWithFlags(ctypes.byref(self.exec), self.graph, ctypes.c_ulonglong(0)),
-                   "cuGraphInstantiateWithFlags")
+            try:
+                self._build(b, cuda, cfg, hashing)
+            except BaseException:
+                self._destroy()  # a failed capture or instantiation leaves no driver handles behind
+                raise
+
+    def _build(self, b, cuda, cfg, hashing: bool) -> None:
+        self.lay = lay = b._layout(1)
+        self.arena = cuda.mem_alloc(lay.total)
+        cuda.memset_d8(self.arena, 0, lay.total)
+        self.inbuf = cuda.mem_alloc(8)  # [token, position] int32
+        cuda.memset_d8(self.inbuf, 0, 8)
+        self.scores = cuda.mem_alloc(max(4, b.scratch_bytes(1)))
+        self.host_in = cuda.pagelocked_empty(2, np.int32)
+        self.logits_host = cuda.pagelocked_empty(cfg.vocab, np.float32)
+        self.hash_host = cuda.pagelocked_empty(max(1, lay.n_keys), np.uint64)
+        self.stream = cuda.Stream(1)
+        self._h = stream_handle(self.stream)
+        b._streams()
+        if hashing:  # the work lists are uploaded before the capture (no copies inside it)
+            self.hb_body, self.hb_logits = b._hash_tables(lay, "body"), b._hash_tables(lay, "logits")
+        self.cstream = cuda.Stream(1)
+        self.ev_fwd, self.ev_copied = cuda.Event(), cuda.Event()
+        err = None
+        for copies in (True, False):  # copies back inside the graph if the driver takes them
+            try:
+                self._capture(copies)
+                self.copies_in_graph = copies
+                err = None
+                break
+            except Exception as e:  # noqa: PERF203
+                err = e
+        if err is not None:
+            raise err
+        n = ctypes.c_size_t(0)
+        _check(self.lib.cuGraphGetNodes(self.graph, None, ctypes.byref(n)), "cuGraphGetNodes")
+        self.n_nodes = n.value
+        _check(self.lib.cuGraphInstantiateWithFlags(ctypes.byref(self.exec), self.graph, ctypes.c_ulonglong(0)),
+               "cuGraphInstantiateWithFlags")
 
     def _capture(self, copies: bool) -> None:
         """Record one step on self.stream. copies: the logits' copy to the host on a forked stream
@@ -148,7 +162,7 @@ class DecodeGraph:
 
     def step(self, token: int, pos: int) -> tuple[np.ndarray, np.ndarray | None]:
         """One decode step: (logits [vocab], hashes [n_keys] in key order, or None)."""
-        with self.b.rt.active():
+        with self.rt.active():
             self.launch(token, pos)
             self.stream.synchronize()
         hashes = self.hash_host[:self.lay.n_keys][self.lay.merge].copy() if self.hashing else None
@@ -157,11 +171,24 @@ class DecodeGraph:
     def keys(self, pos: int) -> list[str]:
         return [f"t{pos}_{s}" for s in self.lay.key_suffixes]
 
+    def _destroy(self) -> None:
+        """Destroy the driver handles (with the context current)."""
+        if self.lib is None:
+            return
+        if self.exec:
+            self.lib.cuGraphExecDestroy(self.exec)
+            self.exec = ctypes.c_void_p()
+        if self.graph:
+            self.lib.cuGraphDestroy(self.graph)
+            self.graph = ctypes.c_void_p()
+
     def close(self) -> None:
-        with self.b.rt.active():
-            if self.exec:
-                self.lib.cuGraphExecDestroy(self.exec)
-                self.exec = ctypes.c_void_p()
-            if self.graph:
-                self.lib.cuGraphDestroy(self.graph)
-                self.graph = ctypes.c_void_p()
+        with self.rt.active():
+            self._destroy()
+
+    def __del__(self):
+        # a backend buries its graph (runtime.bury), so this runs where the context is current
+        try:
+            self._destroy()
+        except Exception:  # interpreter shutdown
+            pass

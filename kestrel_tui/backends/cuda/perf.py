@@ -5,7 +5,8 @@ decode_bench(model, ctx) for the fast and the exact kernels:
   * then, position by position from ctx, three ways of running the same M=1 step:
       graph        the CUDA-graph replay (graph.py) with every key hashed on the device,
       graph_nohash the same graph captured without the hash launches,
-      direct       CudaBackend.step(): the same kernels launched one by one from Python;
+      direct       CudaBackend.step() with graph=False: the same kernels launched one by one
+                   from Python (by default step() replays a graph like the first line);
     wall clock in Python around upload + launch + copies back + sync, medians after warm-up.
   * hashing overhead = (graph - graph_nohash) / graph; launch share = 1 - graph / direct.
 bandwidth_floor(cfg, ctx, bw): bytes a decode step must read (active weights + KV) / bandwidth.
@@ -89,7 +90,7 @@ def decode_bench(model, ctx: int = 1024, steps: int = 20, warm: int = 3, direct:
     prompt = rng.integers(0, cfg.vocab, ctx).astype(np.int32)
     out = {}
     for label, exact in (("fast", frozenset()), ("exact", frozenset(TOGGLES))):
-        b = make_cuda_backend(model, exact=exact)
+        b = make_cuda_backend(model, exact=exact, graph=False)  # b.step: the direct launches
         b.reset(ctx + steps + warm + 8)
         r = {"prefill_s": prefill(b, prompt)}
         t0 = time.perf_counter()
@@ -213,7 +214,7 @@ def graph_equals_direct(model, exact: frozenset, n_pos: int = 16) -> dict:
 
     vocab = model.cfg.vocab
     toks = default_prompt(vocab, n_pos)
-    a, b = make_cuda_backend(model, exact=exact), make_cuda_backend(model, exact=exact)
+    a, b = make_cuda_backend(model, exact=exact, graph=False), make_cuda_backend(model, exact=exact)
     a.reset(n_pos)
     b.reset(n_pos)
     g = DecodeGraph(b, hashing=True)
