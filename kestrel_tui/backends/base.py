@@ -13,14 +13,14 @@ import numpy as np
 
 from ..model.weights import Model
 from ..trace.fnv import fnv1a64
-from ..trace.keys import parse_key, token_keys
+from ..trace.keys import Key, parse_key, token_keys
 from .decoder import EXACT, KVCache, Ops, step
 
 KV_FIELDS = ("k", "ks", "v", "vs")
 
 
 def key_of(t: int, field_name: str, layer: int | None) -> str:
-    return f"t{t}_{field_name}" if layer is None else f"t{t}_l{layer}_{field_name}"
+    return Key(t, layer, field_name).name
 
 
 @dataclass

@@ -45,9 +45,10 @@ class Trace:
     def generated(self) -> list[int]:
         return [p.top1 for p in self.positions[len(self.prompt) - 1:]]
 
-    def hashes(self) -> dict[str, int]:
+    def hashes(self, n_positions: int | None = None) -> dict[str, int]:
+        """Every key's hash, in dataflow order (of the first n_positions only, if given)."""
         out: dict[str, int] = {}
-        for p in self.positions:
+        for p in self.positions[:n_positions]:
             out.update(p.hashes)
         return out
 

@@ -155,7 +155,7 @@ class Session:
                          prefill_from=ref if settings.prefill == "reference" else None,
                          feed_from=ref if isolate else None, on_position=watch, cancel=cancel, stop=stop.is_set)
         # an early stop compares only the positions that ran
-        cmp = compare(_prefix(ref, len(sub.positions)), sub.hashes())
+        cmp = compare(ref.hashes(len(sub.positions)), sub.hashes())
         result = RunResult(settings, ref, sub, cmp, summarize(ref, sub, cmp))
         if record:
             prev = self.last
@@ -163,13 +163,6 @@ class Session:
                                              prev.first_diff if prev else None, result.first_diff))
         self.last = result
         return result
-
-
-def _prefix(trace: Trace, n: int) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for p in trace.positions[:n]:
-        out.update(p.hashes)
-    return out
 
 
 def first_diff_later(a: str | None, b: str | None) -> bool:
