@@ -69,6 +69,26 @@ __device__ __forceinline__ float block_sum_fast(float v, float *red) {
 
 // ------------------------------------------------------------ exact
 
+// int8 query (packed 4 a word in shared memory) . one int8 K row: an exact int32
+// dot, the whole row in flight at once (16-byte loads). hd: a multiple of 16.
+__device__ __forceinline__ int q8_row_isum(const int *__restrict__ qq4, const int4 *__restrict__ krow, int hd) {
+  int4 kk[ATT_MAX_HD / 16];
+#pragma unroll
+  for (int i = 0; i < ATT_MAX_HD / 16; i++)
+    if (i < hd / 16) kk[i] = krow[i];
+  int isum = 0;
+#pragma unroll
+  for (int i = 0; i < ATT_MAX_HD / 16; i++) {
+    if (i < hd / 16) {
+      isum = __dp4a(qq4[4 * i + 0], kk[i].x, isum);
+      isum = __dp4a(qq4[4 * i + 1], kk[i].y, isum);
+      isum = __dp4a(qq4[4 * i + 2], kk[i].z, isum);
+      isum = __dp4a(qq4[4 * i + 3], kk[i].w, isum);
+    }
+  }
+  return isum;
+}
+
 // q: [M, n_q, hd]; kc/vc: the layer cache [cap, n_kv, hd] (int8 or f32);
 // ksc/vsc: [cap, n_kv]; out: [M, n_q*hd]. block: a multiple of 32, >= hd, <= 256.
 // hd: a multiple of 16 (16-byte K loads), at most 256.
@@ -110,22 +130,8 @@ __device__ __forceinline__ void attn_exact(const float *__restrict__ q, const vo
     float s = -INFINITY;
     if (tid < np) {
       const size_t row = (size_t)p * n_kv + kvh;
-      if (Q8) {  // the whole K row in flight at once (16-byte loads), then an exact int32 dot
-        const int4 *krow = (const int4 *)((const signed char *)kc + row * hd);
-        int4 kk[ATT_MAX_HD / 16];
-#pragma unroll
-        for (int i = 0; i < ATT_MAX_HD / 16; i++)
-          if (i < hd / 16) kk[i] = krow[i];
-        int isum = 0;
-#pragma unroll
-        for (int i = 0; i < ATT_MAX_HD / 16; i++) {
-          if (i < hd / 16) {
-            isum = __dp4a(qq4[4 * i + 0], kk[i].x, isum);
-            isum = __dp4a(qq4[4 * i + 1], kk[i].y, isum);
-            isum = __dp4a(qq4[4 * i + 2], kk[i].z, isum);
-            isum = __dp4a(qq4[4 * i + 3], kk[i].w, isum);
-          }
-        }
+      if (Q8) {
+        const int isum = q8_row_isum(qq4, (const int4 *)((const signed char *)kc + row * hd), hd);
         s = FMUL(FMUL(__int2float_rn(isum), FMUL(dq, ksc[row])), scale);
       } else {
         const float *krow = (const float *)kc + row * hd;
@@ -360,21 +366,7 @@ extern "C" __global__ void attn_exact_scores_q8(const float *__restrict__ q, con
   float s = -INFINITY;
   if (tid < np) {
     const size_t row = (size_t)p * n_kv + kvh;
-    const int4 *krow = (const int4 *)(kc + row * hd);
-    int4 kk[ATT_MAX_HD / 16];
-#pragma unroll
-    for (int i = 0; i < ATT_MAX_HD / 16; i++)
-      if (i < hd / 16) kk[i] = krow[i];
-    int isum = 0;
-#pragma unroll
-    for (int i = 0; i < ATT_MAX_HD / 16; i++) {
-      if (i < hd / 16) {
-        isum = __dp4a(qq4[4 * i + 0], kk[i].x, isum);
-        isum = __dp4a(qq4[4 * i + 1], kk[i].y, isum);
-        isum = __dp4a(qq4[4 * i + 2], kk[i].z, isum);
-        isum = __dp4a(qq4[4 * i + 3], kk[i].w, isum);
-      }
-    }
+    const int isum = q8_row_isum(qq4, (const int4 *)(kc + row * hd), hd);
     s = FMUL(FMUL(__int2float_rn(isum), FMUL(dq, ksc[row])), scale);
   }
   float incl = s;  // tile-local inclusive prefix max

@@ -79,6 +79,32 @@ extern "C" __global__ void quantize_q8_0_fast(const float *__restrict__ x, signe
 
 // ------------------------------------------------------------ q4_0 x q8_0
 
+// sum over one 32-block of (q-8)*x, exact in int32 whatever the order: the packed
+// nibbles (q in 0..15) against the q8 activation by dp4a, minus 8*sum(x).
+__device__ __forceinline__ int q4_q8_block_isum(const uint4 wv, const int4 *__restrict__ xp) {
+  const int wl0 = wv.x & 0x0F0F0F0F, wl1 = wv.y & 0x0F0F0F0F, wl2 = wv.z & 0x0F0F0F0F, wl3 = wv.w & 0x0F0F0F0F;
+  const int wh0 = (wv.x >> 4) & 0x0F0F0F0F, wh1 = (wv.y >> 4) & 0x0F0F0F0F;
+  const int wh2 = (wv.z >> 4) & 0x0F0F0F0F, wh3 = (wv.w >> 4) & 0x0F0F0F0F;
+  const int4 xa = xp[0], xb = xp[1];
+  int su = __dp4a(wl0, xa.x, 0);
+  su = __dp4a(wl1, xa.y, su);
+  su = __dp4a(wl2, xa.z, su);
+  su = __dp4a(wl3, xa.w, su);
+  su = __dp4a(wh0, xb.x, su);
+  su = __dp4a(wh1, xb.y, su);
+  su = __dp4a(wh2, xb.z, su);
+  su = __dp4a(wh3, xb.w, su);
+  int sx = __dp4a(0x01010101, xa.x, 0);
+  sx = __dp4a(0x01010101, xa.y, sx);
+  sx = __dp4a(0x01010101, xa.z, sx);
+  sx = __dp4a(0x01010101, xa.w, sx);
+  sx = __dp4a(0x01010101, xb.x, sx);
+  sx = __dp4a(0x01010101, xb.y, sx);
+  sx = __dp4a(0x01010101, xb.z, sx);
+  sx = __dp4a(0x01010101, xb.w, sx);
+  return su - 8 * sx;
+}
+
 // One lane's share of a row against up to MC activation columns.
 template <bool EXACT, int MC>
 __device__ __forceinline__ void q4_lane_dot(const uint4 *__restrict__ wrow, const __half *__restrict__ drow, int nb,
@@ -88,32 +114,10 @@ __device__ __forceinline__ void q4_lane_dot(const uint4 *__restrict__ wrow, cons
   for (int b = lane; b < nb; b += 32) {
     const uint4 wv = wrow[b];
     const float dw = __half2float(drow[b]);
-    const int wl0 = wv.x & 0x0F0F0F0F, wl1 = wv.y & 0x0F0F0F0F, wl2 = wv.z & 0x0F0F0F0F, wl3 = wv.w & 0x0F0F0F0F;
-    const int wh0 = (wv.x >> 4) & 0x0F0F0F0F, wh1 = (wv.y >> 4) & 0x0F0F0F0F;
-    const int wh2 = (wv.z >> 4) & 0x0F0F0F0F, wh3 = (wv.w >> 4) & 0x0F0F0F0F;
 #pragma unroll
     for (int c = 0; c < MC; c++) {
       if (c < ncols) {
-        const int4 *xp = (const int4 *)(xq + ((size_t)c * nb + b) * QK);
-        const int4 xa = xp[0], xb = xp[1];
-        // sum of (q+8)*x over the block, then subtract 8*sum(x): exact in int32
-        int su = __dp4a(wl0, xa.x, 0);
-        su = __dp4a(wl1, xa.y, su);
-        su = __dp4a(wl2, xa.z, su);
-        su = __dp4a(wl3, xa.w, su);
-        su = __dp4a(wh0, xb.x, su);
-        su = __dp4a(wh1, xb.y, su);
-        su = __dp4a(wh2, xb.z, su);
-        su = __dp4a(wh3, xb.w, su);
-        int sx = __dp4a(0x01010101, xa.x, 0);
-        sx = __dp4a(0x01010101, xa.y, sx);
-        sx = __dp4a(0x01010101, xa.z, sx);
-        sx = __dp4a(0x01010101, xa.w, sx);
-        sx = __dp4a(0x01010101, xb.x, sx);
-        sx = __dp4a(0x01010101, xb.y, sx);
-        sx = __dp4a(0x01010101, xb.z, sx);
-        sx = __dp4a(0x01010101, xb.w, sx);
-        const float fsum = __int2float_rn(su - 8 * sx);
+        const float fsum = __int2float_rn(q4_q8_block_isum(wv, (const int4 *)(xq + ((size_t)c * nb + b) * QK)));
         const float dx = xd[(size_t)c * nb + b];
         if (EXACT)
           acc[c] = FADD(acc[c], FMUL(fsum, FMUL(dw, dx)));
@@ -167,32 +171,11 @@ __device__ __forceinline__ void gemv_q4(const uint4 *__restrict__ W, const __hal
       for (int b = k * per + lane; b < b_end; b += 32) {
         const uint4 wv = wr[b];
         const float dw = __half2float(dr[b]);
-        const int wl0 = wv.x & 0x0F0F0F0F, wl1 = wv.y & 0x0F0F0F0F, wl2 = wv.z & 0x0F0F0F0F,
-                  wl3 = wv.w & 0x0F0F0F0F;
-        const int wh0 = (wv.x >> 4) & 0x0F0F0F0F, wh1 = (wv.y >> 4) & 0x0F0F0F0F;
-        const int wh2 = (wv.z >> 4) & 0x0F0F0F0F, wh3 = (wv.w >> 4) & 0x0F0F0F0F;
 #pragma unroll
         for (int c = 0; c < GEMV_MC; c++) {
           if (c < ncols) {
-            const int4 *xp = (const int4 *)(xq + ((size_t)(m0 + c) * nb + b) * QK);
-            const int4 xa = xp[0], xb = xp[1];
-            int su = __dp4a(wl0, xa.x, 0);
-            su = __dp4a(wl1, xa.y, su);
-            su = __dp4a(wl2, xa.z, su);
-            su = __dp4a(wl3, xa.w, su);
-            su = __dp4a(wh0, xb.x, su);
-            su = __dp4a(wh1, xb.y, su);
-            su = __dp4a(wh2, xb.z, su);
-            su = __dp4a(wh3, xb.w, su);
-            int sx = __dp4a(0x01010101, xa.x, 0);
-            sx = __dp4a(0x01010101, xa.y, sx);
-            sx = __dp4a(0x01010101, xa.z, sx);
-            sx = __dp4a(0x01010101, xa.w, sx);
-            sx = __dp4a(0x01010101, xb.x, sx);
-            sx = __dp4a(0x01010101, xb.y, sx);
-            sx = __dp4a(0x01010101, xb.z, sx);
-            sx = __dp4a(0x01010101, xb.w, sx);
-            acc[c] = fmaf(__int2float_rn(su - 8 * sx), dw * xd[(size_t)(m0 + c) * nb + b], acc[c]);
+            const int isum = q4_q8_block_isum(wv, (const int4 *)(xq + ((size_t)(m0 + c) * nb + b) * QK));
+            acc[c] = fmaf(__int2float_rn(isum), dw * xd[(size_t)(m0 + c) * nb + b], acc[c]);
           }
         }
       }
