@@ -23,7 +23,6 @@ import json
 import subprocess
 import sys
 import time
-import traceback
 from pathlib import Path
 
 import numpy as np
@@ -31,20 +30,14 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from gpu_report import RESULTS, row, run_sections  # noqa: E402
+
 from kestrel_tui.backends.toggles import OWNERS, TOGGLES  # noqa: E402
 from kestrel_tui.commands import default_prompt  # noqa: E402
 from kestrel_tui.model.config import default_config, qwen3_30b_a3b_config  # noqa: E402
 from kestrel_tui.trace.keys import order_key, parse_key  # noqa: E402
 
-ROWS: list[tuple[str, str, str]] = []  # (check, figure, verdict)
-RESULTS: dict = {}
 _MODEL30: list = []  # the 30b model, built once
-
-
-def row(check: str, figure: str, ok: bool | None = None) -> None:
-    verdict = "" if ok is None else ("PASS" if ok else "FAIL")
-    ROWS.append((check, figure, verdict))
-    print(f"  {verdict:4} {check}: {figure}", flush=True)
 
 
 def lean_30b_model(layers: int):
@@ -361,23 +354,7 @@ def main() -> int:
     from kestrel_tui.backends.cuda.runtime import runtime
 
     rt = runtime()
-    RESULTS["device"] = rt.name
-    print(f"device: {rt.name} ({rt.arch})", flush=True)
-    for name in args.only.split(","):
-        print(f"== {name}", flush=True)
-        t0 = time.time()
-        try:
-            SECTIONS[name](args)
-        except Exception as e:  # keep going: one device session has to report everything
-            traceback.print_exc()
-            row(f"section {name}", f"crashed: {type(e).__name__}: {e}", False)
-        RESULTS[f"section_{name}_s"] = time.time() - t0
-    Path(args.out).write_text(json.dumps(RESULTS, indent=1, default=str))
-    print("\n" + "=" * 100)
-    w = max(len(c) for c, _, _ in ROWS)
-    for check, figure, verdict in ROWS:
-        print(f"{verdict:4}  {check:<{w}}  {figure}")
-    return 0 if all(v != "FAIL" for _, _, v in ROWS) else 1
+    return run_sections(SECTIONS, args.only.split(","), args, args.out, f"{rt.name} ({rt.arch})")
 
 
 if __name__ == "__main__":
