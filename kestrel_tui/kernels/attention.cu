@@ -203,6 +203,26 @@ extern "C" __global__ void attn_exact_f32(const float *q, const float *kc, const
 
 // ------------------------------------------------------------ fast
 
+// f32 query . one int8 K row dequantized on the fly: four FMA chains (fast only;
+// the K scale is applied by the caller). hd: a multiple of 16.
+__device__ __forceinline__ float q8_row_dot_fast(const float *__restrict__ qf, const int4 *__restrict__ krow, int hd) {
+  float a4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 4
+  for (int i = 0; i < hd / 16; i++) {
+    const int4 kk = krow[i];
+    const int w[4] = {kk.x, kk.y, kk.z, kk.w};
+#pragma unroll
+    for (int c = 0; c < 4; c++) {
+      const float *qq = qf + 16 * i + 4 * c;
+      a4[c] = fmaf(qq[0], (float)(signed char)(w[c]), a4[c]);
+      a4[c] = fmaf(qq[1], (float)(signed char)(w[c] >> 8), a4[c]);
+      a4[c] = fmaf(qq[2], (float)(signed char)(w[c] >> 16), a4[c]);
+      a4[c] = fmaf(qq[3], (float)(signed char)(w[c] >> 24), a4[c]);
+    }
+  }
+  return (a4[0] + a4[1]) + (a4[2] + a4[3]);
+}
+
 // scores: scratch [M, n_q, cap_s] with cap_s >= pos0+M. block 256, hd <= 256.
 template <bool Q8>
 __device__ __forceinline__ void attn_fast(const float *__restrict__ q, const void *__restrict__ kc,
@@ -228,22 +248,7 @@ __device__ __forceinline__ void attn_fast(const float *__restrict__ q, const voi
     const size_t row = (size_t)p * n_kv + kvh;
     float a = 0.0f;
     if (Q8) {  // dequantize on the fly, four FMA chains
-      const int4 *krow = (const int4 *)((const signed char *)kc + row * hd);
-      float a4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll 4
-      for (int i = 0; i < hd / 16; i++) {
-        const int4 kk = krow[i];
-        const int w[4] = {kk.x, kk.y, kk.z, kk.w};
-#pragma unroll
-        for (int c = 0; c < 4; c++) {
-          const float *qq = qf + 16 * i + 4 * c;
-          a4[c] = fmaf(qq[0], (float)(signed char)(w[c]), a4[c]);
-          a4[c] = fmaf(qq[1], (float)(signed char)(w[c] >> 8), a4[c]);
-          a4[c] = fmaf(qq[2], (float)(signed char)(w[c] >> 16), a4[c]);
-          a4[c] = fmaf(qq[3], (float)(signed char)(w[c] >> 24), a4[c]);
-        }
-      }
-      a = ((a4[0] + a4[1]) + (a4[2] + a4[3])) * (ksc[row] * scale);
+      a = q8_row_dot_fast(qf, (const int4 *)((const signed char *)kc + row * hd), hd) * (ksc[row] * scale);
     } else {
       const float4 *krow = (const float4 *)((const float *)kc + row * hd);
       float a4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -465,22 +470,7 @@ extern "C" __global__ void attn_fast_part_q8(const float *__restrict__ q, const 
   float a = -INFINITY;
   if (tid < np) {
     const size_t row = (size_t)(p0 + tid) * n_kv + kvh;
-    const int4 *krow = (const int4 *)(kc + row * hd);
-    float a4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll 4
-    for (int i = 0; i < hd / 16; i++) {
-      const int4 kk = krow[i];
-      const int w[4] = {kk.x, kk.y, kk.z, kk.w};
-#pragma unroll
-      for (int c = 0; c < 4; c++) {
-        const float *qq = qf + 16 * i + 4 * c;
-        a4[c] = fmaf(qq[0], (float)(signed char)(w[c]), a4[c]);
-        a4[c] = fmaf(qq[1], (float)(signed char)(w[c] >> 8), a4[c]);
-        a4[c] = fmaf(qq[2], (float)(signed char)(w[c] >> 16), a4[c]);
-        a4[c] = fmaf(qq[3], (float)(signed char)(w[c] >> 24), a4[c]);
-      }
-    }
-    a = ((a4[0] + a4[1]) + (a4[2] + a4[3])) * (ksc[row] * scale);
+    a = q8_row_dot_fast(qf, (const int4 *)(kc + row * hd), hd) * (ksc[row] * scale);
     vs_t[tid] = vsc[row];
   }
   const float mx = block_max(a, red);
