@@ -170,92 +170,34 @@ def sec_30b(args) -> None:
 
 
 def sec_bench(args) -> None:
-    """At each position from ctx, four ways of running the same M=1 step on one backend (same
-    token, so the same KV row is written each time): the step as the app runs it (CudaBackend.step,
-    which replays the decode graph), that graph replayed bare (DecodeGraph.step: no checks, key
-    names or StepOut), the same step captured without the hash launches, the direct launches
-    (step with the graph switched off) and the direct launches without hashing. Wall clock in
-    Python, medians after 2 warm-ups. The app step's hashing overhead = (app step - graph without
-    hashing) / app step: it counts step()'s own Python bookkeeping as hashing cost."""
+    """perf.decode_bench (what `kestrel-tui bench --subject cuda` runs) on the 30b model at
+    context ctx: at each position the same M=1 step through CudaBackend.step four ways — as the
+    app runs it (graph replay, every key hashed, the dict of hashes built), the same with
+    hashing=False, and both with the graph off (direct launches). Wall clock in Python, medians
+    after 3 warm-ups. Hashing overhead = (step - step without hashing) / step. Then the
+    attention kernels alone."""
     from kestrel_tui.backends.cuda import make_cuda_backend
-    from kestrel_tui.backends.cuda.graph import DecodeGraph
+    from kestrel_tui.backends.cuda.perf import decode_bench
 
     model = _MODEL30[0] if _MODEL30 else lean_30b_model(4)
-    ctx, n = args.ctx, args.bench_tokens
-    vocab = model.cfg.vocab
-    prompt = np.array(default_prompt(vocab, ctx))
-    out = {}
+    ctx = args.ctx
+    out = decode_bench(model, ctx=ctx, steps=args.bench_tokens)
     for label, exact in (("fast", frozenset()), ("exact", frozenset(TOGGLES))):
-        b = make_cuda_backend(model, exact=exact, graph=True)
-        b.reset(ctx + n + 8)
-        cuda = b.rt.cuda
-        with b.rt.active():
-            for p0 in range(0, ctx, 256):  # GPU prefill, no hashing
-                lay = b.prepare(prompt[p0:p0 + 256], p0, None)
-                b.forward(lay, p0)
-            cuda.Context.synchronize()
-        tok = int(prompt[-1])
-        b.step(np.array([tok]), ctx, raw=False)  # the app path's first M=1 step captures the graph
-        g0 = DecodeGraph(b, hashing=False)
-        app, bare, app0, direct, direct0, hash_gpu = [], [], [], [], [], []
-        for i in range(n + 2):
-            pos = ctx + i
-            b.use_graph = True
-            t0 = time.perf_counter()
-            b.step(np.array([tok]), pos, raw=False)
-            app.append(time.perf_counter() - t0)
-            t0 = time.perf_counter()  # the step's own graph replayed bare (no StepOut, key names, checks)
-            b._graph.step(tok, pos)
-            bare.append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            g0.step(tok, pos)
-            app0.append(time.perf_counter() - t0)
-            b.use_graph = False
-            t0 = time.perf_counter()
-            b.step(np.array([tok]), pos, raw=False)
-            direct.append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            with b.rt.active():
-                lay = b.prepare(np.array([tok], np.int32), pos, None)
-                b.forward(lay, pos)
-                b.copy_logits(lay)
-                b._copy_stream.synchronize()
-                b._logits_host[:vocab].copy()
-            direct0.append(time.perf_counter() - t0)
-            with b.rt.active():  # the hash kernels alone (direct path), CUDA events
-                e0, e1 = cuda.Event(), cuda.Event()
-                e0.record()
-                b.hash(lay)
-                e1.record()
-                e1.synchronize()
-                hash_gpu.append(e0.time_till(e1) / 1e3)
-        b.use_graph = True
-        g0.close()
-        status, gsteps = b.graph_status, b.graph_steps
-        att = _attention_only(b, ctx)
-        med = lambda xs: 1e3 * float(np.median(xs[2:]))  # noqa: E731
-        r = {"app_step_ms": med(app), "graph_replay_ms": med(bare), "app_step_nohash_ms": med(app0),
-             "direct_step_ms": med(direct),
-             "direct_step_nohash_ms": med(direct0), "hash_kernel_ms": med(hash_gpu),
-             "attention_kernel_ms_per_layer": att, "graph_status": status, "graph_steps": gsteps}
-        r["app_hash_overhead"] = (r["app_step_ms"] - r["app_step_nohash_ms"]) / r["app_step_ms"]
-        r["graph_replay_hash_overhead"] = (r["graph_replay_ms"] - r["app_step_nohash_ms"]) / r["graph_replay_ms"]
-        r["direct_hash_overhead"] = (r["direct_step_ms"] - r["direct_step_nohash_ms"]) / r["direct_step_ms"]
-        out[label] = r
-        row(f"bench 30b x4 ctx {ctx}, {label}: app step path", f"{status}",
-            status.startswith("graph (") and gsteps == n + 3)
-        row(f"bench 30b x4 ctx {ctx}, {label}: ms/token, app step (graph)",
-            f"{r['app_step_ms']:.3f} (its graph replayed bare {r['graph_replay_ms']:.3f}; the graph without the"
-            f" hash launches {r['app_step_nohash_ms']:.3f})")
+        r = out[label]
+        b = make_cuda_backend(model, exact=exact)
+        b.reset(ctx + 8)
+        r["attention_kernel_ms_per_layer"] = att = _attention_only(b, ctx)
+        del b
+        row(f"bench 30b x4 ctx {ctx}, {label}: ms/token, app step (graph, {r['graph_nodes']} nodes)",
+            f"{r['graph_ms']:.3f} (hashing off {r['graph_nohash_ms']:.3f}; device time of a replay"
+            f" {r['graph_gpu_ms']:.3f}; {r['keys_per_token']} keys)")
         row(f"bench 30b x4 ctx {ctx}, {label}: ms/token, direct launches",
-            f"{r['direct_step_ms']:.3f} (without hashing {r['direct_step_nohash_ms']:.3f}; hash kernels"
-            f" {r['hash_kernel_ms']:.3f}; attention kernel {att:.4f}/layer)")
-    ratio = out["exact"]["app_step_ms"] / out["fast"]["app_step_ms"]
-    ratio_d = out["exact"]["direct_step_ms"] / out["fast"]["direct_step_ms"]
+            f"{r['direct_ms']:.3f} (hashing off {r['direct_nohash_ms']:.3f}; attention kernel {att:.4f}/layer)")
+    ratio = out["exact_over_fast"]
+    ratio_d = out["exact"]["direct_ms"] / out["fast"]["direct_ms"]
     att_ratio = out["exact"]["attention_kernel_ms_per_layer"] / out["fast"]["attention_kernel_ms_per_layer"]
-    ovh = {k: v["app_hash_overhead"] for k, v in out.items() if isinstance(v, dict)}
-    out.update(ratio_exact_fast=ratio, ratio_exact_fast_direct=ratio_d, ratio_attention=att_ratio,
-               hash_overhead=ovh)
+    ovh = {k: out[k]["hash_overhead"] for k in ("fast", "exact")}
+    out.update(ratio_exact_fast=ratio, ratio_exact_fast_direct=ratio_d, ratio_attention=att_ratio)
     RESULTS["bench"] = out
     row("exact / fast ms/token, app step (target <= 1.2)", f"{ratio:.3f}", ratio <= 1.2)
     row("exact / fast ms/token, direct launches", f"{ratio_d:.3f}")
@@ -263,7 +205,6 @@ def sec_bench(args) -> None:
     for k, v in ovh.items():
         row(f"hashing overhead per token, {k}, app step (target <= 5%)", f"{100 * v:.2f}%", v <= 0.05)
     for k in ovh:
-        row(f"hashing overhead per token, {k}, graph replay alone", f"{100 * out[k]['graph_replay_hash_overhead']:.2f}%")
         row(f"hashing overhead per token, {k}, direct launches", f"{100 * out[k]['direct_hash_overhead']:.2f}%")
 
 
@@ -271,8 +212,7 @@ def _attention_only(b, ctx: int, reps: int = 50) -> float:
     """ms per launch of the layer-0 attention kernel alone at context ctx (CUDA events)."""
     cuda = b.rt.cuda
     with b.rt.active():
-        lay = b._layout(1)
-        b._grow("_scores", b.scratch_bytes(1))
+        lay = b.prepare(np.array([1], np.int32), ctx - 1, None)  # the arena and scratch of an M=1 step
         q, out = b.base + lay.offset("qrope", 0), b.base + lay.offset("attn", 0)
         b.attention(q, out, 0, ctx - 1, 1)
         e0, e1 = cuda.Event(), cuda.Event()

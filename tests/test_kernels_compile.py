@@ -404,7 +404,10 @@ def test_device_synthetic_model_graph_and_bench_wiring(monkeypatch):
         assert out.logits.shape == (M, model.cfg.vocab) and len(out.hashes) == M
     g = gr.DecodeGraph(b, hashing=True)
     assert b.stream is None and b.dpos == 0 and b.cap_s == 0  # restored after the capture
-    assert lib.calls[:2] == ["cuStreamBeginCapture_v2", "cuStreamEndCapture"]
+    capture = [c for c in lib.calls if c.startswith("cuStream") or c.startswith("cuEventRecord")]
+    # the logits' copy records an event the host waits on before the hashes are done
+    assert capture[:3] == ["cuStreamBeginCapture_v2", "cuEventRecordWithFlags", "cuStreamEndCapture"]
+    assert g.logits_event
     logits, hashes = g.step(7, 9)
     assert logits.shape == (model.cfg.vocab,) and len(hashes) == len(g.keys(9))
     g.close()
@@ -415,7 +418,7 @@ def test_device_synthetic_model_graph_and_bench_wiring(monkeypatch):
     assert perf.graph_equals_direct(model, frozenset(), n_pos=3)["key_diffs"] == 0
     fb = perf.active_bytes(qwen3_30b_a3b_config(48), 1024)
     assert 1.5e9 < fb["total"] < 2.0e9, fb
-    assert be.gemv_split(1, False) == 4 and be.gemv_split(3, False) == 2 and be.gemv_split(8, False) == 1
+    assert be.gemv_split(1, False) == 1 and be.gemv_split(3, False) == 2 and be.gemv_split(8, False) == 1
     assert all(be.gemv_split(m, True) == 1 for m in range(1, 9))
 
 
@@ -498,3 +501,30 @@ def test_step_replays_graph_for_m1_and_falls_back(monkeypatch):
     assert refused.graph_steps == 0 and "CUresult 999" in refused.graph_status
     assert refused.stream is None and refused.dpos == 0 and refused.cap_s == 0  # restored after the capture
     assert list(out.hashes[0]) == token_keys(0, 2, False) and "cuGraphLaunch" not in lib2.calls
+
+
+@pytest.mark.parametrize("graph", [True, False])
+def test_hashing_off_launches_no_hash_kernels(monkeypatch, graph):
+    """hashing=False (what the benchmarks compare against): the same step with no hash launches
+    and no hashes; switching back hashes every key again (a second graph, captured on demand)."""
+    from kestrel_tui.backends.cuda import backend as be
+    from kestrel_tui.backends.cuda import graph as gr
+    from kestrel_tui.backends.cuda import make_cuda_backend
+    from kestrel_tui.model.weights import synthetic_model
+    from kestrel_tui.trace.keys import token_keys
+
+    fake = _FakeRuntime()
+    monkeypatch.setattr(be, "runtime", lambda: fake)
+    lib = _FakeLibcuda()
+    monkeypatch.setattr(gr, "_cu", lambda: lib)
+    b = make_cuda_backend(synthetic_model(default_config().with_layers(2), "q4_0"), graph=graph)
+    b.reset(8)
+    b.hashing = False
+    out = b.step(np.array([5]), 0, raw=False)
+    assert out.hashes == [{}] and out.logits.shape == (1, b.model.cfg.vocab)
+    assert "fnv_states" not in fake.kernels and "fnv_chunks" not in fake.kernels
+    b.hashing = True
+    assert list(b.step(np.array([6]), 1, raw=False).hashes[0]) == token_keys(1, 2, False)
+    assert fake.kernels["fnv_states"].calls == fake.kernels["fnv_chunks"].calls == 2
+    assert lib.calls.count("cuStreamBeginCapture_v2") == (2 if graph else 0)
+    assert b.graph_steps == (2 if graph else 0)

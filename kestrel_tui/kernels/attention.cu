@@ -326,22 +326,25 @@ extern "C" __global__ void attn_fast_f32(const float *q, const float *kc, const 
 //       the global running max m_p = max(earlier tiles' maxima, I_p) equals the
 //       serial kernel's, whatever the tiling).
 //   attn_exact_pv_q8      grid (n_q, M, hd/ATT_SPLIT_COLS): in chunks of
-//       ATT_SPLIT_CHUNK positions, c_p = expf(m_{p-1} - m_p) and
-//       w_p = expf(s_p - m_p) in parallel, the chunk's slice of V staged in
-//       shared memory, then one warp runs the contract's serial recurrence
-//       acc = acc*c_p + w_p*v_p, l = l*c_p + w_p over the positions in order
-//       (every product rounded before its add), out = acc / l: the same
+//       ATT_SPLIT_CHUNK positions (one scores tile), c_p = expf(m_{p-1} - m_p),
+//       w_p = expf(s_p - m_p) and the products t_p = w_p*(v_p*vs_p) of the
+//       block's columns in parallel, then one warp runs the contract's serial
+//       recurrence acc = acc*c_p + t_p, l = l*c_p + w_p over the positions in
+//       order (every product rounded before its add), out = acc / l: the same
 //       operations in the same order as attn_exact_q8, so the same bits.
 //   attn_fast_part_q8 +   flash-decoding as engines do it: each tile of positions
 //   attn_fast_combine     gives (its max, its sum of exp, its P.V with FMAs), and
 //       a second kernel rescales and adds the tiles, out = acc * (1/L).
 //
 // Scratch: exact S and I rows [M, n_q, cap_s] (cap_s >= pos0 + M); fast
-// partials [M, n_q, tiles_cap, hd + 2]. Tiles past a column's position exit at
-// once, so a CUDA graph captures the grid for the whole cache.
+// partials [M, n_q, tiles_cap, hd + 2] (tiles of ATT_FAST_TILE positions). Tiles
+// past a column's position exit at once, so a CUDA graph captures the grid for
+// the whole cache.
 #define ATT_SPLIT_TILE 256
-#define ATT_SPLIT_CHUNK 1024
+#define ATT_FAST_TILE 64
+#define ATT_SPLIT_CHUNK 256  // == ATT_SPLIT_TILE: a chunk of attn_exact_pv_q8 is one scores tile
 #define ATT_SPLIT_COLS 32
+#define ATT_PV_BATCH 16  // positions whose operands attn_exact_pv_q8 loads ahead of its serial steps
 
 extern "C" __global__ void attn_exact_scores_q8(const float *__restrict__ q, const signed char *__restrict__ kc,
                                                 const float *__restrict__ ksc, float *__restrict__ S,
@@ -396,58 +399,76 @@ extern "C" __global__ void attn_exact_pv_q8(const signed char *__restrict__ vc, 
                                             float *__restrict__ out, int cap_s, int pos0, int n_q, int n_kv, int hd,
                                             int exact_exp, const int *__restrict__ dpos) {
   if (dpos) pos0 = *dpos;
-  __shared__ float s_c[ATT_SPLIT_CHUNK], s_w[ATT_SPLIT_CHUNK], vst[ATT_SPLIT_CHUNK];
-  __shared__ __align__(16) signed char vt[ATT_SPLIT_CHUNK * ATT_SPLIT_COLS];
+  // per chunk: c_p, w_p, and every column's product w_p*v_p (computed in parallel), so
+  // that the serial loop is only acc = acc*c_p + t_p and l = l*c_p + w_p
+  __shared__ float s_c[ATT_SPLIT_CHUNK], s_w[ATT_SPLIT_CHUNK];
+  __shared__ float s_t[ATT_SPLIT_CHUNK * (ATT_SPLIT_COLS + 1)];  // rows padded: no bank conflicts
   const int h = blockIdx.x, m = blockIdx.y, j0 = blockIdx.z * ATT_SPLIT_COLS, tid = threadIdx.x;
   const int kvh = h / (n_q / n_kv);
   const int T = pos0 + m + 1;
   const float *Sr = S + ((size_t)m * n_q + h) * cap_s, *Ir = I + ((size_t)m * n_q + h) * cap_s;
-  constexpr int TPC = ATT_SPLIT_CHUNK / ATT_SPLIT_TILE;  // tiles per chunk
   float m_run = -INFINITY, l = 0.0f, acc = 0.0f;
   for (int c0 = 0; c0 < T; c0 += ATT_SPLIT_CHUNK) {
     const int np = min(ATT_SPLIT_CHUNK, T - c0);
-    float tm[TPC];  // the chunk's tile maxima (-inf past its end)
+    // the running max at p: max(the max before the chunk, the chunk tile's inclusive prefix
+    // max) — the chunk is one scores tile (ATT_SPLIT_CHUNK == ATT_SPLIT_TILE)
+    const float seed = m_run;
+    const int i = tid;  // blockDim == ATT_SPLIT_CHUNK
+    if (i < np) {
+      const float incl = fmaxf(Ir[c0 + i], seed);
+      const float mprev = i == 0 ? seed : fmaxf(Ir[c0 + i - 1], seed);
+      const float sp = Sr[c0 + i];
+      const float c = exact_exp ? expf_ucrt(FSUB(mprev, incl)) : expf(FSUB(mprev, incl));
+      const float w = exact_exp ? expf_ucrt(FSUB(sp, incl)) : expf(FSUB(sp, incl));
+      s_c[i] = c;
+      s_w[i] = w;
+      const float vs = vsc[(size_t)(c0 + i) * n_kv + kvh];
+      const int4 *vrow = (const int4 *)(vc + ((size_t)(c0 + i) * n_kv + kvh) * hd + j0);
 #pragma unroll
-    for (int k = 0; k < TPC; k++) {
-      const int first = k * ATT_SPLIT_TILE;
-      tm[k] = first < np ? Ir[c0 + min(first + ATT_SPLIT_TILE, np) - 1] : -INFINITY;
-    }
-    float seed = m_run;
+      for (int part = 0; part < ATT_SPLIT_COLS / 16; part++) {
+        const int4 v4 = vrow[part];
+        const int wds[4] = {v4.x, v4.y, v4.z, v4.w};
 #pragma unroll
-    for (int k = 0; k < TPC; k++) {
-      const int i = k * ATT_SPLIT_TILE + tid;  // blockDim == ATT_SPLIT_TILE
-      if (i < np) {
-        const float incl = fmaxf(Ir[c0 + i], seed);
-        const float mprev = tid == 0 ? seed : fmaxf(Ir[c0 + i - 1], seed);
-        const float sp = Sr[c0 + i];
-        s_c[i] = exact_exp ? expf_ucrt(FSUB(mprev, incl)) : expf(FSUB(mprev, incl));
-        s_w[i] = exact_exp ? expf_ucrt(FSUB(sp, incl)) : expf(FSUB(sp, incl));
-        vst[i] = vsc[(size_t)(c0 + i) * n_kv + kvh];
+        for (int b = 0; b < 16; b++) {
+          const float vv = FMUL((float)(signed char)(wds[b >> 2] >> (8 * (b & 3))), vs);
+          s_t[i * (ATT_SPLIT_COLS + 1) + part * 16 + b] = FMUL(w, vv);
+        }
       }
-      seed = fmaxf(seed, tm[k]);
     }
-    for (int i = tid; i < np * (ATT_SPLIT_COLS / 16); i += blockDim.x) {
-      const int r = i / (ATT_SPLIT_COLS / 16), part = i % (ATT_SPLIT_COLS / 16);
-      ((int4 *)(vt + (size_t)r * ATT_SPLIT_COLS))[part] =
-          ((const int4 *)(vc + ((size_t)(c0 + r) * n_kv + kvh) * hd + j0))[part];
-    }
+    const float tile_max = np > 0 ? Ir[c0 + np - 1] : -INFINITY;
     __syncthreads();
     if (tid < ATT_SPLIT_COLS) {
-#pragma unroll 8
-      for (int i = 0; i < np; i++) {
-        const float vv = FMUL((float)vt[i * ATT_SPLIT_COLS + tid], vst[i]);
-        const float ci = s_c[i], wi = s_w[i];
-        acc = FADD(FMUL(acc, ci), FMUL(wi, vv));
-        l = FADD(FMUL(l, ci), wi);
+      // The operands of ATT_PV_BATCH positions are loaded into registers ahead of their
+      // steps, so the chain (a multiply and an add a position, no branch) never waits on
+      // shared memory. Steps past np multiply by 1 and add -0, which changes no bit.
+      for (int k0 = 0; k0 < np; k0 += ATT_PV_BATCH) {
+        float cb[ATT_PV_BATCH], tb[ATT_PV_BATCH], wb[ATT_PV_BATCH];
+#pragma unroll
+        for (int u = 0; u < ATT_PV_BATCH; u++) {
+          const int k = k0 + u;
+          const bool in = k < np;
+          cb[u] = in ? s_c[k] : 1.0f;
+          tb[u] = in ? s_t[k * (ATT_SPLIT_COLS + 1) + tid] : -0.0f;
+          wb[u] = in ? s_w[k] : -0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < ATT_PV_BATCH; u++) {
+          acc = FADD(FMUL(acc, cb[u]), tb[u]);
+          l = FADD(FMUL(l, cb[u]), wb[u]);
+        }
       }
     }
-    m_run = seed;
+    m_run = fmaxf(seed, tile_max);
     __syncthreads();
   }
   if (tid < ATT_SPLIT_COLS) out[((size_t)m * n_q + h) * hd + j0 + tid] = FDIV(acc, l);
 }
 
 // part: [M, n_q, tiles_cap, hd + 2] = (P.V[hd], max, sum) per tile. grid (n_q, M, tiles_cap), block 256.
+// grid (n_q, M, tiles of ATT_FAST_TILE), block max(ATT_FAST_TILE, hd) threads (a multiple of 32).
+// Small tiles so that one layer at context 1024 is n_q x 16 blocks, not n_q x 4: decode
+// attention is latency-bound, and the tile's V rows (16-byte loads from every thread) and
+// weights sit in shared memory for the P.V loop.
 extern "C" __global__ void attn_fast_part_q8(const float *__restrict__ q, const signed char *__restrict__ kc,
                                              const float *__restrict__ ksc, const signed char *__restrict__ vc,
                                              const float *__restrict__ vsc, float *__restrict__ part, int tiles_cap,
@@ -455,35 +476,35 @@ extern "C" __global__ void attn_fast_part_q8(const float *__restrict__ q, const 
                                              const int *__restrict__ dpos) {
   if (dpos) pos0 = *dpos;
   __shared__ float qf[ATT_MAX_HD];
-  __shared__ float wt[ATT_SPLIT_TILE], vs_t[ATT_SPLIT_TILE];
+  __shared__ float wt[ATT_FAST_TILE];
   __shared__ float red[32];
-  __shared__ float grp[ATT_SPLIT_TILE];
+  __shared__ float grp[ATT_MAX_THREADS];
+  __shared__ __align__(16) signed char vt[ATT_FAST_TILE * ATT_MAX_HD];
   const int h = blockIdx.x, m = blockIdx.y, tile = blockIdx.z, tid = threadIdx.x;
   const int T = pos0 + m + 1;
-  const int p0 = tile * ATT_SPLIT_TILE;
+  const int p0 = tile * ATT_FAST_TILE;
   if (p0 >= T) return;
   const int kvh = h / (n_q / n_kv);
+  const int np = min(ATT_FAST_TILE, T - p0);
   const float *qh = q + ((size_t)m * n_q + h) * hd;
   for (int j = tid; j < hd; j += blockDim.x) qf[j] = qh[j];
+  stage_v_tile(vt, vc, p0, np, n_kv, kvh, hd);
   __syncthreads();
-  const int np = min(ATT_SPLIT_TILE, T - p0);
-  float a = -INFINITY;
+  float a = -INFINITY, vs = 0.0f;
   if (tid < np) {
     const size_t row = (size_t)(p0 + tid) * n_kv + kvh;
     a = q8_row_dot_fast(qf, (const int4 *)(kc + row * hd), hd) * (ksc[row] * scale);
-    vs_t[tid] = vsc[row];
+    vs = vsc[row];
   }
   const float mx = block_max(a, red);
   const float e = tid < np ? (exact_exp ? expf_ucrt(a - mx) : __expf(a - mx)) : 0.0f;
-  wt[tid] = tid < np ? e * vs_t[tid] : 0.0f;  // the V scale folded into the weight
-  const float L = block_sum_fast(e, red);
-  __syncthreads();
+  if (tid < ATT_FAST_TILE) wt[tid] = e * vs;  // the V scale folded into the weight
+  const float L = block_sum_fast(e, red);     // (its barriers publish wt)
   // P.V: G = blockDim/hd groups of hd threads, group g takes positions g, g+G, ...
   const int G = blockDim.x / hd, g = tid / hd, j = tid % hd;
-  float accv = 0.0f;
   if (g < G) {
-    const signed char *vb = vc + ((size_t)p0 * n_kv + kvh) * hd + j;
-    for (int i = g; i < np; i += G) accv = fmaf(wt[i], (float)vb[(size_t)i * n_kv * hd], accv);
+    float accv = 0.0f;
+    for (int i = g; i < np; i += G) accv = fmaf(wt[i], (float)vt[i * hd + j], accv);
     grp[tid] = accv;
   }
   __syncthreads();
@@ -505,7 +526,7 @@ extern "C" __global__ void attn_fast_combine(const float *__restrict__ part, flo
   if (dpos) pos0 = *dpos;
   const int h = blockIdx.x, m = blockIdx.y, tid = threadIdx.x;
   const int T = pos0 + m + 1;
-  const int nt = (T + ATT_SPLIT_TILE - 1) / ATT_SPLIT_TILE;
+  const int nt = (T + ATT_FAST_TILE - 1) / ATT_FAST_TILE;
   const float *src = part + ((size_t)m * n_q + h) * tiles_cap * (hd + 2);
   float gm = -INFINITY;
   for (int t = 0; t < nt; t++) gm = fmaxf(gm, src[t * (hd + 2) + hd]);

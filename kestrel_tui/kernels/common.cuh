@@ -120,8 +120,10 @@ __host__ __device__ __forceinline__ float f_from_bits(unsigned u) {
 
 // ------------------------------------------------------------ expf_ucrt
 // T[j] = 2^(j/64) correctly rounded (numerics/transcend.py _EXP_T_BITS).
+// Global, not __constant__, memory on the device: the lanes of a warp index it divergently,
+// which the constant cache serves one address at a time.
 #ifdef __CUDA_ARCH__
-__constant__
+__device__
 #endif
 static const unsigned long long EXPF_T[64] = {
     0x3FF0000000000000ull, 0x3FF02C9A3E778061ull, 0x3FF059B0D3158574ull, 0x3FF0874518759BC8ull,
@@ -159,7 +161,11 @@ __host__ __device__ __forceinline__ float expf_ucrt(float xf) {
   const int m = n >> 6;  // arithmetic shift
   const double z = d_mul(r, r);
   const double p = d_fma(d_fma(r, C0, C1), z, r);
+#ifdef __CUDA_ARCH__
+  const double Tj = d_bits(__ldg(&EXPF_T[j]));
+#else
   const double Tj = d_bits(EXPF_T[j]);
+#endif
   const double q = d_fma(Tj, p, Tj);
   const double two_m = d_bits((unsigned long long)(long long)(m + 1023) << 52);
   return d_to_f(d_mul(two_m, q));

@@ -23,8 +23,9 @@
 //                        own, so batch columns equal M=1 decode.
 //   gemv_q4_fast         same loop with the term fused: acc = fma(float(isum),
 //                        dw*dx, acc) — what FMA contraction makes of it — and
-//                        split-K chosen by M (gemv_split: 4 warps a row at
-//                        M = 1, 2 at M = 2..4, 1 from 5), so its reduction
+//                        the block order chosen by M (gemv_split below:
+//                        contiguous lane runs at M = 1, 2 warps a row at
+//                        M = 2..4, strided lanes from 5), so its reduction
 //                        order, and its bits, change with the batch width.
 //   gemv_q4_x3_*         gemv_q4 of three matrices of one input in one launch
 //                        (q, k, v), grid.z picking the matrix.
@@ -133,15 +134,15 @@ __device__ __forceinline__ float lane_reduce(float v) {
   return EXACT ? warp_butterfly_exact(v) : warp_sum_fast(v);
 }
 
-// Split-K of the fast dense GEMV, chosen by the batch width M like a real
-// engine picks its tiling: at M = 1 four warps share a row (warp w takes the
-// w-th quarter of the row's blocks, its lanes strided over it), at M = 2..4
-// two, from M = 5 one. The
-// warps' partial sums are added in shared memory, so the fp32 reduction order
-// of a column depends on M: batch-verify columns differ from M = 1 decode in
-// fast mode. The exact GEMV never splits (the contract's lane order).
-// Host mirror: backends/cuda/backend.py gemv_split().
-__device__ __forceinline__ int gemv_split(int M) { return M == 1 ? 4 : (M <= 4 ? 2 : 1); }
+// The fast dense GEMV picks its reduction order by the batch width M like a
+// real engine picks its tiling: at M = 1 one warp a row, lane l taking a
+// contiguous run of the row's blocks (16-byte loads back to back); at M = 2..4
+// two warps share a row (warp w takes the w-th half of the blocks, its lanes
+// strided over it; the halves added in shared memory); from M = 5 one warp a
+// row with lanes strided over the blocks. So batch-verify columns differ from
+// M = 1 decode in fast mode. The exact GEMV never splits (the contract's lane
+// order). Host mirror: backends/cuda/backend.py gemv_split() (warps a row).
+__device__ __forceinline__ int gemv_split(int M) { return M == 1 ? 1 : (M <= 4 ? 2 : 1); }
 
 // W: [out, nb] uint4, D: [out, nb] f16; xq: [M, nb*32]; xd: [M, nb]; res, y: [M, out].
 // grid (ceil(out/(GEMV_WARPS/ks)), ceil(M/GEMV_MC)), block 32*GEMV_WARPS; ks = 1 (exact) or gemv_split(M).
@@ -161,7 +162,15 @@ __device__ __forceinline__ void gemv_q4(const uint4 *__restrict__ W, const __hal
 #pragma unroll
   for (int c = 0; c < GEMV_MC; c++) acc[c] = 0.0f;
   if (live) {
-    if (ks == 1) {
+    if (!EXACT && M == 1) {  // fast decode: lane l takes blocks [l*per, (l+1)*per)
+      const uint4 *wr = W + (size_t)row * nb;
+      const __half *dr = D + (size_t)row * nb;
+      const int per = (nb + 31) / 32, b_end = min(nb, (lane + 1) * per);
+      for (int b = lane * per; b < b_end; b++) {
+        const int isum = q4_q8_block_isum(wr[b], (const int4 *)(xq + (size_t)b * QK));
+        acc[0] = fmaf(__int2float_rn(isum), __half2float(dr[b]) * xd[b], acc[0]);
+      }
+    } else if (ks == 1) {
       q4_lane_dot<EXACT, GEMV_MC>(W + (size_t)row * nb, D + (size_t)row * nb, nb, xq + (size_t)m0 * nb * QK,
                                   xd + (size_t)m0 * nb, ncols, acc);
     } else {  // fast only: this warp's contiguous share of the row's blocks, lanes strided in it

@@ -40,7 +40,8 @@ from .runtime import runtime
 from .weights import DeviceLinear, device_model
 
 F32 = np.float32
-ATT_SPLIT_TILE = 256  # kernels/attention.cu ATT_SPLIT_TILE
+ATT_SPLIT_TILE = 256  # kernels/attention.cu ATT_SPLIT_TILE (the exact scores' tiles)
+ATT_FAST_TILE = 64  # kernels/attention.cu ATT_FAST_TILE (the fast flash-decoding tiles)
 # fields whose reference buffer replaces the subject's as the next op's input (isolate mode)
 FED = frozenset({"emb", "x", "nrm", "kraw", "knorm", "kpre", "qrope", "attn", "ores", *KV_FIELDS})
 
@@ -83,8 +84,9 @@ def launch(k, grid, block, stream, *args) -> None:
 
 def gemv_split(M: int, exact: bool) -> int:
     """Warps per output row of the q4_0 dense GEMV (mirror of kernels/gemv.cu gemv_split):
-    the fast kernel splits K by batch width like a tiled engine; the exact one never splits."""
-    return 1 if exact else (4 if M == 1 else 2 if M <= 4 else 1)
+    the fast kernel splits K over 2 warps at M = 2..4 (and orders its lanes differently at
+    M = 1 and from M = 5) like a tiled engine; the exact one never splits."""
+    return 1 if exact else (2 if 2 <= M <= 4 else 1)
 
 
 def launch_hash(rt, hb: dict, base: int, stream=None) -> None:
@@ -103,7 +105,7 @@ def launch_hash(rt, hb: dict, base: int, stream=None) -> None:
 
 class CudaBackend(Backend):
     def __init__(self, model: Model, kv: str = "q8", exact: frozenset[str] = frozenset(), deep: bool = False,
-                 graph: bool | None = None):
+                 graph: bool | None = None, hashing: bool = True):
         cfg = model.cfg
         if cfg.head_dim % 16 or cfg.head_dim > 256:
             raise UsageError(f"cuda subject: head_dim {cfg.head_dim} is not supported (needs a multiple of 16,"
@@ -111,6 +113,9 @@ class CudaBackend(Backend):
         if deep and not cfg.is_moe:
             raise UsageError("cuda subject: --deep probes MoE internals and needs a qwen3_moe model")
         self.model, self.kv, self.exact, self.deep = model, kv, frozenset(exact), deep
+        # hashing=False: steps return no hashes and launch no hash kernels — only so that the
+        # benchmarks can measure what hashing costs through the same step(); switchable any time
+        self.hashing = hashing
         self.rt = runtime()
         self.name = f"cuda ({describe(self.exact)})"
         self.device_name = self.rt.name  # shown by the app's header
@@ -122,6 +127,7 @@ class CudaBackend(Backend):
         self._hash_bufs: dict[int, dict] = {}
         self._feed_host: dict[int, np.ndarray] = {}
         self._copy_stream = self._fwd_done = self._hash_done = self._logits_host = self._hash_host = None
+        self._logits_done = None
         self._tokens = None
         self._tokens_size = 0
         self._cache = None
@@ -131,10 +137,10 @@ class CudaBackend(Backend):
         self.stream, self.dpos, self.cap_s = None, 0, 0
         self._hash_stream = self._body_ready = self._body_done = None
         self._body_launched = False
-        # the M=1 decode graph (graph.py): None until the first eligible step captures it
+        # the M=1 decode graphs (graph.py), by `hashing`: each captured by the first eligible step
         self.use_graph = graph_default() if graph is None else bool(graph)
         self._graph_off_why = ("KESTREL_CUDA_GRAPH=0" if graph is None else "graph=False") if not self.use_graph else None
-        self._graph = None
+        self._graphs: dict[bool, DecodeGraph] = {}
         self.graph_error: str | None = None  # why the capture (or a replay) failed; then direct for good
         self.graph_steps = 0  # steps served by a graph replay
         with self.rt.active():
@@ -142,8 +148,8 @@ class CudaBackend(Backend):
 
     def __del__(self):
         try:
-            objs = [self._graph, self._arena, self._feed, self._scores, self._tokens, self._cache, self._copy_stream,
-                    self._fwd_done, self._hash_done, self._logits_host, self._hash_host, self._hash_stream,
+            objs = [*self._graphs.values(), self._arena, self._feed, self._scores, self._tokens, self._cache, self._copy_stream,
+                    self._fwd_done, self._hash_done, self._logits_done, self._logits_host, self._hash_host, self._hash_stream,
                     self._body_ready, self._body_done, *self._feed_host.values()]
             for hb in self._hash_bufs.values():
                 objs += [v for k, v in hb.items() if k not in ("ptr", "n_chunks", "onepass", "out")]
@@ -207,12 +213,18 @@ class CudaBackend(Backend):
         return (f"graph ({self._graph.n_nodes} nodes, copies {'in' if self._graph.copies_in_graph else 'after'}"
                 f" the graph, {self.graph_steps} steps)")
 
+    @property
+    def _graph(self) -> DecodeGraph | None:
+        """The decode graph M=1 steps replay now (the one with or without the hash launches)."""
+        return self._graphs.get(self.hashing)
+
     def _drop_graph(self) -> None:
-        g, self._graph = self._graph, None
-        if g is not None:
+        graphs, self._graphs = list(self._graphs.values()), {}
+        if graphs:
             with self.rt.active():
-                g.close()
-                del g  # its device memory is freed here, with the context current
+                for g in graphs:
+                    g.close()
+                del g, graphs  # their device memory is freed here, with the context current
 
     def reset(self, capacity: int) -> None:
         cfg, cuda = self.model.cfg, self.rt.cuda
@@ -292,15 +304,16 @@ class CudaBackend(Backend):
             raise ValueError(f"token ids must be in 0..{cfg.vocab - 1}")
         with self.rt.active():
             lay = self.prepare(tokens, pos0, feed)
-            self.forward(lay, pos0, isolate=feed is not None, hash_body=True)
+            self.forward(lay, pos0, isolate=feed is not None, hash_body=self.hashing)
             self.copy_logits(lay)  # overlaps the logits' hash
-            self.hash(lay)
+            if self.hashing:
+                self.hash(lay)
             return self.fetch(lay, pos0, raw)
 
     def _graph_failed(self, what: str, e: Exception) -> None:
         self.graph_error = f"{what}: {type(e).__name__}: {e}"
-        g, self._graph = self._graph, None
-        if g is not None:
+        graphs, self._graphs = list(self._graphs.values()), {}
+        for g in graphs:
             try:
                 g.close()
             except Exception:  # the handles are gone with the graph's failure
@@ -311,27 +324,32 @@ class CudaBackend(Backend):
         the capture or the launch failed (graph_error says why; the caller launches directly)."""
         vocab = self.model.cfg.vocab
         with self.rt.active():
-            if self._graph is None:
+            g = self._graph
+            if g is None:
                 try:
-                    self._graph = DecodeGraph(self, hashing=True, owned=True)
+                    g = self._graphs[self.hashing] = DecodeGraph(self, hashing=self.hashing, owned=True)
                 except Exception as e:  # no graph API, capture refused: the direct path, silently
                     self._graph_failed("capture", e)
                     return None
-            g = self._graph
             try:
                 g.launch(token, pos)
             except Exception as e:  # cuGraphLaunch refused: nothing ran
                 self._graph_failed("launch", e)
                 return None
+            # while the graph runs: the key names, hashed once as the keys of the step's dict
             lay = g.lay
             prefix = f"t{pos}_"
-            names = [prefix + suffix for suffix in lay.key_suffixes]  # built while the graph runs
+            names = [prefix + suffix for suffix in lay.key_suffixes]
+            hashes = dict.fromkeys(names) if self.hashing else {}
+            g.wait_logits()
+            logits = g.logits_host[:vocab].reshape(1, vocab).copy()  # while the logits are hashed
             g.stream.synchronize()
-            logits = g.logits_host[:vocab].reshape(1, vocab).copy()
-            hashes = [dict(zip(names, g.hash_host[:lay.n_keys][lay.merge].tolist()))]
+            if self.hashing:
+                hv = g.hash_host[:lay.n_keys]
+                hashes.update(zip(names, (hv if lay.merge_identity else hv[lay.merge]).tolist()))
             raws = self._raw_columns(lay, g.arena, [names]) if raw else None
         self.graph_steps += 1
-        return StepOut(logits=logits, hashes=hashes, raw=raws)
+        return StepOut(logits=logits, hashes=[hashes], raw=raws)
 
     def prepare(self, tokens: np.ndarray, pos0: int, feed) -> Layout:
         """Arena, token upload and (isolate) the reference's buffers. Inside rt.active()."""
@@ -507,7 +525,7 @@ class CudaBackend(Backend):
         nh, hd = cfg.n_heads, cfg.head_dim
         if self.attn_split:
             return (2 * M * nh * cap * 4 if self.attn_exact
-                    else M * nh * _blocks(cap, ATT_SPLIT_TILE) * (hd + 2) * 4)
+                    else M * nh * _blocks(cap, ATT_FAST_TILE) * (hd + 2) * 4)
         return 4 if self.attn_exact else M * nh * cap * 4
 
     def attention(self, q: int, out: int, layer: int, pos0: int, M: int) -> None:
@@ -518,17 +536,19 @@ class CudaBackend(Backend):
             nh, nkv, hd, cap = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, max(1, self.capacity)
             scale = float(self.model.attn_scale)
             # a graph (dpos set) replays at any position: its grid covers the whole cache
-            tiles = _blocks(cap if self.dpos else pos0 + M, ATT_SPLIT_TILE)
+            span = cap if self.dpos else pos0 + M
             sc = int(self._scores)
             if self.attn_exact:
+                tiles = _blocks(span, ATT_SPLIT_TILE)
                 S, I = sc, sc + M * nh * cap * 4
                 launch(self.k_att_a, (nh, M, tiles), (ATT_SPLIT_TILE, 1, 1), self.stream, q, c["k"], c["ks"], S, I,
                        cap, pos0, nh, nkv, hd, scale, self.dpos)
                 launch(self.k_att_b, (nh, M, hd // 32), (ATT_SPLIT_TILE, 1, 1), self.stream, c["v"], c["vs"], S, I,
                        out, cap, pos0, nh, nkv, hd, self.exp_exact, self.dpos)
             else:
-                tcap = _blocks(cap, ATT_SPLIT_TILE)
-                launch(self.k_att_a, (nh, M, tiles), (ATT_SPLIT_TILE, 1, 1), self.stream, q, c["k"], c["ks"], c["v"],
+                tcap = _blocks(cap, ATT_FAST_TILE)
+                launch(self.k_att_a, (nh, M, _blocks(span, ATT_FAST_TILE)), (max(ATT_FAST_TILE, hd), 1, 1), self.stream,
+                       q, c["k"], c["ks"], c["v"],
                        c["vs"], sc, tcap, pos0, nh, nkv, hd, scale, self.exp_exact, self.dpos)
                 launch(self.k_att_b, (nh, M, 1), (_blocks(hd, 32) * 32, 1, 1), self.stream, sc, out, tcap, pos0, nh,
                        hd, self.exp_exact, self.dpos)
@@ -583,6 +603,7 @@ class CudaBackend(Backend):
             # CU_STREAM_NON_BLOCKING (1): no implicit sync with the default stream, so the
             # copies and the body hash really overlap; events order them.
             self._copy_stream, self._fwd_done, self._hash_done = cuda.Stream(1), cuda.Event(), cuda.Event()
+            self._logits_done = cuda.Event()
             self._hash_stream, self._body_ready, self._body_done = cuda.Stream(1), cuda.Event(), cuda.Event()
 
     def copy_logits(self, lay: Layout) -> None:
@@ -596,17 +617,22 @@ class CudaBackend(Backend):
         self._fwd_done.record(self.stream)  # the forward pass is queued before it
         self._copy_stream.wait_for_event(self._fwd_done)
         cuda.memcpy_dtoh_async(self._logits_host[:n], self.base + lay.offset("logits"), self._copy_stream)
+        self._logits_done.record(self._copy_stream)
 
     def fetch(self, lay: Layout, pos0: int, raw: bool) -> StepOut:
         cfg = self.model.cfg
         M = lay.M
         # the key names are built while the hash kernels run
         names = [[f"t{pos0 + m}_{suffix}" for suffix in lay.key_suffixes] for m in range(M)]
-        self._copy_stream.synchronize()  # logits and hashes are on the host
-        logits = self._logits_host[:M * cfg.vocab].reshape(M, cfg.vocab).copy()
-        nk = len(lay.key_fields)
-        hv = self._hash_host[:lay.n_keys][lay.merge].tolist()
-        hashes = [dict(zip(names[m], hv[m * nk:(m + 1) * nk])) for m in range(M)]
+        self._logits_done.synchronize()
+        logits = self._logits_host[:M * cfg.vocab].reshape(M, cfg.vocab).copy()  # while the logits are hashed
+        self._copy_stream.synchronize()  # the hashes are on the host
+        if self.hashing:
+            nk = len(lay.key_fields)
+            hv = self._hash_host[:lay.n_keys][lay.merge].tolist()
+            hashes = [dict(zip(names[m], hv[m * nk:(m + 1) * nk])) for m in range(M)]
+        else:
+            hashes = [{} for _ in range(M)]
         raws = self._raw_columns(lay, self._arena, names) if raw else None
         return StepOut(logits=logits, hashes=hashes, raw=raws)
 

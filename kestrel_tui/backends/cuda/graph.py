@@ -32,12 +32,15 @@ import weakref
 import numpy as np
 
 CAPTURE_MODE_RELAXED = 2
+EVENT_DISABLE_TIMING = 0x2
+EVENT_RECORD_EXTERNAL = 0x1  # a record node the host can wait on (not a capture-internal fork/join)
 
 
 def _cu():
     lib = ctypes.CDLL("libcuda.so.1")
     for name in ("cuStreamBeginCapture_v2", "cuStreamEndCapture", "cuGraphInstantiateWithFlags", "cuGraphLaunch",
-                 "cuGraphGetNodes", "cuGraphExecDestroy", "cuGraphDestroy"):
+                 "cuGraphGetNodes", "cuGraphExecDestroy", "cuGraphDestroy", "cuEventCreate", "cuEventRecordWithFlags",
+                 "cuEventSynchronize", "cuEventDestroy_v2"):
         getattr(lib, name).restype = ctypes.c_int
     return lib
 
@@ -59,6 +62,8 @@ class DecodeGraph:
     def __init__(self, backend, hashing: bool = True, owned: bool = False):
         self.graph = ctypes.c_void_p()
         self.exec = ctypes.c_void_p()
+        self.ev_logits = ctypes.c_void_p()  # recorded in the graph once the logits are on the host
+        self.logits_event = False  # whether the captured graph records it (else wait for the stream)
         self.lib = None
         b = self.b = weakref.proxy(backend) if owned else backend
         self.rt = rt = backend.rt
@@ -89,6 +94,8 @@ class DecodeGraph:
             self.hb_body, self.hb_logits = b._hash_tables(lay, "body"), b._hash_tables(lay, "logits")
         self.cstream = cuda.Stream(1)
         self.ev_fwd, self.ev_copied = cuda.Event(), cuda.Event()
+        _check(self.lib.cuEventCreate(ctypes.byref(self.ev_logits), ctypes.c_uint(EVENT_DISABLE_TIMING)),
+               "cuEventCreate")
         err = None
         for copies in (True, False):  # copies back inside the graph if the driver takes them
             try:
@@ -110,6 +117,7 @@ class DecodeGraph:
         """Record one step on self.stream. copies: the logits' copy to the host on a forked stream
         (overlapping the logits' hash) and the hashes' copy, as graph nodes."""
         b, cuda, lay = self.b, self.b.rt.cuda, self.lay
+        self.logits_event = False
         saved = (b.stream, b.dpos, b.cap_s, getattr(b, "base", 0), getattr(b, "tokens_ptr", 0),
                  b._scores, b._scores_size)
         b.stream, b.dpos, b.cap_s = self.stream, int(self.inbuf) + 4, b.capacity
@@ -124,6 +132,10 @@ class DecodeGraph:
                 self.ev_fwd.record(self.stream)
                 self.cstream.wait_for_event(self.ev_fwd)
                 cuda.memcpy_dtoh_async(self.logits_host, int(self.arena) + lay.offset("logits"), self.cstream)
+                # the host may read the logits while the logits' hash still runs
+                self.logits_event = self.lib.cuEventRecordWithFlags(
+                    self.ev_logits, ctypes.c_void_p(stream_handle(self.cstream)),
+                    ctypes.c_uint(EVENT_RECORD_EXTERNAL)) == 0
                 self.ev_copied.record(self.cstream)
             if self.hashing:
                 b.launch_hashes(lay)
@@ -160,13 +172,22 @@ class DecodeGraph:
         if self.hashing:
             cuda.memcpy_dtoh_async(self.hash_host[:lay.n_keys], b.hash_out(lay), self.stream)
 
+    def wait_logits(self) -> None:
+        """Block until this replay's logits are on the host (its hashes may still be running)."""
+        if self.logits_event:
+            _check(self.lib.cuEventSynchronize(self.ev_logits), "cuEventSynchronize")
+        else:
+            self.stream.synchronize()
+
     def step(self, token: int, pos: int) -> tuple[np.ndarray, np.ndarray | None]:
         """One decode step: (logits [vocab], hashes [n_keys] in key order, or None)."""
         with self.rt.active():
             self.launch(token, pos)
+            self.wait_logits()
+            logits = self.logits_host.copy()  # overlaps the logits' hash
             self.stream.synchronize()
         hashes = self.hash_host[:self.lay.n_keys][self.lay.merge].copy() if self.hashing else None
-        return self.logits_host.copy(), hashes
+        return logits, hashes
 
     def keys(self, pos: int) -> list[str]:
         return [f"t{pos}_{s}" for s in self.lay.key_suffixes]
@@ -181,6 +202,9 @@ class DecodeGraph:
         if self.graph:
             self.lib.cuGraphDestroy(self.graph)
             self.graph = ctypes.c_void_p()
+        if self.ev_logits:
+            self.lib.cuEventDestroy_v2(self.ev_logits)
+            self.ev_logits = ctypes.c_void_p()
 
     def close(self) -> None:
         with self.rt.active():

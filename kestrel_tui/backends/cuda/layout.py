@@ -149,6 +149,7 @@ class Layout:
         order = np.concatenate([self.body_index, self.logits_index])
         self.merge = np.empty(self.n_keys, np.int64)
         self.merge[order] = np.arange(self.n_keys)
+        self.merge_identity = bool((self.merge == np.arange(self.n_keys)).all())  # M=1: logits are last
         self._work: dict[str, HashWork] = {}
 
     def _hash_work(self, which: str) -> HashWork:

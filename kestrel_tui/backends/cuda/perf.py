@@ -2,12 +2,15 @@
 
 decode_bench(model, ctx) for the fast and the exact kernels:
   * GPU prefill of ctx positions (steps of up to 256 columns, not hashed);
-  * then, position by position from ctx, three ways of running the same M=1 step:
-      graph        the CUDA-graph replay (graph.py) with every key hashed on the device,
-      graph_nohash the same graph captured without the hash launches,
-      direct       CudaBackend.step() with graph=False: the same kernels launched one by one
-                   from Python (by default step() replays a graph like the first line);
-    wall clock in Python around upload + launch + copies back + sync, medians after warm-up.
+  * then, position by position from ctx, the same M=1 step through CudaBackend.step() four ways:
+      graph        as the app runs it: a CUDA-graph replay (graph.py), every key hashed on the
+                   device, logits and hashes on the host, the step's dict of hashes built,
+      graph_nohash the same with hashing=False (the graph captured without the hash launches,
+                   no hashes returned): everything else of the step is the same,
+      direct /     the same two with graph=False: the kernels launched one by one from Python;
+      direct_nohash
+    wall clock in Python around the call, medians after warm-up; graph_gpu: device time of
+    one replay (CUDA events).
   * hashing overhead = (graph - graph_nohash) / graph; launch share = 1 - graph / direct.
 bandwidth_floor(cfg, ctx, bw): bytes a decode step must read (active weights + KV) / bandwidth.
 copy_bandwidth(): device-to-device memcpy of 1 GiB, CUDA events; GB/s counted as read + write.
@@ -79,47 +82,45 @@ def prefill(b, tokens: np.ndarray, chunk: int = 256) -> float:
     return time.perf_counter() - t0
 
 
+def _timed_step(b, tok: int, pos: int, graph: bool, hashing: bool):
+    """(seconds, StepOut) of one M=1 CudaBackend.step, through the graph or not, hashing or not."""
+    b.use_graph, b.hashing = graph, hashing
+    t0 = time.perf_counter()
+    o = b.step(np.array([tok]), pos, raw=False)
+    return time.perf_counter() - t0, o
+
+
 def decode_bench(model, ctx: int = 1024, steps: int = 20, warm: int = 3, direct: bool = True,
                  log=print) -> dict:
     from ...backends.toggles import TOGGLES
     from . import make_cuda_backend
-    from .graph import DecodeGraph
 
     cfg = model.cfg
     rng = np.random.default_rng(1)
     prompt = rng.integers(0, cfg.vocab, ctx).astype(np.int32)
     out = {}
     for label, exact in (("fast", frozenset()), ("exact", frozenset(TOGGLES))):
-        b = make_cuda_backend(model, exact=exact, graph=False)  # b.step: the direct launches
+        b = make_cuda_backend(model, exact=exact, graph=True)
         b.reset(ctx + steps + warm + 8)
         r = {"prefill_s": prefill(b, prompt)}
-        t0 = time.perf_counter()
-        g, g0 = DecodeGraph(b, hashing=True), DecodeGraph(b, hashing=False)
-        r["capture_s"] = time.perf_counter() - t0
-        r["graph_nodes"], r["graph_nodes_nohash"] = g.n_nodes, g0.n_nodes
         cuda = b.rt.cuda
         tok = int(prompt[-1])
+
+        t0 = time.perf_counter()
+        for hashing in (True, False):  # capture both graphs (the first M=1 step of each)
+            _timed_step(b, tok, ctx, True, hashing)
+        r["capture_s"] = time.perf_counter() - t0
+        g, g0 = b._graphs[True], b._graphs[False]
+        r["graph_nodes"], r["graph_nodes_nohash"] = g.n_nodes, g0.n_nodes
         full, nohash, dirs, dirs0, gpu = [], [], [], [], []
         for i in range(steps + warm):
-            pos = ctx + i
-            t0 = time.perf_counter()
-            logits, _ = g.step(tok, pos)
-            full.append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            g0.step(tok, pos)
-            nohash.append(time.perf_counter() - t0)
+            pos = ctx + i  # the same token at each position, five ways; each writes the same KV row
+            dt, o = _timed_step(b, tok, pos, True, True)
+            full.append(dt)
+            nohash.append(_timed_step(b, tok, pos, True, False)[0])
             if direct:
-                t0 = time.perf_counter()
-                b.step(np.array([tok]), pos, raw=False)
-                dirs.append(time.perf_counter() - t0)
-                t0 = time.perf_counter()  # the same kernels without the hash launches
-                with b.rt.active():
-                    lay = b.prepare(np.array([tok], np.int32), pos, None)
-                    b.forward(lay, pos)
-                    b.copy_logits(lay)
-                    b._copy_stream.synchronize()
-                    b._logits_host[:cfg.vocab].copy()
-                dirs0.append(time.perf_counter() - t0)
+                dirs.append(_timed_step(b, tok, pos, False, True)[0])
+                dirs0.append(_timed_step(b, tok, pos, False, False)[0])
             with b.rt.active():  # device time of one replay (CUDA events on the graph's stream)
                 e0, e1 = cuda.Event(), cuda.Event()
                 e0.record(g.stream)
@@ -127,10 +128,12 @@ def decode_bench(model, ctx: int = 1024, steps: int = 20, warm: int = 3, direct:
                 e1.record(g.stream)
                 e1.synchronize()
                 gpu.append(e0.time_till(e1) * 1e-3)
+            logits = o.logits[0]
             tok = int(np.argmax(logits))
+        b.use_graph, b.hashing = True, True
         med = lambda xs: float(np.median(xs[warm:])) * 1e3 if xs else None  # noqa: E731
         r.update(graph_ms=med(full), graph_nohash_ms=med(nohash), direct_ms=med(dirs), direct_nohash_ms=med(dirs0),
-                 graph_gpu_ms=med(gpu),
+                 graph_gpu_ms=med(gpu), keys_per_token=len(o.hashes[0]),
                  finite_logits=bool(np.isfinite(logits).all()))
         r["hash_overhead"] = (r["graph_ms"] - r["graph_nohash_ms"]) / r["graph_ms"]
         if direct:
@@ -140,8 +143,6 @@ def decode_bench(model, ctx: int = 1024, steps: int = 20, warm: int = 3, direct:
             f" {r['graph_gpu_ms']:.3f}), direct launches {r['direct_ms'] if direct else float('nan'):.3f}"
             f" (no hashing {r['direct_nohash_ms'] if direct else float('nan'):.3f});"
             f" {g.n_nodes} graph nodes; prefill {r['prefill_s']:.2f} s, capture {r['capture_s']:.2f} s")
-        g.close()
-        g0.close()
         out[label] = r
         del b, g, g0
     out["exact_over_fast"] = out["exact"]["graph_ms"] / out["fast"]["graph_ms"]
