@@ -289,7 +289,7 @@ def main() -> int:
     ap.add_argument("--only", default=",".join(SECTIONS))
     ap.add_argument("--replica-n", type=int, default=10_000_000)
     ap.add_argument("--ctx", type=int, default=1024)
-    ap.add_argument("--bench-tokens", type=int, default=20)
+    ap.add_argument("--bench-tokens", type=int, default=100)
     args = ap.parse_args()
     from kestrel_tui.backends.cuda.runtime import runtime
 

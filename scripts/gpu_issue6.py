@@ -178,7 +178,7 @@ def main() -> int:
     ap.add_argument("--out", default="issue6.json")
     ap.add_argument("--only", default=",".join(SECTIONS))
     ap.add_argument("--positions", type=int, default=64)
-    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--steps", type=int, default=50)
     args = ap.parse_args()
     from kestrel_tui.backends.cuda.runtime import runtime
 

@@ -141,8 +141,8 @@ def test_batch_verify_equals_single_decode(rt, small_model):
 
 @pytest.mark.parametrize("exact", ["all", "none"])
 def test_batch_widths_2_to_8(rt, small_model, exact):
-    """Exact: every column of every width equals M=1 decode. Fast: the split-K GEMV changes the
-    reduction order with M, so the columns differ (and the run still completes)."""
+    """Exact: every column of every width equals M=1 decode. Fast: the GEMV's reduction order
+    differs between M = 1 and every other width, so every width has differing columns."""
     from kestrel_tui.backends.cuda.perf import batch_verify
 
     res = batch_verify(small_model, frozenset(TOGGLES) if exact == "all" else frozenset(), n_pos=24,
@@ -150,7 +150,7 @@ def test_batch_widths_2_to_8(rt, small_model, exact):
     if exact == "all":
         assert all(w["columns_with_diff"] == 0 for w in res["widths"].values()), res["widths"]
     else:
-        assert any(w["ndiff_total"] for w in res["widths"].values()), res["widths"]
+        assert all(w["ndiff_total"] for w in res["widths"].values()), res["widths"]
 
 
 @pytest.mark.parametrize("exact", ["all", "none"])

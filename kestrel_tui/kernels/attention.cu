@@ -325,9 +325,11 @@ extern "C" __global__ void attn_fast_f32(const float *q, const float *kc, const 
 //       expressions), and each tile's inclusive prefix max I_p (max is exact, so
 //       the global running max m_p = max(earlier tiles' maxima, I_p) equals the
 //       serial kernel's, whatever the tiling).
+//   attn_exact_weights    grid (n_q, M): the running max m_p = max(earlier tiles'
+//       maxima, I_p) and c_p = expf(m_{p-1} - m_p), w_p = expf(s_p - m_p) for
+//       every position in parallel, once per head.
 //   attn_exact_pv_q8      grid (n_q, M, hd/ATT_SPLIT_COLS): in chunks of
-//       ATT_SPLIT_CHUNK positions (one scores tile), c_p = expf(m_{p-1} - m_p),
-//       w_p = expf(s_p - m_p) and the products t_p = w_p*(v_p*vs_p) of the
+//       ATT_SPLIT_CHUNK positions, the products t_p = w_p*(v_p*vs_p) of the
 //       block's columns in parallel, then one warp runs the contract's serial
 //       recurrence acc = acc*c_p + t_p, l = l*c_p + w_p over the positions in
 //       order (every product rounded before its add), out = acc / l: the same
@@ -336,15 +338,16 @@ extern "C" __global__ void attn_fast_f32(const float *q, const float *kc, const 
 //   attn_fast_combine     gives (its max, its sum of exp, its P.V with FMAs), and
 //       a second kernel rescales and adds the tiles, out = acc * (1/L).
 //
-// Scratch: exact S and I rows [M, n_q, cap_s] (cap_s >= pos0 + M); fast
+// Scratch: exact S, I, C and W rows [M, n_q, cap_s] (cap_s >= pos0 + M); fast
 // partials [M, n_q, tiles_cap, hd + 2] (tiles of ATT_FAST_TILE positions). Tiles
 // past a column's position exit at once, so a CUDA graph captures the grid for
 // the whole cache.
 #define ATT_SPLIT_TILE 256
 #define ATT_FAST_TILE 64
-#define ATT_SPLIT_CHUNK 256  // == ATT_SPLIT_TILE: a chunk of attn_exact_pv_q8 is one scores tile
+#define ATT_SPLIT_CHUNK 256  // positions a chunk of attn_exact_pv_q8 (its block size)
 #define ATT_SPLIT_COLS 32
-#define ATT_PV_BATCH 16  // positions whose operands attn_exact_pv_q8 loads ahead of its serial steps
+#define ATT_MAX_TILES 1024  // ATT_SPLIT_TILE tiles: contexts up to 262144 positions
+#define ATT_PV_BATCH 16  // (divides ATT_SPLIT_CHUNK) positions whose operands attn_exact_pv_q8 loads ahead of its serial steps
 
 extern "C" __global__ void attn_exact_scores_q8(const float *__restrict__ q, const signed char *__restrict__ kc,
                                                 const float *__restrict__ ksc, float *__restrict__ S,
@@ -394,10 +397,40 @@ extern "C" __global__ void attn_exact_scores_q8(const float *__restrict__ q, con
   }
 }
 
+// grid (n_q, M), block ATT_SPLIT_TILE. The running max m_p = max(the maxima of the tiles before
+// p's, I_p), then c_p and w_p for every position at once, each once per head (not once per
+// column block of attn_exact_pv_q8), so that kernel's chunks only load operands.
+extern "C" __global__ void attn_exact_weights(const float *__restrict__ S, const float *__restrict__ I,
+                                              float *__restrict__ C, float *__restrict__ W, int cap_s, int pos0,
+                                              int n_q, int exact_exp, const int *__restrict__ dpos) {
+  if (dpos) pos0 = *dpos;
+  __shared__ float seed[ATT_MAX_TILES];  // the running max before each tile
+  const int h = blockIdx.x, m = blockIdx.y, tid = threadIdx.x;
+  const int T = pos0 + m + 1;
+  const int nt = (T + ATT_SPLIT_TILE - 1) / ATT_SPLIT_TILE;
+  const size_t row = ((size_t)m * n_q + h) * cap_s;
+  const float *Sr = S + row, *Ir = I + row;
+  if (tid == 0) {  // max is exact: any order gives the same running max
+    float mx = -INFINITY;
+    for (int t = 0; t < nt; t++) {
+      seed[t] = mx;
+      mx = fmaxf(mx, Ir[min(T, (t + 1) * ATT_SPLIT_TILE) - 1]);
+    }
+  }
+  __syncthreads();
+  for (int p = tid; p < T; p += blockDim.x) {
+    const float sd = seed[p / ATT_SPLIT_TILE];
+    const float incl = fmaxf(Ir[p], sd);
+    const float mprev = p % ATT_SPLIT_TILE == 0 ? sd : fmaxf(Ir[p - 1], sd);
+    C[row + p] = exact_exp ? expf_ucrt(FSUB(mprev, incl)) : expf(FSUB(mprev, incl));
+    W[row + p] = exact_exp ? expf_ucrt(FSUB(Sr[p], incl)) : expf(FSUB(Sr[p], incl));
+  }
+}
+
 extern "C" __global__ void attn_exact_pv_q8(const signed char *__restrict__ vc, const float *__restrict__ vsc,
-                                            const float *__restrict__ S, const float *__restrict__ I,
+                                            const float *__restrict__ C, const float *__restrict__ W,
                                             float *__restrict__ out, int cap_s, int pos0, int n_q, int n_kv, int hd,
-                                            int exact_exp, const int *__restrict__ dpos) {
+                                            const int *__restrict__ dpos) {
   if (dpos) pos0 = *dpos;
   // per chunk: c_p, w_p, and every column's product w_p*v_p (computed in parallel), so
   // that the serial loop is only acc = acc*c_p + t_p and l = l*c_p + w_p
@@ -406,50 +439,54 @@ extern "C" __global__ void attn_exact_pv_q8(const signed char *__restrict__ vc, 
   const int h = blockIdx.x, m = blockIdx.y, j0 = blockIdx.z * ATT_SPLIT_COLS, tid = threadIdx.x;
   const int kvh = h / (n_q / n_kv);
   const int T = pos0 + m + 1;
-  const float *Sr = S + ((size_t)m * n_q + h) * cap_s, *Ir = I + ((size_t)m * n_q + h) * cap_s;
-  float m_run = -INFINITY, l = 0.0f, acc = 0.0f;
+  const float *Cr = C + ((size_t)m * n_q + h) * cap_s, *Wr = W + ((size_t)m * n_q + h) * cap_s;
+  // Thread i holds position c0+i's operands in registers, loaded one chunk ahead: the loads
+  // of chunk k+1 are in flight while warp 0 runs chunk k's serial steps.
+  float rc = 0.0f, rw = 0.0f, rvs = 0.0f;
+  int4 rv[ATT_SPLIT_COLS / 16];
+  auto fetch = [&](int c0) {
+    const int p = c0 + tid;  // blockDim == ATT_SPLIT_CHUNK
+    if (p < T) {
+      rc = Cr[p];
+      rw = Wr[p];
+      rvs = vsc[(size_t)p * n_kv + kvh];
+      const int4 *vrow = (const int4 *)(vc + ((size_t)p * n_kv + kvh) * hd + j0);
+#pragma unroll
+      for (int part = 0; part < ATT_SPLIT_COLS / 16; part++) rv[part] = vrow[part];
+    }
+  };
+  fetch(0);
+  float l = 0.0f, acc = 0.0f;
   for (int c0 = 0; c0 < T; c0 += ATT_SPLIT_CHUNK) {
     const int np = min(ATT_SPLIT_CHUNK, T - c0);
-    // the running max at p: max(the max before the chunk, the chunk tile's inclusive prefix
-    // max) — the chunk is one scores tile (ATT_SPLIT_CHUNK == ATT_SPLIT_TILE)
-    const float seed = m_run;
-    const int i = tid;  // blockDim == ATT_SPLIT_CHUNK
-    if (i < np) {
-      const float incl = fmaxf(Ir[c0 + i], seed);
-      const float mprev = i == 0 ? seed : fmaxf(Ir[c0 + i - 1], seed);
-      const float sp = Sr[c0 + i];
-      const float c = exact_exp ? expf_ucrt(FSUB(mprev, incl)) : expf(FSUB(mprev, incl));
-      const float w = exact_exp ? expf_ucrt(FSUB(sp, incl)) : expf(FSUB(sp, incl));
-      s_c[i] = c;
-      s_w[i] = w;
-      const float vs = vsc[(size_t)(c0 + i) * n_kv + kvh];
-      const int4 *vrow = (const int4 *)(vc + ((size_t)(c0 + i) * n_kv + kvh) * hd + j0);
+    // positions past np become steps that multiply by 1 and add -0 (no bit changes), so the
+    // serial loop below runs whole batches without a bounds check
+    const int i = tid;
+    const bool in = i < np;
+    s_c[i] = in ? rc : 1.0f;
+    s_w[i] = in ? rw : -0.0f;
 #pragma unroll
-      for (int part = 0; part < ATT_SPLIT_COLS / 16; part++) {
-        const int4 v4 = vrow[part];
-        const int wds[4] = {v4.x, v4.y, v4.z, v4.w};
+    for (int part = 0; part < ATT_SPLIT_COLS / 16; part++) {
+      const int wds[4] = {rv[part].x, rv[part].y, rv[part].z, rv[part].w};
 #pragma unroll
-        for (int b = 0; b < 16; b++) {
-          const float vv = FMUL((float)(signed char)(wds[b >> 2] >> (8 * (b & 3))), vs);
-          s_t[i * (ATT_SPLIT_COLS + 1) + part * 16 + b] = FMUL(w, vv);
-        }
+      for (int b = 0; b < 16; b++) {
+        const float vv = FMUL((float)(signed char)(wds[b >> 2] >> (8 * (b & 3))), rvs);
+        s_t[i * (ATT_SPLIT_COLS + 1) + part * 16 + b] = in ? FMUL(rw, vv) : -0.0f;
       }
     }
-    const float tile_max = np > 0 ? Ir[c0 + np - 1] : -INFINITY;
     __syncthreads();
+    fetch(c0 + ATT_SPLIT_CHUNK);
     if (tid < ATT_SPLIT_COLS) {
       // The operands of ATT_PV_BATCH positions are loaded into registers ahead of their
       // steps, so the chain (a multiply and an add a position, no branch) never waits on
-      // shared memory. Steps past np multiply by 1 and add -0, which changes no bit.
+      // shared memory.
       for (int k0 = 0; k0 < np; k0 += ATT_PV_BATCH) {
         float cb[ATT_PV_BATCH], tb[ATT_PV_BATCH], wb[ATT_PV_BATCH];
 #pragma unroll
         for (int u = 0; u < ATT_PV_BATCH; u++) {
-          const int k = k0 + u;
-          const bool in = k < np;
-          cb[u] = in ? s_c[k] : 1.0f;
-          tb[u] = in ? s_t[k * (ATT_SPLIT_COLS + 1) + tid] : -0.0f;
-          wb[u] = in ? s_w[k] : -0.0f;
+          cb[u] = s_c[k0 + u];
+          tb[u] = s_t[(k0 + u) * (ATT_SPLIT_COLS + 1) + tid];
+          wb[u] = s_w[k0 + u];
         }
 #pragma unroll
         for (int u = 0; u < ATT_PV_BATCH; u++) {
@@ -458,7 +495,6 @@ extern "C" __global__ void attn_exact_pv_q8(const signed char *__restrict__ vc, 
         }
       }
     }
-    m_run = fmaxf(seed, tile_max);
     __syncthreads();
   }
   if (tid < ATT_SPLIT_COLS) out[((size_t)m * n_q + h) * hd + j0 + tid] = FDIV(acc, l);

@@ -24,8 +24,9 @@
 //   gemv_q4_fast         same loop with the term fused: acc = fma(float(isum),
 //                        dw*dx, acc) — what FMA contraction makes of it — and
 //                        the block order chosen by M (gemv_split below:
-//                        contiguous lane runs at M = 1, 2 warps a row at
-//                        M = 2..4, strided lanes from 5), so its reduction
+//                        contiguous lane runs and a reversed lane tree at
+//                        M = 1, 2 warps a row at M = 2..4, strided lanes from
+//                        5), so its reduction
 //                        order, and its bits, change with the batch width.
 //   gemv_q4_x3_*         gemv_q4 of three matrices of one input in one launch
 //                        (q, k, v), grid.z picking the matrix.
@@ -134,9 +135,18 @@ __device__ __forceinline__ float lane_reduce(float v) {
   return EXACT ? warp_butterfly_exact(v) : warp_sum_fast(v);
 }
 
+// The lanes' sums of the fast M = 1 GEMV, added in the other butterfly order (offsets 1, 2,
+// .., 16): a different tree from every other width's, whatever the row length.
+__device__ __forceinline__ float warp_sum_fast_rev(float v) {
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) v += __shfl_xor_sync(FULL_MASK, v, off);
+  return v;
+}
+
 // The fast dense GEMV picks its reduction order by the batch width M like a
 // real engine picks its tiling: at M = 1 one warp a row, lane l taking a
-// contiguous run of the row's blocks (16-byte loads back to back); at M = 2..4
+// contiguous run of the row's blocks (16-byte loads back to back) and the
+// lanes' sums added in the reversed butterfly order (warp_sum_fast_rev); at M = 2..4
 // two warps share a row (warp w takes the w-th half of the blocks, its lanes
 // strided over it; the halves added in shared memory); from M = 5 one warp a
 // row with lanes strided over the blocks. So batch-verify columns differ from
@@ -191,7 +201,7 @@ __device__ __forceinline__ void gemv_q4(const uint4 *__restrict__ W, const __hal
     }
   }
 #pragma unroll
-  for (int c = 0; c < GEMV_MC; c++) acc[c] = lane_reduce<EXACT>(acc[c]);
+  for (int c = 0; c < GEMV_MC; c++) acc[c] = !EXACT && M == 1 ? warp_sum_fast_rev(acc[c]) : lane_reduce<EXACT>(acc[c]);
   if (ks > 1) {  // fast only: add the warps' partial sums of each row
     if (lane == 0) {
 #pragma unroll
