@@ -325,28 +325,27 @@ extern "C" __global__ void attn_fast_f32(const float *q, const float *kc, const 
 //       expressions), and each tile's inclusive prefix max I_p (max is exact, so
 //       the global running max m_p = max(earlier tiles' maxima, I_p) equals the
 //       serial kernel's, whatever the tiling).
-//   attn_exact_weights    grid (n_q, M): the running max m_p = max(earlier tiles'
-//       maxima, I_p) and c_p = expf(m_{p-1} - m_p), w_p = expf(s_p - m_p) for
-//       every position in parallel, once per head.
 //   attn_exact_pv_q8      grid (n_q, M, hd/ATT_SPLIT_COLS): in chunks of
-//       ATT_SPLIT_CHUNK positions, the products t_p = w_p*(v_p*vs_p) of the
-//       block's columns in parallel, then one warp runs the contract's serial
-//       recurrence acc = acc*c_p + t_p, l = l*c_p + w_p over the positions in
-//       order (every product rounded before its add), out = acc / l: the same
-//       operations in the same order as attn_exact_q8, so the same bits.
+//       ATT_SPLIT_CHUNK positions (one scores tile, its operands loaded a chunk
+//       ahead), the running max m_p = max(the max before the tile, I_p),
+//       c_p = expf(m_{p-1} - m_p), w_p = expf(s_p - m_p) and the products
+//       t_p = w_p*(v_p*vs_p) of the block's columns in parallel, then one warp
+//       runs the contract's serial recurrence acc = acc*c_p + t_p,
+//       l = l*c_p + w_p over the positions in order (every product rounded
+//       before its add), out = acc / l: the same operations in the same order
+//       as attn_exact_q8, so the same bits.
 //   attn_fast_part_q8 +   flash-decoding as engines do it: each tile of positions
 //   attn_fast_combine     gives (its max, its sum of exp, its P.V with FMAs), and
 //       a second kernel rescales and adds the tiles, out = acc * (1/L).
 //
-// Scratch: exact S, I, C and W rows [M, n_q, cap_s] (cap_s >= pos0 + M); fast
+// Scratch: exact S and I rows [M, n_q, cap_s] (cap_s >= pos0 + M); fast
 // partials [M, n_q, tiles_cap, hd + 2] (tiles of ATT_FAST_TILE positions). Tiles
 // past a column's position exit at once, so a CUDA graph captures the grid for
 // the whole cache.
 #define ATT_SPLIT_TILE 256
 #define ATT_FAST_TILE 64
-#define ATT_SPLIT_CHUNK 256  // positions a chunk of attn_exact_pv_q8 (its block size)
+#define ATT_SPLIT_CHUNK 256  // == ATT_SPLIT_TILE: a chunk of attn_exact_pv_q8 (its block) is one scores tile
 #define ATT_SPLIT_COLS 32
-#define ATT_MAX_TILES 1024  // ATT_SPLIT_TILE tiles: contexts up to 262144 positions
 #define ATT_PV_BATCH 16  // (divides ATT_SPLIT_CHUNK) positions whose operands attn_exact_pv_q8 loads ahead of its serial steps
 
 extern "C" __global__ void attn_exact_scores_q8(const float *__restrict__ q, const signed char *__restrict__ kc,
@@ -397,40 +396,10 @@ extern "C" __global__ void attn_exact_scores_q8(const float *__restrict__ q, con
   }
 }
 
-// grid (n_q, M), block ATT_SPLIT_TILE. The running max m_p = max(the maxima of the tiles before
-// p's, I_p), then c_p and w_p for every position at once, each once per head (not once per
-// column block of attn_exact_pv_q8), so that kernel's chunks only load operands.
-extern "C" __global__ void attn_exact_weights(const float *__restrict__ S, const float *__restrict__ I,
-                                              float *__restrict__ C, float *__restrict__ W, int cap_s, int pos0,
-                                              int n_q, int exact_exp, const int *__restrict__ dpos) {
-  if (dpos) pos0 = *dpos;
-  __shared__ float seed[ATT_MAX_TILES];  // the running max before each tile
-  const int h = blockIdx.x, m = blockIdx.y, tid = threadIdx.x;
-  const int T = pos0 + m + 1;
-  const int nt = (T + ATT_SPLIT_TILE - 1) / ATT_SPLIT_TILE;
-  const size_t row = ((size_t)m * n_q + h) * cap_s;
-  const float *Sr = S + row, *Ir = I + row;
-  if (tid == 0) {  // max is exact: any order gives the same running max
-    float mx = -INFINITY;
-    for (int t = 0; t < nt; t++) {
-      seed[t] = mx;
-      mx = fmaxf(mx, Ir[min(T, (t + 1) * ATT_SPLIT_TILE) - 1]);
-    }
-  }
-  __syncthreads();
-  for (int p = tid; p < T; p += blockDim.x) {
-    const float sd = seed[p / ATT_SPLIT_TILE];
-    const float incl = fmaxf(Ir[p], sd);
-    const float mprev = p % ATT_SPLIT_TILE == 0 ? sd : fmaxf(Ir[p - 1], sd);
-    C[row + p] = exact_exp ? expf_ucrt(FSUB(mprev, incl)) : expf(FSUB(mprev, incl));
-    W[row + p] = exact_exp ? expf_ucrt(FSUB(Sr[p], incl)) : expf(FSUB(Sr[p], incl));
-  }
-}
-
 extern "C" __global__ void attn_exact_pv_q8(const signed char *__restrict__ vc, const float *__restrict__ vsc,
-                                            const float *__restrict__ C, const float *__restrict__ W,
+                                            const float *__restrict__ S, const float *__restrict__ I,
                                             float *__restrict__ out, int cap_s, int pos0, int n_q, int n_kv, int hd,
-                                            const int *__restrict__ dpos) {
+                                            int exact_exp, const int *__restrict__ dpos) {
   if (dpos) pos0 = *dpos;
   // per chunk: c_p, w_p, and every column's product w_p*v_p (computed in parallel), so
   // that the serial loop is only acc = acc*c_p + t_p and l = l*c_p + w_p
@@ -439,26 +408,34 @@ extern "C" __global__ void attn_exact_pv_q8(const signed char *__restrict__ vc, 
   const int h = blockIdx.x, m = blockIdx.y, j0 = blockIdx.z * ATT_SPLIT_COLS, tid = threadIdx.x;
   const int kvh = h / (n_q / n_kv);
   const int T = pos0 + m + 1;
-  const float *Cr = C + ((size_t)m * n_q + h) * cap_s, *Wr = W + ((size_t)m * n_q + h) * cap_s;
+  const float *Sr = S + ((size_t)m * n_q + h) * cap_s, *Ir = I + ((size_t)m * n_q + h) * cap_s;
   // Thread i holds position c0+i's operands in registers, loaded one chunk ahead: the loads
   // of chunk k+1 are in flight while warp 0 runs chunk k's serial steps.
-  float rc = 0.0f, rw = 0.0f, rvs = 0.0f;
+  float rs = 0.0f, ri = 0.0f, rip = -INFINITY, rvs = 0.0f, tile_max = -INFINITY;
   int4 rv[ATT_SPLIT_COLS / 16];
   auto fetch = [&](int c0) {
     const int p = c0 + tid;  // blockDim == ATT_SPLIT_CHUNK
     if (p < T) {
-      rc = Cr[p];
-      rw = Wr[p];
+      rs = Sr[p];
+      ri = Ir[p];
+      rip = tid == 0 ? -INFINITY : Ir[p - 1];  // the tile's prefix max before p
       rvs = vsc[(size_t)p * n_kv + kvh];
       const int4 *vrow = (const int4 *)(vc + ((size_t)p * n_kv + kvh) * hd + j0);
 #pragma unroll
       for (int part = 0; part < ATT_SPLIT_COLS / 16; part++) rv[part] = vrow[part];
     }
+    if (c0 < T) tile_max = Ir[min(T, c0 + ATT_SPLIT_CHUNK) - 1];
   };
   fetch(0);
-  float l = 0.0f, acc = 0.0f;
+  float m_run = -INFINITY, l = 0.0f, acc = 0.0f;
   for (int c0 = 0; c0 < T; c0 += ATT_SPLIT_CHUNK) {
     const int np = min(ATT_SPLIT_CHUNK, T - c0);
+    // the running max m_p = max(the max before this tile, the tile's prefix max I_p): the
+    // chunk is one scores tile (ATT_SPLIT_CHUNK == ATT_SPLIT_TILE); m_{p-1} likewise
+    const float incl = fmaxf(ri, m_run), mprev = fmaxf(rip, m_run);
+    const float rc = exact_exp ? expf_ucrt(FSUB(mprev, incl)) : expf(FSUB(mprev, incl));
+    const float rw = exact_exp ? expf_ucrt(FSUB(rs, incl)) : expf(FSUB(rs, incl));
+    m_run = fmaxf(m_run, tile_max);
     // positions past np become steps that multiply by 1 and add -0 (no bit changes), so the
     // serial loop below runs whole batches without a bounds check
     const int i = tid;

@@ -43,7 +43,6 @@ F32 = np.float32
 ATT_SPLIT_TILE = 256  # kernels/attention.cu ATT_SPLIT_TILE (the exact scores' tiles)
 ATT_FAST_TILE = 64  # kernels/attention.cu ATT_FAST_TILE (the fast flash-decoding tiles)
 ATT_SPLIT_CHUNK = 256  # kernels/attention.cu ATT_SPLIT_CHUNK (attn_exact_pv_q8's block)
-ATT_MAX_TILES = 1024  # kernels/attention.cu ATT_MAX_TILES
 # fields whose reference buffer replaces the subject's as the next op's input (isolate mode)
 FED = frozenset({"emb", "x", "nrm", "kraw", "knorm", "kpre", "qrope", "attn", "ores", *KV_FIELDS})
 
@@ -192,7 +191,6 @@ class CudaBackend(Backend):
         if self.attn_split:
             if self.attn_exact:
                 self.k_att_a, self.k_att_b = k("attention", "attn_exact_scores_q8"), k("attention", "attn_exact_pv_q8")
-                self.k_att_w = k("attention", "attn_exact_weights")
             else:
                 self.k_att_a, self.k_att_b = k("attention", "attn_fast_part_q8"), k("attention", "attn_fast_combine")
         self.k_router = k("moe", f"router_{pick('moe')}")
@@ -231,9 +229,6 @@ class CudaBackend(Backend):
 
     def reset(self, capacity: int) -> None:
         cfg, cuda = self.model.cfg, self.rt.cuda
-        if capacity > ATT_MAX_TILES * ATT_SPLIT_TILE:
-            raise UsageError(f"cuda subject: a context of {capacity} positions is over the attention kernels'"
-                             f" {ATT_MAX_TILES * ATT_SPLIT_TILE}; use fewer prompt + generated tokens")
         esz = 1 if self.kv == "q8" else 4
         row = cfg.n_kv_heads * cfg.head_dim
         sizes = dict(k=capacity * row * esz, v=capacity * row * esz, ks=capacity * cfg.n_kv_heads * 4,
@@ -530,7 +525,7 @@ class CudaBackend(Backend):
         cfg, cap = self.model.cfg, max(1, self.capacity)
         nh, hd = cfg.n_heads, cfg.head_dim
         if self.attn_split:
-            return (4 * M * nh * cap * 4 if self.attn_exact  # S, I, C, W
+            return (2 * M * nh * cap * 4 if self.attn_exact  # S, I
                     else M * nh * _blocks(cap, ATT_FAST_TILE) * (hd + 2) * 4)
         return 4 if self.attn_exact else M * nh * cap * 4
 
@@ -546,13 +541,11 @@ class CudaBackend(Backend):
             sc = int(self._scores)
             if self.attn_exact:
                 tiles = _blocks(span, ATT_SPLIT_TILE)
-                S, I, C, W = (sc + i * M * nh * cap * 4 for i in range(4))
+                S, I = sc, sc + M * nh * cap * 4
                 launch(self.k_att_a, (nh, M, tiles), (ATT_SPLIT_TILE, 1, 1), self.stream, q, c["k"], c["ks"], S, I,
                        cap, pos0, nh, nkv, hd, scale, self.dpos)
-                launch(self.k_att_w, (nh, M, 1), (ATT_SPLIT_TILE, 1, 1), self.stream, S, I, C, W, cap, pos0, nh,
-                       self.exp_exact, self.dpos)
-                launch(self.k_att_b, (nh, M, hd // 32), (ATT_SPLIT_CHUNK, 1, 1), self.stream, c["v"], c["vs"], C, W,
-                       out, cap, pos0, nh, nkv, hd, self.dpos)
+                launch(self.k_att_b, (nh, M, hd // 32), (ATT_SPLIT_CHUNK, 1, 1), self.stream, c["v"], c["vs"], S, I,
+                       out, cap, pos0, nh, nkv, hd, self.exp_exact, self.dpos)
             else:
                 tcap = _blocks(cap, ATT_FAST_TILE)
                 launch(self.k_att_a, (nh, M, _blocks(span, ATT_FAST_TILE)), (max(ATT_FAST_TILE, hd), 1, 1), self.stream,
