@@ -320,11 +320,13 @@ class _FakeKernel:
 
 
 class _FakeRuntime:
-    name = "fake GPU"
+    name, arch = "fake GPU", "sm_90"
 
     def __init__(self):
         self.cuda = _FakeDriver()
         self.kernels: dict[str, _FakeKernel] = {}
+        self.kernel_names: dict[int, tuple[str, str]] = {}
+        self.pdl, self.pdl_error = None, None
 
     @contextlib.contextmanager
     def active(self):
@@ -334,7 +336,9 @@ class _FakeRuntime:
         pass
 
     def kernel(self, module, name):
-        return self.kernels.setdefault(name, _FakeKernel(self.cuda, name))
+        k = self.kernels.setdefault(name, _FakeKernel(self.cuda, name))
+        self.kernel_names[id(k)] = (module, name)
+        return k
 
 
 @pytest.mark.parametrize("weights,kv,deep,exact", [("q4_0", "q8", False, "all"), ("q4_0", "q8", True, "none"),
@@ -528,3 +532,56 @@ def test_hashing_off_launches_no_hash_kernels(monkeypatch, graph):
     assert fake.kernels["fnv_states"].calls == fake.kernels["fnv_chunks"].calls == 2
     assert lib.calls.count("cuStreamBeginCapture_v2") == (2 if graph else 0)
     assert b.graph_steps == (2 if graph else 0)
+
+
+def test_pdl_launch_structures_and_routing(monkeypatch):
+    """The driver structures of cuLaunchKernelEx as laid out in cuda.h, and a capture with PDL:
+    every kernel launched on the capturing stream goes through cuLaunchKernelEx with the
+    programmatic-serialization attribute and its arguments packed per SIGNATURES; launches on
+    other streams (the body hashes) stay PyCUDA's."""
+    import ctypes
+
+    from kestrel_tui.backends.cuda import backend as be
+    from kestrel_tui.backends.cuda import graph as gr
+    from kestrel_tui.backends.cuda import make_cuda_backend, pdl
+    from kestrel_tui.model.weights import synthetic_model
+
+    assert ctypes.sizeof(pdl.LaunchAttribute) == 72 and pdl.LaunchAttribute.value.offset == 8
+    assert [getattr(pdl.LaunchConfig, f).offset for f in ("sharedMemBytes", "hStream", "attrs", "numAttrs")] == \
+        [24, 32, 40, 48] and ctypes.sizeof(pdl.LaunchConfig) == 56
+
+    launched = []
+
+    class _Lib(_FakeLibcuda):
+        def __getattr__(self, name):
+            if name == "cuLaunchKernelEx":
+                def fn(cfg, f, params, extra):
+                    c = ctypes.cast(cfg, ctypes.POINTER(pdl.LaunchConfig)).contents
+                    a = c.attrs.contents
+                    launched.append((c.gridDimX, c.blockDimX, c.numAttrs, a.id, a.value[0]))
+                    return 0
+                return fn
+            return super().__getattr__(name)
+
+    fake = _FakeRuntime()
+    monkeypatch.setattr(be, "runtime", lambda: fake)
+    lib = _Lib()
+    monkeypatch.setattr(gr, "_cu", lambda: lib)
+    launcher = object.__new__(pdl.PdlLauncher)  # a launcher without modules to load
+    launcher.lib, launcher.signatures, launcher.names = lib, __import__(
+        "kestrel_tui.backends.cuda.runtime", fromlist=["SIGNATURES"]).SIGNATURES, fake.kernel_names
+    launcher.modules, launcher.functions = {m: ctypes.c_void_p(1) for m in
+                                            ("gemv", "norm", "rope", "kvquant", "attention", "moe", "hash")}, {}
+    launcher.attr = pdl.LaunchAttribute(id=pdl.LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
+    launcher.attr.value[0] = 1
+    fake.pdl = launcher
+    b = make_cuda_backend(synthetic_model(default_config().with_layers(2), "q4_0"))
+    b.reset(8)
+    before = sum(k.calls for k in fake.kernels.values())
+    g = gr.DecodeGraph(b, hashing=True)
+    pycuda_calls = sum(k.calls for k in fake.kernels.values()) - before
+    assert g.pdl and launched and all(n == 1 and i == 6 and v == 1 for *_, n, i, v in launched)
+    assert pycuda_calls == 2  # the body hash (fnv_states, fnv_chunks) on its own stream
+    assert b.stream is None  # restored after the capture
+    monkeypatch.setenv("KESTREL_CUDA_PDL", "0")
+    assert pdl.launcher_for(fake) is None and not gr.DecodeGraph(b, hashing=True).pdl

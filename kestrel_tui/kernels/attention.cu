@@ -193,11 +193,13 @@ __device__ __forceinline__ void attn_exact(const float *__restrict__ q, const vo
 extern "C" __global__ void attn_exact_q8(const float *q, const signed char *kc, const float *ksc,
                                          const signed char *vc, const float *vsc, float *out, int pos0, int n_q,
                                          int n_kv, int hd, float scale, int exact_exp, const int *dpos) {
+  pdl_wait();
   attn_exact<true>(q, kc, ksc, vc, vsc, out, pos0, n_q, n_kv, hd, scale, exact_exp, dpos);
 }
 extern "C" __global__ void attn_exact_f32(const float *q, const float *kc, const float *ksc, const float *vc,
                                           const float *vsc, float *out, int pos0, int n_q, int n_kv, int hd,
                                           float scale, int exact_exp, const int *dpos) {
+  pdl_wait();
   attn_exact<false>(q, kc, ksc, vc, vsc, out, pos0, n_q, n_kv, hd, scale, exact_exp, dpos);
 }
 
@@ -305,11 +307,13 @@ extern "C" __global__ void attn_fast_q8(const float *q, const signed char *kc, c
                                         const signed char *vc, const float *vsc, float *out, float *scores,
                                         int cap_s, int pos0, int n_q, int n_kv, int hd, float scale,
                                         int exact_exp, const int *dpos) {
+  pdl_wait();
   attn_fast<true>(q, kc, ksc, vc, vsc, out, scores, cap_s, pos0, n_q, n_kv, hd, scale, exact_exp, dpos);
 }
 extern "C" __global__ void attn_fast_f32(const float *q, const float *kc, const float *ksc, const float *vc,
                                          const float *vsc, float *out, float *scores, int cap_s, int pos0,
                                          int n_q, int n_kv, int hd, float scale, int exact_exp, const int *dpos) {
+  pdl_wait();
   attn_fast<false>(q, kc, ksc, vc, vsc, out, scores, cap_s, pos0, n_q, n_kv, hd, scale, exact_exp, dpos);
 }
 
@@ -352,6 +356,7 @@ extern "C" __global__ void attn_exact_scores_q8(const float *__restrict__ q, con
                                                 const float *__restrict__ ksc, float *__restrict__ S,
                                                 float *__restrict__ I, int cap_s, int pos0, int n_q, int n_kv,
                                                 int hd, float scale, const int *__restrict__ dpos) {
+  pdl_wait();
   if (dpos) pos0 = *dpos;
   __shared__ int qq4[ATT_MAX_HD / 4];
   __shared__ float red[32];
@@ -400,6 +405,7 @@ extern "C" __global__ void attn_exact_pv_q8(const signed char *__restrict__ vc, 
                                             const float *__restrict__ S, const float *__restrict__ I,
                                             float *__restrict__ out, int cap_s, int pos0, int n_q, int n_kv, int hd,
                                             int exact_exp, const int *__restrict__ dpos) {
+  pdl_wait();
   if (dpos) pos0 = *dpos;
   // per chunk: c_p, w_p, and every column's product w_p*v_p (computed in parallel), so
   // that the serial loop is only acc = acc*c_p + t_p and l = l*c_p + w_p
@@ -487,6 +493,7 @@ extern "C" __global__ void attn_fast_part_q8(const float *__restrict__ q, const 
                                              const float *__restrict__ vsc, float *__restrict__ part, int tiles_cap,
                                              int pos0, int n_q, int n_kv, int hd, float scale, int exact_exp,
                                              const int *__restrict__ dpos) {
+  pdl_wait();
   if (dpos) pos0 = *dpos;
   __shared__ float qf[ATT_MAX_HD];
   __shared__ float wt[ATT_FAST_TILE];
@@ -536,6 +543,7 @@ extern "C" __global__ void attn_fast_part_q8(const float *__restrict__ q, const 
 // grid (n_q, M), block >= hd (a multiple of 32).
 extern "C" __global__ void attn_fast_combine(const float *__restrict__ part, float *__restrict__ out, int tiles_cap,
                                              int pos0, int n_q, int hd, int exact_exp, const int *__restrict__ dpos) {
+  pdl_wait();
   if (dpos) pos0 = *dpos;
   const int h = blockIdx.x, m = blockIdx.y, tid = threadIdx.x;
   const int T = pos0 + m + 1;

@@ -47,6 +47,20 @@
 #define FDIV(a, b) __fdiv_rn((a), (b))
 #define FSQRT(a) __fsqrt_rn(a)
 
+// Programmatic dependent launch (sm_90+; backends/cuda/pdl.py launches the decode graph's
+// kernels with it): every kernel calls pdl_wait() first, before it reads or writes anything.
+// It waits until every kernel before it has finished and its writes are visible — the
+// dependency a plain launch has — so a kernel scheduled early (once all blocks of the one
+// before it have exited, ahead of that grid's teardown) computes exactly what it computes
+// without PDL. Without the launch attribute it is a no-op. The kernels do not trigger their
+// successors early (griddepcontrol.launch_dependents at their start): measured on the H200
+// that made the fast full-size step 0.2 ms faster and the exact one 0.6 ms slower.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 #define FULL_MASK 0xffffffffu
 #define QK 32  // q4_0 / q8_0 block size
 

@@ -72,10 +72,12 @@ __device__ __forceinline__ void quantize_q8_0(const float *__restrict__ x, signe
 
 extern "C" __global__ void quantize_q8_0_exact(const float *__restrict__ x, signed char *__restrict__ q,
                                                float *__restrict__ d, int n_total) {
+  pdl_wait();
   quantize_q8_0<true>(x, q, d, n_total);
 }
 extern "C" __global__ void quantize_q8_0_fast(const float *__restrict__ x, signed char *__restrict__ q,
                                               float *__restrict__ d, int n_total) {
+  pdl_wait();
   quantize_q8_0<false>(x, q, d, n_total);
 }
 
@@ -227,10 +229,12 @@ __device__ __forceinline__ void gemv_q4(const uint4 *__restrict__ W, const __hal
 
 extern "C" __global__ void gemv_q4_exact(const uint4 *W, const __half *D, const signed char *xq, const float *xd,
                                          const float *res, float *y, int out, int nb, int M) {
+  pdl_wait();
   gemv_q4<true>(W, D, xq, xd, res, y, out, nb, M);
 }
 extern "C" __global__ void gemv_q4_fast(const uint4 *W, const __half *D, const signed char *xq, const float *xd,
                                         const float *res, float *y, int out, int nb, int M) {
+  pdl_wait();
   gemv_q4<false>(W, D, xq, xd, res, y, out, nb, M);
 }
 
@@ -251,12 +255,14 @@ extern "C" __global__ void gemv_q4_x3_exact(const uint4 *W0, const __half *D0, f
                                             const __half *D1, float *y1, int out1, const uint4 *W2,
                                             const __half *D2, float *y2, int out2, const signed char *xq,
                                             const float *xd, int nb, int M) {
+  pdl_wait();
   gemv_q4_x3<true>(W0, D0, y0, out0, W1, D1, y1, out1, W2, D2, y2, out2, xq, xd, nb, M);
 }
 extern "C" __global__ void gemv_q4_x3_fast(const uint4 *W0, const __half *D0, float *y0, int out0, const uint4 *W1,
                                            const __half *D1, float *y1, int out1, const uint4 *W2,
                                            const __half *D2, float *y2, int out2, const signed char *xq,
                                            const float *xd, int nb, int M) {
+  pdl_wait();
   gemv_q4_x3<false>(W0, D0, y0, out0, W1, D1, y1, out1, W2, D2, y2, out2, xq, xd, nb, M);
 }
 
@@ -285,12 +291,14 @@ extern "C" __global__ void gemv_q4_experts_exact(const uint4 *W0, const __half *
                                                  const __half *D1, float *y1, const int *eidx,
                                                  const signed char *xq, const float *xd, int x_div, int out,
                                                  int nb) {
+  pdl_wait();
   gemv_q4_experts<true>(W0, D0, y0, W1, D1, y1, eidx, xq, xd, x_div, out, nb);
 }
 extern "C" __global__ void gemv_q4_experts_fast(const uint4 *W0, const __half *D0, float *y0, const uint4 *W1,
                                                 const __half *D1, float *y1, const int *eidx,
                                                 const signed char *xq, const float *xd, int x_div, int out,
                                                 int nb) {
+  pdl_wait();
   gemv_q4_experts<false>(W0, D0, y0, W1, D1, y1, eidx, xq, xd, x_div, out, nb);
 }
 
@@ -337,10 +345,12 @@ __device__ __forceinline__ void gemv_f32(const float *__restrict__ W, const floa
 
 extern "C" __global__ void gemv_f32_exact(const float *W, const float *x, const float *res, float *y, int out,
                                           int n, int M) {
+  pdl_wait();
   gemv_f32<true>(W, x, res, y, out, n, M);
 }
 extern "C" __global__ void gemv_f32_fast(const float *W, const float *x, const float *res, float *y, int out,
                                          int n, int M) {
+  pdl_wait();
   gemv_f32<false>(W, x, res, y, out, n, M);
 }
 
@@ -360,10 +370,12 @@ __device__ __forceinline__ void gemv_f32_experts(const float *W0, float *y0, con
 
 extern "C" __global__ void gemv_f32_experts_exact(const float *W0, float *y0, const float *W1, float *y1,
                                                   const int *eidx, const float *x, int x_div, int out, int n) {
+  pdl_wait();
   gemv_f32_experts<true>(W0, y0, W1, y1, eidx, x, x_div, out, n);
 }
 extern "C" __global__ void gemv_f32_experts_fast(const float *W0, float *y0, const float *W1, float *y1,
                                                  const int *eidx, const float *x, int x_div, int out, int n) {
+  pdl_wait();
   gemv_f32_experts<false>(W0, y0, W1, y1, eidx, x, x_div, out, n);
 }
 
@@ -372,6 +384,7 @@ extern "C" __global__ void gemv_f32_experts_fast(const float *W0, float *y0, con
 // out: [M, nb*32]; grid (ceil(nb*32/256), M), block 256.
 extern "C" __global__ void embed_q4(const unsigned char *__restrict__ Wq, const __half *__restrict__ D,
                                     const int *__restrict__ tokens, float *__restrict__ out, int nb) {
+  pdl_wait();
   const int i = blockIdx.x * blockDim.x + threadIdx.x, m = blockIdx.y;
   if (i >= nb * QK) return;
   const size_t tok = (size_t)tokens[m];
@@ -383,6 +396,7 @@ extern "C" __global__ void embed_q4(const unsigned char *__restrict__ Wq, const 
 
 extern "C" __global__ void embed_f32(const float *__restrict__ W, const int *__restrict__ tokens,
                                      float *__restrict__ out, int n) {
+  pdl_wait();
   const int i = blockIdx.x * blockDim.x + threadIdx.x, m = blockIdx.y;
   if (i >= n) return;
   out[(size_t)m * n + i] = W[(size_t)tokens[m] * n + i];
@@ -405,6 +419,7 @@ __device__ __forceinline__ unsigned long long splitmix64(unsigned long long z) {
 
 extern "C" __global__ void gen_q4(uint4 *__restrict__ W, __half *__restrict__ D, int n, int seed,
                                   float dscale) {
+  pdl_wait();
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
     const unsigned long long base = splitmix64(((unsigned long long)(unsigned)seed << 32) ^
                                                ((unsigned long long)i * 0xd1342543de82ef95ull));

@@ -76,6 +76,7 @@ extern "C" __global__ void fnv1a64_keys(const unsigned char *__restrict__ base,
                                         unsigned long long *__restrict__ F,
                                         unsigned *__restrict__ tickets,
                                         unsigned long long *__restrict__ out) {
+  pdl_wait();
   __shared__ unsigned words[HASH_CHUNK / 4];
   __shared__ unsigned long long stage[FOLD_BATCH][256];
   __shared__ int is_last;
@@ -145,6 +146,7 @@ extern "C" __global__ void fnv_states(const unsigned char *__restrict__ base, co
                                       const int *__restrict__ key_n, unsigned char *__restrict__ snap,
                                       unsigned char *__restrict__ start, unsigned *__restrict__ tickets,
                                       unsigned long long *__restrict__ out) {
+  pdl_wait();
   __shared__ unsigned words[HASH_CHUNK / 4];
   __shared__ __align__(16) unsigned char lsnap[PIECES][256];  // per warp: from its own segment's start
   __shared__ __align__(16) unsigned char stage[WALK_BATCH][256];
@@ -251,6 +253,7 @@ extern "C" __global__ void fnv_chunks(const unsigned char *__restrict__ base, co
                                       const unsigned long long *__restrict__ piece_spow,
                                       const unsigned char *__restrict__ snap, const unsigned char *__restrict__ start,
                                       unsigned long long *__restrict__ out, int n_chunks) {
+  pdl_wait();
   const int q = blockIdx.x * blockDim.x + threadIdx.x;
   const int c = q / PIECES, j = q % PIECES;
   int k = -1;  // no term

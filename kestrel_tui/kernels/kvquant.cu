@@ -66,7 +66,8 @@ __device__ __forceinline__ void kv_row_q8(const float *__restrict__ x, signed ch
                                   signed char *__restrict__ v_out, float *__restrict__ vs_out,        \
                                   signed char *__restrict__ k_cache, float *__restrict__ ks_cache,    \
                                   signed char *__restrict__ v_cache, float *__restrict__ vs_cache,    \
-                                  int pos0, int n_kv, int hd, const int *__restrict__ dpos) {          \
+                                  int pos0, int n_kv, int hd, const int *__restrict__ dpos) {         \
+    pdl_wait();                                                                                      \
     if (dpos) pos0 = *dpos;                                                                          \
     const int m = blockIdx.y, is_v = blockIdx.x >= n_kv, h = blockIdx.x - (is_v ? n_kv : 0);          \
     const size_t row = (size_t)m * n_kv + h, crow = (size_t)(pos0 + m) * n_kv + h;                    \
@@ -87,6 +88,7 @@ extern "C" __global__ void kv_rows_f32(const float *__restrict__ k_in, const flo
                                        float *__restrict__ k_cache, float *__restrict__ ks_cache,
                                        float *__restrict__ v_cache, float *__restrict__ vs_cache,
                                        int pos0, int n_kv, int hd, const int *__restrict__ dpos) {
+  pdl_wait();
   if (dpos) pos0 = *dpos;
   const int m = blockIdx.y, is_v = blockIdx.x >= n_kv, h = blockIdx.x - (is_v ? n_kv : 0);
   const size_t row = (size_t)m * n_kv + h, crow = (size_t)(pos0 + m) * n_kv + h;

@@ -87,10 +87,12 @@ __device__ __forceinline__ void router(const float *__restrict__ logits, int *__
 
 extern "C" __global__ void router_exact(const float *logits, int *topk, float *topw, int E, int k, int norm,
                                         int exact_exp) {
+  pdl_wait();
   router<true>(logits, topk, topw, E, k, norm, exact_exp);
 }
 extern "C" __global__ void router_fast(const float *logits, int *topk, float *topw, int E, int k, int norm,
                                        int exact_exp) {
+  pdl_wait();
   router<false>(logits, topk, topw, E, k, norm, exact_exp);
 }
 
@@ -129,10 +131,12 @@ __device__ __forceinline__ void silu_mul(const float *__restrict__ g, const floa
 
 extern "C" __global__ void silu_mul_exact(const float *g, const float *u, float *a, signed char *aq, float *ad,
                                           int n_total, int exact_exp, int exact_quant) {
+  pdl_wait();
   silu_mul<true>(g, u, a, aq, ad, n_total, exact_exp, exact_quant);
 }
 extern "C" __global__ void silu_mul_fast(const float *g, const float *u, float *a, signed char *aq, float *ad,
                                          int n_total, int exact_exp, int exact_quant) {
+  pdl_wait();
   silu_mul<false>(g, u, a, aq, ad, n_total, exact_exp, exact_quant);
 }
 
@@ -141,6 +145,7 @@ extern "C" __global__ void silu_mul_fast(const float *g, const float *u, float *
 extern "C" __global__ void combine_exact(const float *__restrict__ y, const float *__restrict__ w,
                                          const float *__restrict__ res, float *__restrict__ moe,
                                          float *__restrict__ x, int n, int k) {
+  pdl_wait();
   const int i = blockIdx.x * blockDim.x + threadIdx.x, m = blockIdx.y;
   if (i >= n) return;
   float acc = 0.0f;
@@ -152,6 +157,7 @@ extern "C" __global__ void combine_exact(const float *__restrict__ y, const floa
 extern "C" __global__ void combine_fast(const float *__restrict__ y, const float *__restrict__ w,
                                         const float *__restrict__ res, float *__restrict__ moe,
                                         float *__restrict__ x, int n, int k) {
+  pdl_wait();
   const int i = blockIdx.x * blockDim.x + threadIdx.x, m = blockIdx.y;
   if (i >= n) return;
   float acc = 0.0f;

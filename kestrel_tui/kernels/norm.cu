@@ -46,6 +46,7 @@ __device__ __forceinline__ void norm_quant(float v, size_t i, signed char *__res
 extern "C" __global__ void rmsnorm_exact(const float *__restrict__ x, const float *__restrict__ w,
                                          float *__restrict__ out, int n, float eps, signed char *__restrict__ xq,
                                          float *__restrict__ xd, int quant) {
+  pdl_wait();
   __shared__ float terms[NORM_MAX_TERMS];
   __shared__ float rms_s;
   const float *xr = x + (size_t)blockIdx.x * n;
@@ -77,6 +78,7 @@ extern "C" __global__ void rmsnorm_exact(const float *__restrict__ x, const floa
 extern "C" __global__ void rmsnorm_fast(const float *__restrict__ x, const float *__restrict__ w,
                                         float *__restrict__ out, int n, float eps, signed char *__restrict__ xq,
                                         float *__restrict__ xd, int quant) {
+  pdl_wait();
   __shared__ float partial[NORM_THREADS / 32];
   __shared__ float rms_s;
   const float *xr = x + (size_t)blockIdx.x * n;
@@ -105,6 +107,7 @@ extern "C" __global__ void qknorm_exact(const float *__restrict__ q_in, float *_
                                         const float *__restrict__ q_w, const float *__restrict__ k_in,
                                         float *__restrict__ k_out, const float *__restrict__ k_w,
                                         int n_q, int n_kv, int hd, float eps) {
+  pdl_wait();
   const int h = blockIdx.x, m = blockIdx.y;
   const bool is_q = h < n_q;
   const float *x = is_q ? q_in + ((size_t)m * n_q + h) * hd : k_in + ((size_t)m * n_kv + (h - n_q)) * hd;
@@ -123,6 +126,7 @@ extern "C" __global__ void qknorm_fast(const float *__restrict__ q_in, float *__
                                        const float *__restrict__ q_w, const float *__restrict__ k_in,
                                        float *__restrict__ k_out, const float *__restrict__ k_w,
                                        int n_q, int n_kv, int hd, float eps) {
+  pdl_wait();
   const int h = blockIdx.x, m = blockIdx.y;
   const bool is_q = h < n_q;
   const float *x = is_q ? q_in + ((size_t)m * n_q + h) * hd : k_in + ((size_t)m * n_kv + (h - n_q)) * hd;

@@ -19,6 +19,7 @@
 extern "C" __global__ void rope_table_exact(const float *__restrict__ inv_freq, float *__restrict__ cos_t,
                                             float *__restrict__ sin_t, int pos0, int half,
                                             const int *__restrict__ dpos) {
+  pdl_wait();
   if (dpos) pos0 = *dpos;
   const int i = blockIdx.x * blockDim.x + threadIdx.x, m = blockIdx.y;
   if (i >= half) return;
@@ -30,6 +31,7 @@ extern "C" __global__ void rope_table_exact(const float *__restrict__ inv_freq, 
 extern "C" __global__ void rope_table_fast(const float *__restrict__ inv_freq, float *__restrict__ cos_t,
                                            float *__restrict__ sin_t, int pos0, int half,
                                             const int *__restrict__ dpos) {
+  pdl_wait();
   if (dpos) pos0 = *dpos;
   const int i = blockIdx.x * blockDim.x + threadIdx.x, m = blockIdx.y;
   if (i >= half) return;
@@ -44,6 +46,7 @@ extern "C" __global__ void rope_exact(const float *__restrict__ q_in, float *__r
                                       const float *__restrict__ k_in, float *__restrict__ k_out,
                                       const float *__restrict__ cos_t, const float *__restrict__ sin_t,
                                       int n_q, int n_kv, int hd) {
+  pdl_wait();
   const int h = blockIdx.x, m = blockIdx.y, i = threadIdx.x, half = hd / 2;
   const bool is_q = h < n_q;
   const size_t row = is_q ? ((size_t)m * n_q + h) * hd : ((size_t)m * n_kv + (h - n_q)) * hd;
@@ -59,6 +62,7 @@ extern "C" __global__ void rope_fast(const float *__restrict__ q_in, float *__re
                                      const float *__restrict__ k_in, float *__restrict__ k_out,
                                      const float *__restrict__ cos_t, const float *__restrict__ sin_t,
                                      int n_q, int n_kv, int hd) {
+  pdl_wait();
   const int h = blockIdx.x, m = blockIdx.y, i = threadIdx.x, half = hd / 2;
   const bool is_q = h < n_q;
   const size_t row = is_q ? ((size_t)m * n_q + h) * hd : ((size_t)m * n_kv + (h - n_q)) * hd;

@@ -11,23 +11,28 @@
 #include "common.cuh"
 
 extern "C" __global__ void eval_expf_ucrt(const float *__restrict__ x, float *__restrict__ y, int n) {
+  pdl_wait();
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) y[i] = expf_ucrt(x[i]);
 }
 extern "C" __global__ void eval_cosf_ucrt(const float *__restrict__ x, float *__restrict__ y, int n) {
+  pdl_wait();
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) y[i] = cosf_ucrt(x[i]);
 }
 extern "C" __global__ void eval_sinf_ucrt(const float *__restrict__ x, float *__restrict__ y, int n) {
+  pdl_wait();
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) y[i] = sinf_ucrt(x[i]);
 }
 extern "C" __global__ void eval_expf_fast(const float *__restrict__ x, float *__restrict__ y, int n) {
+  pdl_wait();
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) y[i] = expf(x[i]);
 }
 extern "C" __global__ void eval_sincosf_fast(const float *__restrict__ x, float *__restrict__ c,
                                              float *__restrict__ s, int n) {
+  pdl_wait();
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) sincosf(x[i], &s[i], &c[i]);
 }

@@ -34,6 +34,7 @@ from ...model.weights import Model
 from ...trace.keys import token_keys
 from ..base import KV_FIELDS, Backend, StepOut, key_of
 from ..toggles import describe
+from . import pdl
 from .graph import DecodeGraph
 from .layout import HASH_CHUNK, HASH_PIECE, HashWork, Layout
 from .runtime import runtime
@@ -76,7 +77,10 @@ def device_hash_work(cuda, work: HashWork, onepass: bool = False, out: int | Non
 
 
 def launch(k, grid, block, stream, *args) -> None:
-    """One kernel launch on `stream` (None: the default stream)."""
+    """One kernel launch on `stream` (None: the default stream); with PDL while a decode graph
+    captures on it (pdl.py)."""
+    if pdl.route(k, grid, block, stream, args):
+        return
     if stream is None:
         k.prepared_call(grid, block, *args)
     else:
@@ -211,7 +215,9 @@ class CudaBackend(Backend):
             return f"direct (graph failed: {self.graph_error})"
         if self._graph is None:
             return "graph (not captured yet)"
-        return (f"graph ({self._graph.n_nodes} nodes, copies {'in' if self._graph.copies_in_graph else 'after'}"
+        g = self._graph
+        pdl_note = "PDL" if g.pdl else f"no PDL{f' ({self.rt.pdl_error})' if self.rt.pdl_error else ''}"
+        return (f"graph ({g.n_nodes} nodes, {pdl_note}, copies {'in' if g.copies_in_graph else 'after'}"
                 f" the graph, {self.graph_steps} steps)")
 
     @property

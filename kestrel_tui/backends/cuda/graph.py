@@ -59,11 +59,12 @@ def _check(rc: int, what: str) -> None:
 
 
 class DecodeGraph:
-    def __init__(self, backend, hashing: bool = True, owned: bool = False):
+    def __init__(self, backend, hashing: bool = True, owned: bool = False, use_pdl: bool = True):
         self.graph = ctypes.c_void_p()
         self.exec = ctypes.c_void_p()
         self.ev_logits = ctypes.c_void_p()  # recorded in the graph once the logits are on the host
         self.logits_event = False  # whether the captured graph records it (else wait for the stream)
+        self.pdl = False  # whether the main stream's kernels were captured with PDL (pdl.py)
         self.lib = None
         b = self.b = weakref.proxy(backend) if owned else backend
         self.rt = rt = backend.rt
@@ -71,6 +72,9 @@ class DecodeGraph:
         self.hashing = hashing
         self.lib = _cu()
         with rt.active():
+            from .pdl import launcher_for
+
+            self.launcher = launcher_for(rt) if use_pdl else None
             try:
                 self._build(b, cuda, cfg, hashing)
             except BaseException:
@@ -97,10 +101,14 @@ class DecodeGraph:
         _check(self.lib.cuEventCreate(ctypes.byref(self.ev_logits), ctypes.c_uint(EVENT_DISABLE_TIMING)),
                "cuEventCreate")
         err = None
-        for copies in (True, False):  # copies back inside the graph if the driver takes them
+        # copies back inside the graph if the driver takes them; PDL if the capture takes it
+        tries = [(True, self.launcher), (False, self.launcher)]
+        if self.launcher is not None:
+            tries += [(True, None), (False, None)]
+        for copies, launcher in tries:
             try:
-                self._capture(copies)
-                self.copies_in_graph = copies
+                self._capture(copies, launcher)
+                self.copies_in_graph, self.pdl = copies, launcher is not None
                 err = None
                 break
             except Exception as e:  # noqa: PERF203
@@ -113,9 +121,12 @@ class DecodeGraph:
         _check(self.lib.cuGraphInstantiateWithFlags(ctypes.byref(self.exec), self.graph, ctypes.c_ulonglong(0)),
                "cuGraphInstantiateWithFlags")
 
-    def _capture(self, copies: bool) -> None:
+    def _capture(self, copies: bool, launcher) -> None:
         """Record one step on self.stream. copies: the logits' copy to the host on a forked stream
-        (overlapping the logits' hash) and the hashes' copy, as graph nodes."""
+        (overlapping the logits' hash) and the hashes' copy, as graph nodes. launcher: the main
+        stream's kernels are launched with PDL (pdl.py), or None."""
+        from .pdl import capturing
+
         b, cuda, lay = self.b, self.b.rt.cuda, self.lay
         self.logits_event = False
         saved = (b.stream, b.dpos, b.cap_s, getattr(b, "base", 0), getattr(b, "tokens_ptr", 0),
@@ -127,22 +138,8 @@ class DecodeGraph:
         _check(self.lib.cuStreamBeginCapture_v2(h, ctypes.c_int(CAPTURE_MODE_RELAXED)), "cuStreamBeginCapture")
         err = None
         try:
-            b.forward(lay, 0, hash_body=self.hashing)
-            if copies:
-                self.ev_fwd.record(self.stream)
-                self.cstream.wait_for_event(self.ev_fwd)
-                cuda.memcpy_dtoh_async(self.logits_host, int(self.arena) + lay.offset("logits"), self.cstream)
-                # the host may read the logits while the logits' hash still runs
-                self.logits_event = self.lib.cuEventRecordWithFlags(
-                    self.ev_logits, ctypes.c_void_p(stream_handle(self.cstream)),
-                    ctypes.c_uint(EVENT_RECORD_EXTERNAL)) == 0
-                self.ev_copied.record(self.cstream)
-            if self.hashing:
-                b.launch_hashes(lay)
-            if copies:
-                self.stream.wait_for_event(self.ev_copied)
-                if self.hashing:
-                    cuda.memcpy_dtoh_async(self.hash_host[:lay.n_keys], b.hash_out(lay), self.stream)
+            with capturing(self.stream, launcher):
+                self._record(b, cuda, lay, copies)
         except Exception as e:  # end the capture whatever happens
             err = e
         finally:
@@ -156,6 +153,25 @@ class DecodeGraph:
             raise err
         _check(rc, "cuStreamEndCapture")
         self.graph = graph
+
+    def _record(self, b, cuda, lay, copies: bool) -> None:
+        """The step's work on the capturing stream: forward, the logits' copy, the hashes."""
+        b.forward(lay, 0, hash_body=self.hashing)
+        if copies:
+            self.ev_fwd.record(self.stream)
+            self.cstream.wait_for_event(self.ev_fwd)
+            cuda.memcpy_dtoh_async(self.logits_host, int(self.arena) + lay.offset("logits"), self.cstream)
+            # the host may read the logits while the logits' hash still runs
+            self.logits_event = self.lib.cuEventRecordWithFlags(
+                self.ev_logits, ctypes.c_void_p(stream_handle(self.cstream)),
+                ctypes.c_uint(EVENT_RECORD_EXTERNAL)) == 0
+            self.ev_copied.record(self.cstream)
+        if self.hashing:
+            b.launch_hashes(lay)
+        if copies:
+            self.stream.wait_for_event(self.ev_copied)
+            if self.hashing:
+                cuda.memcpy_dtoh_async(self.hash_host[:lay.n_keys], b.hash_out(lay), self.stream)
 
     def launch(self, token: int, pos: int) -> None:
         """Queue one step (token upload, the graph, the copies back); inside rt.active()."""

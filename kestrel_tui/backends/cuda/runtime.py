@@ -108,6 +108,9 @@ class Runtime:
                     raise UsageError(f"cuda subject: kernels/{name}.cu failed to compile for {self.arch}"
                                      f" ({first[:200]}); {FALLBACK}") from None
         self._prepared: dict[tuple[str, str], object] = {}
+        self.kernel_names: dict[int, tuple[str, str]] = {}  # id(prepared kernel) -> (module, name)
+        self.pdl = None  # pdl.PdlLauncher, made by the first graph capture that asks for it
+        self.pdl_error: str | None = None
 
     @contextlib.contextmanager
     def active(self):
@@ -136,6 +139,7 @@ class Runtime:
             fn = self.modules[module].get_function(name)
             fn.prepare(SIGNATURES[name])
             self._prepared[key] = fn
+            self.kernel_names[id(fn)] = key
         return fn
 
 
