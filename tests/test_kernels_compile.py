@@ -544,6 +544,7 @@ def test_pdl_launch_structures_and_routing(monkeypatch):
     from kestrel_tui.backends.cuda import backend as be
     from kestrel_tui.backends.cuda import graph as gr
     from kestrel_tui.backends.cuda import make_cuda_backend, pdl
+    from kestrel_tui.backends.cuda.runtime import MODULES, SIGNATURES
     from kestrel_tui.model.weights import synthetic_model
 
     assert ctypes.sizeof(pdl.LaunchAttribute) == 72 and pdl.LaunchAttribute.value.offset == 8
@@ -568,10 +569,8 @@ def test_pdl_launch_structures_and_routing(monkeypatch):
     lib = _Lib()
     monkeypatch.setattr(gr, "_cu", lambda: lib)
     launcher = object.__new__(pdl.PdlLauncher)  # a launcher without modules to load
-    launcher.lib, launcher.signatures, launcher.names = lib, __import__(
-        "kestrel_tui.backends.cuda.runtime", fromlist=["SIGNATURES"]).SIGNATURES, fake.kernel_names
-    launcher.modules, launcher.functions = {m: ctypes.c_void_p(1) for m in
-                                            ("gemv", "norm", "rope", "kvquant", "attention", "moe", "hash")}, {}
+    launcher.lib, launcher.signatures, launcher.names = lib, SIGNATURES, fake.kernel_names
+    launcher.modules, launcher.functions = {m: ctypes.c_void_p(1) for m in MODULES}, {}
     launcher.attr = pdl.LaunchAttribute(id=pdl.LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
     launcher.attr.value[0] = 1
     fake.pdl = launcher
