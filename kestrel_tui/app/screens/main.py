@@ -1,9 +1,9 @@
 """The main screen: token strip, hash grid, toggles, detail, history, progress.
 
-This is the app's controller. Numerics run only in thread workers (load,
-run, bisect, export); they post messages tagged with a run id, and the
-handlers here apply them to the Board on the UI thread. Starting a run
-cancels the one in flight (its threading.Event is set, the engine stops at
+This is the app's controller (cursor moves: navigation.py). Numerics run only
+in thread workers (app/workers.py: load, run, bisect, export); they post
+messages tagged with a run id, and the handlers here apply them to the Board
+on the UI thread. Starting a run cancels the one in flight (its threading.Event is set, the engine stops at
 the next position) and a lock makes the new worker wait for the old one to
 leave, so two decodes never compete for the CPU and stale messages are
 dropped by id.
@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 import threading
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 from textual import on
@@ -23,13 +24,13 @@ from textual.screen import Screen
 from textual.widgets import Footer
 
 from ...backends.toggles import OWNERS, TOGGLES
-from ...engine.bisect import bisect
-from ...engine.run import Cancelled, Position, Trace
+from ...engine.run import Position, Trace
 from ...engine.session import RunResult, RunSettings, Session
 from ...trace.compare import Status, compare
 from ...trace.keys import layer_fields, parse_key
 from .. import messages as msg
-from ..export import SCREENSHOT, new_export_dir, write_diff, write_live
+from .. import workers
+from ..export import SCREENSHOT, new_export_dir
 from ..source import DiffSource, LiveSource, Loaded, Loader, default_loader
 from ..state import Board, Cursor, fields_of
 from ..widgets.detail import DetailPanel, key_info
@@ -39,6 +40,7 @@ from ..widgets.history import HistoryPanel
 from ..widgets.status import StatusBar
 from ..widgets.tokens import TokenStrip
 from ..widgets.toggles import SWITCHES, TOGGLE_KEYS, TogglePanel
+from .navigation import GridNavigation
 
 DIFFS = Binding.Group("DIFF")
 TOKEN = Binding.Group("token")
@@ -54,7 +56,7 @@ def _op_binding(i: int, op: str) -> Binding:
                    tooltip=f"switch {op} between fast and exact; reruns at once")
 
 
-class MainScreen(Screen):
+class MainScreen(GridNavigation, Screen):
     # Below 110 columns the side panels move under the grid (app.tcss): 80x24 stays usable.
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (110, "-wide")]
 
@@ -193,15 +195,8 @@ class MainScreen(Screen):
         self.status.set_text("loading the model…", "busy")
         self.status.set_progress(0, None)
 
-        def work() -> None:
-            try:
-                info = loader()
-            except Exception as e:  # noqa: BLE001 - any load failure is shown, the app stays up
-                self.post_message(msg.LoadFailed(e))
-                return
-            self.post_message(msg.SessionLoaded(info))
-
-        self.run_worker(work, thread=True, group="load", exclusive=True, exit_on_error=False)
+        self.run_worker(partial(workers.load, loader, self.post_message), thread=True, group="load",
+                        exclusive=True, exit_on_error=False)
 
     def on_session_loaded(self, m: msg.SessionLoaded) -> None:
         info = m.info
@@ -270,25 +265,8 @@ class MainScreen(Screen):
         self.status.set_progress(0, self.board.n_positions)
         what = "computing the reference, then running" if self._ref is None else "running"
         self.status.set_text(f"{what} {session.subject} ({settings.label()})", "busy")
-        post = self.post_message
-
-        def work() -> None:
-            with self._run_lock:  # the previous (cancelled) run leaves within one position
-                try:
-                    if cancel.is_set():
-                        raise Cancelled()
-                    ref = session.reference(on_position=lambda p: post(msg.ReferenceProgress(run_id, p.t + 1)),
-                                            cancel=cancel)
-                    post(msg.ReferenceReady(run_id, ref))
-                    result = session.run(settings, cancel=cancel,
-                                         on_position=lambda p, st: post(msg.PositionDone(run_id, p, st)))
-                    post(msg.RunDone(run_id, result))
-                except Cancelled:
-                    post(msg.RunCancelled(run_id))
-                except Exception as e:  # noqa: BLE001 - shown in the app; the app stays usable
-                    post(msg.RunFailed(run_id, e))
-
-        self.run_worker(work, thread=True, group="run", exit_on_error=False)
+        self.run_worker(partial(workers.decode, session, settings, run_id, cancel, self._run_lock, self.post_message),
+                        thread=True, group="run", exit_on_error=False)
 
     def _current(self, m: msg.RunMessage) -> bool:
         return m.run_id == self._run_id
@@ -391,24 +369,8 @@ class MainScreen(Screen):
         self.query_one("#grid-box").border_title = "hash grid · the run before bisection (bisecting…)"
         self.status.set_progress(0, None)
         self.status.set_text(f"bisecting from {start.label()}…", "busy")
-        post = self.post_message
-
-        def work() -> None:
-            with self._run_lock:
-                try:
-                    if cancel.is_set():
-                        raise Cancelled()
-                    ref = session.reference(cancel=cancel)
-                    post(msg.ReferenceReady(run_id, ref))
-                    outcome = bisect(session, start, on_move=lambda mv: post(msg.BisectMove(run_id, mv)),
-                                     cancel=cancel)
-                    post(msg.BisectDone(run_id, outcome, session.last))
-                except Cancelled:
-                    post(msg.RunCancelled(run_id))
-                except Exception as e:  # noqa: BLE001
-                    post(msg.RunFailed(run_id, e))
-
-        self.run_worker(work, thread=True, group="run", exit_on_error=False)
+        self.run_worker(partial(workers.bisection, session, start, run_id, cancel, self._run_lock,
+                                self.post_message), thread=True, group="run", exit_on_error=False)
 
     def on_bisect_move(self, m: msg.BisectMove) -> None:
         if not self._current(m):
@@ -488,56 +450,6 @@ class MainScreen(Screen):
     def _no_model(self) -> None:
         self.notify("no model is loaded", severity="warning", markup=False)
 
-    # ---- navigation ------------------------------------------------------
-
-    def _set_cursor(self, c: Cursor, keep_follow: bool = False) -> None:
-        board = self.board
-        if board is None:
-            return
-        t = min(max(0, c.t), board.n_positions - 1)
-        row = min(max(0, c.row), len(board.rows) - 1)
-        col = min(max(0, c.col), max(0, len(board.fields) - 1))
-        self.cursor = Cursor(t, row, col)
-        if not keep_follow:
-            self.follow = False
-        self.grid.set_cursor(self.cursor)
-        self.query_one(TokenStrip).show(board, t)
-        self._refresh_detail()
-
-    def _goto(self, key: str, keep_follow: bool = False) -> None:
-        c = self.board.locate(key) if self.board else None
-        if c is not None:
-            self._set_cursor(Cursor(c.t, c.row, self.cursor.col if c.col < 0 else c.col), keep_follow)
-
-    def action_move(self, drow: int, dcol: int) -> None:
-        c = self.cursor
-        if dcol and self.board and self.grid._single(c.row):
-            dcol = 0  # emb/logits rows hold one key: left/right has nowhere to go
-        self._set_cursor(Cursor(c.t, c.row + drow, c.col + dcol))
-
-    def action_token(self, dt: int) -> None:
-        c = self.cursor
-        self._set_cursor(Cursor(c.t + dt, c.row, c.col))
-
-    def action_first_diff(self) -> None:
-        board = self.board
-        first = board and (board.first_diff or board.first_mismatch)
-        if not first:
-            self.notify("no DIFF" + (" so far" if self.busy else ": all keys agree"), markup=False)
-            return
-        self._goto(first)
-        self.follow = True
-
-    def action_next_diff(self, forward: bool) -> None:
-        board = self.board
-        if board is None:
-            return
-        key = board.step_mismatch(board.key(self.cursor.t, self.cursor.row, self.cursor.col), forward)
-        if key is None:
-            self.notify("no DIFF" + (" so far" if self.busy else ""), markup=False)
-            return
-        self._goto(key)
-
     @on(HashGrid.CellClicked)
     def _clicked(self, m: HashGrid.CellClicked) -> None:
         c = self.cursor
@@ -571,21 +483,10 @@ class MainScreen(Screen):
             return
         self._exporting = True
         self.status.set_text(f"exporting to {folder}…", "busy")
-        src, session, result, info = self.source, self.session, self.result, self.info
-        cmp = self._diff_cmp
-
-        def work() -> None:
-            try:
-                if self.diff_mode:
-                    write_diff(folder, src.path_a, src.path_b, src.a, src.b, cmp)
-                else:
-                    write_live(folder, session, result, device=info.device, note=info.note)
-            except Exception as e:  # noqa: BLE001
-                self.post_message(msg.ExportDone(str(folder), e))
-                return
-            self.post_message(msg.ExportDone(str(folder)))
-
-        self.run_worker(work, thread=True, group="export", exit_on_error=False)
+        write = (workers.export_diff(folder, self.source, self._diff_cmp) if self.diff_mode
+                 else workers.export_live(folder, self.session, self.result, self.info.device, self.info.note))
+        self.run_worker(partial(workers.export, folder, write, self.post_message), thread=True, group="export",
+                        exit_on_error=False)
 
     def on_export_done(self, m: msg.ExportDone) -> None:
         self._exporting = False

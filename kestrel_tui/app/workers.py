@@ -1,0 +1,85 @@
+"""The app's thread workers: engine work off the UI thread.
+
+Each body runs in a Textual thread worker, checks its cancel event (the engine
+stops at the next position), holds the run lock so a cancelled run has left
+before the next one decodes, and reports only by posting messages tagged with
+its run id — the screen drops whatever a superseded run still posts. A failure
+becomes a message too: the app shows it and stays usable.
+"""
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Callable
+
+from ..engine.bisect import bisect
+from ..engine.run import Cancelled
+from ..engine.session import RunSettings, Session
+from . import messages as msg
+from .export import write_diff, write_live
+from .source import Loader
+
+Post = Callable[[object], object]
+
+
+def load(loader: Loader, post: Post) -> None:
+    try:
+        info = loader()
+    except Exception as e:  # noqa: BLE001 - any load failure is shown, the app stays up
+        post(msg.LoadFailed(e))
+        return
+    post(msg.SessionLoaded(info))
+
+
+def decode(session: Session, settings: RunSettings, run_id: int, cancel: threading.Event,
+           lock: threading.Lock, post: Post) -> None:
+    """The reference (computed once per session), then the subject, position by position."""
+    with lock:  # the previous (cancelled) run leaves within one position
+        try:
+            if cancel.is_set():
+                raise Cancelled()
+            ref = session.reference(on_position=lambda p: post(msg.ReferenceProgress(run_id, p.t + 1)),
+                                    cancel=cancel)
+            post(msg.ReferenceReady(run_id, ref))
+            result = session.run(settings, cancel=cancel,
+                                 on_position=lambda p, st: post(msg.PositionDone(run_id, p, st)))
+            post(msg.RunDone(run_id, result))
+        except Cancelled:
+            post(msg.RunCancelled(run_id))
+        except Exception as e:  # noqa: BLE001 - shown in the app; the app stays usable
+            post(msg.RunFailed(run_id, e))
+
+
+def bisection(session: Session, start: RunSettings, run_id: int, cancel: threading.Event,
+              lock: threading.Lock, post: Post) -> None:
+    """Switch owners of the first DIFF to exact until all ok; each move is posted."""
+    with lock:
+        try:
+            if cancel.is_set():
+                raise Cancelled()
+            ref = session.reference(cancel=cancel)
+            post(msg.ReferenceReady(run_id, ref))
+            outcome = bisect(session, start, on_move=lambda mv: post(msg.BisectMove(run_id, mv)), cancel=cancel)
+            post(msg.BisectDone(run_id, outcome, session.last))
+        except Cancelled:
+            post(msg.RunCancelled(run_id))
+        except Exception as e:  # noqa: BLE001
+            post(msg.RunFailed(run_id, e))
+
+
+def export(folder: Path, write: Callable[[], None], post: Post) -> None:
+    """Write an export folder (`write` fills it); ExportDone carries the error, if any."""
+    try:
+        write()
+    except Exception as e:  # noqa: BLE001
+        post(msg.ExportDone(str(folder), e))
+        return
+    post(msg.ExportDone(str(folder)))
+
+
+def export_live(folder: Path, session: Session, result, device: str, note: str | None) -> Callable[[], None]:
+    return lambda: write_live(folder, session, result, device=device, note=note)
+
+
+def export_diff(folder: Path, src, cmp) -> Callable[[], None]:
+    return lambda: write_diff(folder, src.path_a, src.path_b, src.a, src.b, cmp)
