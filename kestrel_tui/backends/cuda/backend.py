@@ -6,16 +6,20 @@ or exact as the toggles say — writing every probe buffer into the arena
 (layout.py), hashes all keys of all M columns at the end (one pass of two
 launches, kernels/hash.cu), and copies back the logits and the hashes; the
 raw buffers only when asked. The kernels run on the default stream, so launch
-order is execution order; the two copies to the host run on a second stream
-behind events, and the host syncs once per step.
+order is execution order; every key but the logits is hashed on a second
+stream while the final norm and lm_head run, and the copies to the host run on
+a third behind events. The host waits for the logits first and copies them out
+while the logits are hashed, then waits for the hashes.
 
 An M=1 step without a feed (plain decode, the app's and the CLI's step) is
 instead one replay of a CUDA graph of the same kernels (graph.py), captured
 lazily at the first such step and again after reset(); it is bit-identical to
-the direct launches and spares the ~20 Python launches a layer. Isolate mode
-and M>1 launch directly. KESTREL_CUDA_GRAPH=0 (or graph=False) forces the
-direct path; a capture that fails falls back to it silently, and
-`graph_status` says why.
+the direct launches and spares the ~20 Python launches a layer (its kernels
+use programmatic dependent launch, pdl.py). Isolate mode and M>1 launch
+directly. KESTREL_CUDA_GRAPH=0 (or graph=False) forces the direct path; a
+capture that fails falls back to it silently, and `graph_status` says why.
+hashing=False (the benchmarks' baseline) runs the same step without the hash
+launches and returns no hashes.
 
 Kernel choice per toggle (kernels/*.cu, each file lists its versions):
 norm -> rmsnorm_*, qknorm_*; gemm -> quantize_q8_0_*, gemv_*; rope ->

@@ -13,7 +13,10 @@ PyCUDA 2026.1 (the wheel this project ships for the H200) exposes no graph API,
 so capture, instantiate and launch go through the driver API with ctypes
 (cuStreamBeginCapture_v2 in relaxed mode, cuStreamEndCapture,
 cuGraphInstantiateWithFlags, cuGraphLaunch); PyCUDA's launches on the
-capturing stream are recorded like any other.
+capturing stream are recorded like any other, or, where the driver takes it,
+the main stream's kernels go through pdl.py (programmatic dependent launch).
+The logits' copy to the host records an external event, so the host can copy
+the logits out while the graph still hashes them (wait_logits).
 
 The graph owns its arena, token/position buffer and scores scratch, so steps
 of other widths on the same backend cannot move them; it shares the backend's
