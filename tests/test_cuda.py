@@ -237,3 +237,19 @@ def test_fast_ops_close_to_reference_in_isolate(rt, small_model):
             elif a.dtype == np.int8:
                 assert int(np.max(np.abs(b_.astype(np.int32) - a))) <= 1, key
     assert worst and max(worst.values()) < 0.02, worst
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("prefill", ["subject", "reference"])
+def test_all_exact_equals_cpu_over_several_attention_tiles(rt, head_dim, prefill):
+    """Contexts past one 256-position tile (the exact attention carries its running max from
+    tile to tile and loads each P.V chunk's operands a chunk ahead), ending off a tile boundary,
+    at every head_dim the split kernels take: every key equals the cpu reference."""
+    from dataclasses import replace
+
+    from kestrel_tui.model.config import default_config
+    from kestrel_tui.model.weights import synthetic_model
+
+    model = synthetic_model(replace(default_config().with_layers(2), head_dim=head_dim), "q4_0")
+    res = _run(_session(model, n_prompt=600, n_tokens=3), TOGGLES, prefill=prefill)
+    assert res.all_ok, f"first DIFF {res.first_diff}: {res.stats(res.first_diff)}"

@@ -584,3 +584,30 @@ def test_pdl_launch_structures_and_routing(monkeypatch):
     assert b.stream is None  # restored after the capture
     monkeypatch.setenv("KESTREL_CUDA_PDL", "0")
     assert pdl.launcher_for(fake) is None and not gr.DecodeGraph(b, hashing=True).pdl
+
+
+def test_graph_without_the_logits_event_when_refused(monkeypatch):
+    """A driver that refuses the external event record: the graph is captured again without it
+    (the host then waits for the whole replay), copies still inside; steps still work."""
+    from kestrel_tui.backends.cuda import backend as be
+    from kestrel_tui.backends.cuda import graph as gr
+    from kestrel_tui.backends.cuda import make_cuda_backend
+    from kestrel_tui.model.weights import synthetic_model
+    from kestrel_tui.trace.keys import token_keys
+
+    class _NoEvent(_FakeLibcuda):
+        def __getattr__(self, name):
+            if name == "cuEventRecordWithFlags":
+                return lambda *args: 801  # CUDA_ERROR_NOT_SUPPORTED
+            return super().__getattr__(name)
+
+    fake = _FakeRuntime()
+    monkeypatch.setattr(be, "runtime", lambda: fake)
+    lib = _NoEvent()
+    monkeypatch.setattr(gr, "_cu", lambda: lib)
+    b = make_cuda_backend(synthetic_model(default_config().with_layers(2), "q4_0"))
+    b.reset(8)
+    out = b.step(np.array([5]), 0, raw=False)
+    g = b._graph
+    assert g is not None and b.graph_steps == 1 and not g.logits_event and g.copies_in_graph
+    assert lib.calls.count("cuStreamBeginCapture_v2") == 2 and list(out.hashes[0]) == token_keys(0, 2, False)

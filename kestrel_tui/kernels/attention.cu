@@ -351,6 +351,8 @@ extern "C" __global__ void attn_fast_f32(const float *q, const float *kc, const 
 #define ATT_SPLIT_CHUNK 256  // == ATT_SPLIT_TILE: a chunk of attn_exact_pv_q8 (its block) is one scores tile
 #define ATT_SPLIT_COLS 32
 #define ATT_PV_BATCH 16  // (divides ATT_SPLIT_CHUNK) positions whose operands attn_exact_pv_q8 loads ahead of its serial steps
+static_assert(ATT_SPLIT_CHUNK == ATT_SPLIT_TILE, "a P.V chunk is one scores tile (its running max)");
+static_assert(ATT_SPLIT_CHUNK % ATT_PV_BATCH == 0, "the serial loop runs whole batches");
 
 extern "C" __global__ void attn_exact_scores_q8(const float *__restrict__ q, const signed char *__restrict__ kc,
                                                 const float *__restrict__ ksc, float *__restrict__ S,

@@ -104,13 +104,12 @@ class DecodeGraph:
         _check(self.lib.cuEventCreate(ctypes.byref(self.ev_logits), ctypes.c_uint(EVENT_DISABLE_TIMING)),
                "cuEventCreate")
         err = None
-        # copies back inside the graph if the driver takes them; PDL if the capture takes it
-        tries = [(True, self.launcher), (False, self.launcher)]
-        if self.launcher is not None:
-            tries += [(True, None), (False, None)]
-        for copies, launcher in tries:
+        # the most the capture takes: PDL, the copies back inside the graph, the logits' event
+        tries = [(launcher, copies, event) for launcher in dict.fromkeys((self.launcher, None))
+                 for copies, event in ((True, True), (True, False), (False, False))]
+        for launcher, copies, event in tries:
             try:
-                self._capture(copies, launcher)
+                self._capture(copies, launcher, event)
                 self.copies_in_graph, self.pdl = copies, launcher is not None
                 err = None
                 break
@@ -124,10 +123,11 @@ class DecodeGraph:
         _check(self.lib.cuGraphInstantiateWithFlags(ctypes.byref(self.exec), self.graph, ctypes.c_ulonglong(0)),
                "cuGraphInstantiateWithFlags")
 
-    def _capture(self, copies: bool, launcher) -> None:
+    def _capture(self, copies: bool, launcher, event: bool) -> None:
         """Record one step on self.stream. copies: the logits' copy to the host on a forked stream
-        (overlapping the logits' hash) and the hashes' copy, as graph nodes. launcher: the main
-        stream's kernels are launched with PDL (pdl.py), or None."""
+        (overlapping the logits' hash) and the hashes' copy, as graph nodes; event: an external
+        event after the logits' copy (wait_logits). launcher: the main stream's kernels are
+        launched with PDL (pdl.py), or None."""
         from .pdl import capturing
 
         b, cuda, lay = self.b, self.b.rt.cuda, self.lay
@@ -142,7 +142,7 @@ class DecodeGraph:
         err = None
         try:
             with capturing(self.stream, launcher):
-                self._record(b, cuda, lay, copies)
+                self._record(b, cuda, lay, copies, event)
         except Exception as e:  # end the capture whatever happens
             err = e
         finally:
@@ -157,17 +157,17 @@ class DecodeGraph:
         _check(rc, "cuStreamEndCapture")
         self.graph = graph
 
-    def _record(self, b, cuda, lay, copies: bool) -> None:
+    def _record(self, b, cuda, lay, copies: bool, event: bool) -> None:
         """The step's work on the capturing stream: forward, the logits' copy, the hashes."""
         b.forward(lay, 0, hash_body=self.hashing)
         if copies:
             self.ev_fwd.record(self.stream)
             self.cstream.wait_for_event(self.ev_fwd)
             cuda.memcpy_dtoh_async(self.logits_host, int(self.arena) + lay.offset("logits"), self.cstream)
-            # the host may read the logits while the logits' hash still runs
-            self.logits_event = self.lib.cuEventRecordWithFlags(
-                self.ev_logits, ctypes.c_void_p(stream_handle(self.cstream)),
-                ctypes.c_uint(EVENT_RECORD_EXTERNAL)) == 0
+            if event:  # the host may read the logits while the logits' hash still runs
+                _check(self.lib.cuEventRecordWithFlags(self.ev_logits, ctypes.c_void_p(stream_handle(self.cstream)),
+                                                       ctypes.c_uint(EVENT_RECORD_EXTERNAL)), "cuEventRecordWithFlags")
+                self.logits_event = True
             self.ev_copied.record(self.cstream)
         if self.hashing:
             b.launch_hashes(lay)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import threading
 
 LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
 
@@ -100,6 +101,8 @@ class PdlLauncher:
                f"cuLaunchKernelEx({name})")
 
     def close(self) -> None:
+        """Unload the modules: only once no captured graph holds their functions (the runtime
+        keeps its launcher for the life of the process)."""
         for handle in self.modules.values():
             self.lib.cuModuleUnload(handle)
         self.modules, self.functions = {}, {}
@@ -118,25 +121,27 @@ def launcher_for(rt) -> PdlLauncher | None:
     return rt.pdl
 
 
-_active: tuple[object, PdlLauncher] | None = None  # (the capturing stream, its launcher)
+_local = threading.local()  # .active: (the capturing stream, its launcher), per thread
 
 
 @contextlib.contextmanager
 def capturing(stream, launcher: PdlLauncher | None):
-    """While a graph captures on `stream`, launches on it go through `launcher` (None: PyCUDA)."""
-    global _active
-    saved, _active = _active, ((stream, launcher) if launcher is not None else None)
+    """While a graph captures on `stream` in this thread, launches on it go through `launcher`
+    (None: PyCUDA's)."""
+    saved = getattr(_local, "active", None)
+    _local.active = (stream, launcher) if launcher is not None else None
     try:
         yield
     finally:
-        _active = saved
+        _local.active = saved
 
 
 def route(k, grid, block, stream, args) -> bool:
     """Launch through PDL if a capture on `stream` asked for it; False: the caller launches."""
-    if _active is None or stream is None or stream is not _active[0]:
+    active = getattr(_local, "active", None)
+    if active is None or stream is None or stream is not active[0]:
         return False
     from .graph import stream_handle
 
-    _active[1].launch(k, grid, block, stream_handle(stream), args)
+    active[1].launch(k, grid, block, stream_handle(stream), args)
     return True

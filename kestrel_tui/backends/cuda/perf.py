@@ -110,6 +110,8 @@ def decode_bench(model, ctx: int = 1024, steps: int = 20, warm: int = 3, direct:
         for hashing in (True, False):  # capture both graphs (the first M=1 step of each)
             _timed_step(b, tok, ctx, True, hashing)
         r["capture_s"] = time.perf_counter() - t0
+        if set(b._graphs) != {True, False}:
+            raise RuntimeError(f"decode graphs not captured: {b.graph_status}")
         g, g0 = b._graphs[True], b._graphs[False]
         r["graph_nodes"], r["graph_nodes_nohash"] = g.n_nodes, g0.n_nodes
         full, nohash, dirs, dirs0, gpu = [], [], [], [], []
