@@ -1,0 +1,114 @@
+"""One decode-graph replay of the full-size model at context 1024, bracketed by
+cuProfilerStart/Stop so a profiler (nsys --capture-range=cudaProfilerApi, or ncu
+--profile-from-start off) sees only that replay. Then, given the profiler's CSV of kernel
+rows, prints what the replay's time is made of: kernel time per kernel name and the gaps
+between consecutive kernels.
+
+    python3 scripts/gpu_timeline.py run --exact none|all [--layers 48]
+    python3 scripts/gpu_timeline.py summarize trace.csv      # nsys cuda_gpu_trace CSV
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import ctypes
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def run(args) -> None:
+    from kestrel_tui.backends.cuda import make_cuda_backend
+    from kestrel_tui.backends.cuda.perf import prefill
+    from kestrel_tui.backends.cuda.weights import DeviceSyntheticModel
+    from kestrel_tui.backends.toggles import TOGGLES
+    from kestrel_tui.model.config import qwen3_30b_a3b_config
+
+    exact = frozenset(TOGGLES) if args.exact == "all" else frozenset(x for x in args.exact.split(",") if x != "none")
+    m = DeviceSyntheticModel(qwen3_30b_a3b_config(args.layers), name="timeline")
+    b = make_cuda_backend(m, exact=exact, graph=True)
+    ctx = args.ctx
+    b.reset(ctx + 8)
+    prompt = np.random.default_rng(1).integers(0, m.cfg.vocab, ctx).astype(np.int32)
+    prefill(b, prompt)
+    tok = int(prompt[-1])
+    for i in range(3):  # capture + warm
+        b.step(np.array([tok]), ctx + i, raw=False)
+    g = b._graph
+    print(b.graph_status, flush=True)
+    lib = ctypes.CDLL("libcuda.so.1")
+    with b.rt.active():
+        b.rt.cuda.Context.synchronize()
+        lib.cuProfilerStart()
+        for i in range(args.reps):
+            g.launch(tok, ctx + 3 + i)
+            b.rt.cuda.Context.synchronize()
+        lib.cuProfilerStop()
+
+
+def summarize(args) -> None:
+    rows = []
+    with open(args.csv) as f:
+        lines = [ln for ln in f if ln.strip()]
+    if any("Kernel Name" in ln for ln in lines[:50]):  # ncu --csv: device time per kernel only, no gaps
+        start = next(i for i, ln in enumerate(lines) if "Kernel Name" in ln)
+        per = defaultdict(lambda: [0, 0.0])
+        for r in csv.DictReader(lines[start:]):
+            if r.get("Metric Name") == "gpu__time_duration.sum":
+                v = per[r["Kernel Name"].split("(")[0]]
+                v[0] += 1
+                v[1] += float(r["Metric Value"].replace(",", "")) * (1e3 if r["Metric Unit"] == "usecond" else 1)
+        tot = sum(v[1] for v in per.values())
+        print(f"kernels {sum(v[0] for v in per.values())}, kernel time {tot / 1e6:.3f} ms (ncu, serialized)")
+        for n, (c, d) in sorted(per.items(), key=lambda kv: -kv[1][1]):
+            print(f"{n:34} {c:5d} {d / 1e6:8.3f} {d / c / 1e3:8.2f}")
+        return
+    start = next(i for i, ln in enumerate(lines) if ln.startswith('"Start') or ln.startswith("Start"))
+    for r in csv.DictReader(lines[start:]):
+        name = r.get("Name", "")
+        if not name or "[CUDA" in name:
+            continue
+        rows.append((int(r["Start (ns)"]), int(r["Duration (ns)"]), name.split("(")[0]))
+    rows.sort()
+    # the last replay only (the profiler may have seen several)
+    per = defaultdict(lambda: [0, 0])
+    gaps = defaultdict(lambda: [0, 0])
+    span = rows[-1][0] + rows[-1][1] - rows[0][0]
+    busy = 0
+    for i, (s, d, n) in enumerate(rows):
+        per[n][0] += 1
+        per[n][1] += d
+        busy += d
+        if i:
+            ps, pd, pn = rows[i - 1]
+            gaps[n][0] += 1
+            gaps[n][1] += s - (ps + pd)
+    print(f"kernels {len(rows)}, span {span / 1e6:.3f} ms, kernel time {busy / 1e6:.3f} ms,"
+          f" gaps {(span - busy) / 1e6:.3f} ms ({(span - busy) / max(1, len(rows) - 1) / 1e3:.2f} us a kernel)")
+    print(f"{'kernel':34} {'n':>5} {'ms':>8} {'us each':>8} {'gap before, us each':>20}")
+    for n, (c, d) in sorted(per.items(), key=lambda kv: -kv[1][1]):
+        gc, gs = gaps[n]
+        print(f"{n:34} {c:5d} {d / 1e6:8.3f} {d / c / 1e3:8.2f} {gs / max(1, gc) / 1e3:20.2f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--exact", default="none")
+    r.add_argument("--layers", type=int, default=48)
+    r.add_argument("--ctx", type=int, default=1024)
+    r.add_argument("--reps", type=int, default=1)
+    s = sub.add_parser("summarize")
+    s.add_argument("csv")
+    args = ap.parse_args()
+    run(args) if args.cmd == "run" else summarize(args)
+
+
+if __name__ == "__main__":
+    main()
