@@ -353,6 +353,7 @@ extern "C" __global__ void attn_fast_f32(const float *q, const float *kc, const 
 #define ATT_PV_BATCH 16  // (divides ATT_SPLIT_CHUNK) positions whose operands attn_exact_pv_q8 loads ahead of its serial steps
 static_assert(ATT_SPLIT_CHUNK == ATT_SPLIT_TILE, "a P.V chunk is one scores tile (its running max)");
 static_assert(ATT_SPLIT_CHUNK % ATT_PV_BATCH == 0, "the serial loop runs whole batches");
+static_assert(ATT_SPLIT_COLS == QK, "a P.V block's 32 dims are one q8_0 block of its output");
 
 extern "C" __global__ void attn_exact_scores_q8(const float *__restrict__ q, const signed char *__restrict__ kc,
                                                 const float *__restrict__ ksc, float *__restrict__ S,
@@ -406,7 +407,8 @@ extern "C" __global__ void attn_exact_scores_q8(const float *__restrict__ q, con
 extern "C" __global__ void attn_exact_pv_q8(const signed char *__restrict__ vc, const float *__restrict__ vsc,
                                             const float *__restrict__ S, const float *__restrict__ I,
                                             float *__restrict__ out, int cap_s, int pos0, int n_q, int n_kv, int hd,
-                                            int exact_exp, const int *__restrict__ dpos) {
+                                            int exact_exp, const int *__restrict__ dpos,
+                                            signed char *__restrict__ xq, float *__restrict__ xd, int quant) {
   pdl_wait();
   if (dpos) pos0 = *dpos;
   // per chunk: c_p, w_p, and every column's product w_p*v_p (computed in parallel), so
@@ -482,7 +484,12 @@ extern "C" __global__ void attn_exact_pv_q8(const signed char *__restrict__ vc, 
     }
     __syncthreads();
   }
-  if (tid < ATT_SPLIT_COLS) out[((size_t)m * n_q + h) * hd + j0 + tid] = FDIV(acc, l);
+  if (tid < ATT_SPLIT_COLS) {  // warp 0: the block's 32 dims, one q8_0 block of o_proj's input
+    const size_t o = ((size_t)m * n_q + h) * hd + j0 + tid;
+    const float y = FDIV(acc, l);
+    out[o] = y;
+    q8_0_warp(y, o, xq, xd, quant);
+  }
 }
 
 // part: [M, n_q, tiles_cap, hd + 2] = (P.V[hd], max, sum) per tile. grid (n_q, M, tiles_cap), block 256.
@@ -542,23 +549,54 @@ extern "C" __global__ void attn_fast_part_q8(const float *__restrict__ q, const 
   }
 }
 
-// grid (n_q, M), block >= hd (a multiple of 32).
+// grid (n_q, M), block >= hd (a multiple of 32). The tiles' maxima, weights and sums are read
+// by all threads at once and their P.V rows in batches of ATT_COMBINE_BATCH loads, so the
+// kernel waits on memory a few times, not twice a tile; the adds run in tile order as ever.
+// xq/xd (quant != 0): the q8_0 of out for o_proj (common.cuh q8_0_warp; a warp is 32
+// consecutive dims of one head), saving the quantize launch.
+#define ATT_COMBINE_CHUNK 128  // tiles staged in shared memory at a time
+#define ATT_COMBINE_BATCH 8
 extern "C" __global__ void attn_fast_combine(const float *__restrict__ part, float *__restrict__ out, int tiles_cap,
-                                             int pos0, int n_q, int hd, int exact_exp, const int *__restrict__ dpos) {
+                                             int pos0, int n_q, int hd, int exact_exp, const int *__restrict__ dpos,
+                                             signed char *__restrict__ xq, float *__restrict__ xd, int quant) {
   pdl_wait();
   if (dpos) pos0 = *dpos;
+  __shared__ float red[32];
+  __shared__ float s_f[ATT_COMBINE_CHUNK], s_l[ATT_COMBINE_CHUNK];
   const int h = blockIdx.x, m = blockIdx.y, tid = threadIdx.x;
   const int T = pos0 + m + 1;
   const int nt = (T + ATT_FAST_TILE - 1) / ATT_FAST_TILE;
-  const float *src = part + ((size_t)m * n_q + h) * tiles_cap * (hd + 2);
+  const int stride = hd + 2;
+  const float *src = part + ((size_t)m * n_q + h) * tiles_cap * stride;
   float gm = -INFINITY;
-  for (int t = 0; t < nt; t++) gm = fmaxf(gm, src[t * (hd + 2) + hd]);
+  for (int t = tid; t < nt; t += blockDim.x) gm = fmaxf(gm, src[t * stride + hd]);
+  gm = block_max(gm, red);
   float L = 0.0f, acc = 0.0f;
-  for (int t = 0; t < nt; t++) {
-    const float *pt = src + t * (hd + 2);
-    const float f = exact_exp ? expf_ucrt(pt[hd] - gm) : __expf(pt[hd] - gm);
-    L = fmaf(pt[hd + 1], f, L);
-    if (tid < hd) acc = fmaf(pt[tid], f, acc);
+  for (int t0 = 0; t0 < nt; t0 += ATT_COMBINE_CHUNK) {
+    const int nc = min(ATT_COMBINE_CHUNK, nt - t0);
+    __syncthreads();  // the previous chunk's s_f / s_l are read
+    for (int t = tid; t < nc; t += blockDim.x) {
+      const float *pt = src + (t0 + t) * stride;
+      s_f[t] = exact_exp ? expf_ucrt(pt[hd] - gm) : __expf(pt[hd] - gm);
+      s_l[t] = pt[hd + 1];
+    }
+    __syncthreads();
+    for (int t = 0; t < nc; t++) L = fmaf(s_l[t], s_f[t], L);
+    if (tid < hd) {
+      for (int tb = 0; tb < nc; tb += ATT_COMBINE_BATCH) {
+        float v[ATT_COMBINE_BATCH];
+#pragma unroll
+        for (int u = 0; u < ATT_COMBINE_BATCH; u++) v[u] = tb + u < nc ? src[(t0 + tb + u) * stride + tid] : 0.0f;
+#pragma unroll
+        for (int u = 0; u < ATT_COMBINE_BATCH; u++)
+          if (tb + u < nc) acc = fmaf(v[u], s_f[tb + u], acc);
+      }
+    }
   }
-  if (tid < hd) out[((size_t)m * n_q + h) * hd + tid] = acc * (1.0f / L);
+  if (tid < hd) {
+    const size_t o = ((size_t)m * n_q + h) * hd + tid;
+    const float y = acc * (1.0f / L);
+    out[o] = y;
+    q8_0_warp(y, o, xq, xd, quant);
+  }
 }

@@ -311,4 +311,26 @@ __device__ __forceinline__ float round_half_away(float x) { return roundf(x); }
 
 // f16 round trip of a q8_0 block scale (__float2half_rn = numpy's astype(float16)).
 __device__ __forceinline__ float f16_round(float x) { return __half2float(__float2half_rn(x)); }
+
+// The q8_0 quantization of a q4_0 GEMV's input, one 32-element block held one element a lane
+// by a whole warp (element i, block i/32; the kernels that produce a GEMV's input call it on
+// their output). quant 2: the exact rule, ggml quantize_row_q8_0_ref (d = amax/127,
+// q = roundf(x * (1/d)), 0 where 1/d is not finite); quant 1: the fast rule, ggml-cuda's
+// quantize_q8_1 (q = roundf(x / d)); quant 0: nothing. The scale is stored f16-rounded.
+__device__ __forceinline__ void q8_0_warp(float v, size_t i, signed char *__restrict__ xq, float *__restrict__ xd,
+                                          int quant) {
+  if (!quant) return;
+  const float amax = warp_max(fabsf(v));
+  float d, r;
+  if (quant == 2) {
+    d = FDIV(amax, 127.0f);
+    const float id = q8_inverse(d);
+    r = roundf(FMUL(v, id));
+  } else {
+    d = amax / 127.0f;
+    r = amax == 0.0f ? 0.0f : roundf(v / d);
+  }
+  xq[i] = (signed char)r;
+  if ((threadIdx.x & 31) == 0) xd[i / QK] = f16_round(d);
+}
 #endif

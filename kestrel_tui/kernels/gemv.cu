@@ -48,26 +48,14 @@
 
 // ------------------------------------------------------------ activation quantization
 
-// x: [n_total] f32 (n_total a multiple of 32, rows laid end to end); one warp per block.
+// x: [n_total] f32 (n_total a multiple of 32, rows laid end to end); the rule: common.cuh
+// q8_0_warp.
 template <bool EXACT>
 __device__ __forceinline__ void quantize_q8_0(const float *__restrict__ x, signed char *__restrict__ q,
                                               float *__restrict__ d_out, int n_total) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i - (threadIdx.x & 31) >= n_total) return;  // whole warps only
-  const float v = x[i];
-  const float amax = warp_max(fabsf(v));
-  float r;
-  float d;
-  if (EXACT) {
-    d = FDIV(amax, 127.0f);
-    const float id = q8_inverse(d);
-    r = roundf(FMUL(v, id));
-  } else {
-    d = amax / 127.0f;
-    r = amax == 0.0f ? 0.0f : roundf(v / d);
-  }
-  q[i] = (signed char)r;
-  if ((threadIdx.x & 31) == 0) d_out[i / QK] = f16_round(d);
+  q8_0_warp(x[i], i, q, d_out, EXACT ? 2 : 1);
 }
 
 extern "C" __global__ void quantize_q8_0_exact(const float *__restrict__ x, signed char *__restrict__ q,
@@ -109,24 +97,39 @@ __device__ __forceinline__ int q4_q8_block_isum(const uint4 wv, const int4 *__re
   return su - 8 * sx;
 }
 
-// One lane's share of a row against up to MC activation columns.
+// One lane's share of a row against up to MC activation columns: blocks lane, lane+32, ...
+// in that order. A GEMV row is a few blocks a lane, so a lane's weight loads are issued
+// GEMV_PF at a time before their first use (decode GEMVs wait on memory latency, not
+// bandwidth); the adds keep their order.
+#define GEMV_PF 4
 template <bool EXACT, int MC>
 __device__ __forceinline__ void q4_lane_dot(const uint4 *__restrict__ wrow, const __half *__restrict__ drow, int nb,
                                             const signed char *__restrict__ xq, const float *__restrict__ xd,
                                             int ncols, float (&acc)[MC]) {
   const int lane = threadIdx.x & 31;
-  for (int b = lane; b < nb; b += 32) {
-    const uint4 wv = wrow[b];
-    const float dw = __half2float(drow[b]);
+  for (int b0 = lane; b0 < nb; b0 += 32 * GEMV_PF) {
+    uint4 wv[GEMV_PF];
+    float dw[GEMV_PF];
 #pragma unroll
-    for (int c = 0; c < MC; c++) {
-      if (c < ncols) {
-        const float fsum = __int2float_rn(q4_q8_block_isum(wv, (const int4 *)(xq + ((size_t)c * nb + b) * QK)));
-        const float dx = xd[(size_t)c * nb + b];
-        if (EXACT)
-          acc[c] = FADD(acc[c], FMUL(fsum, FMUL(dw, dx)));
-        else
-          acc[c] = fmaf(fsum, dw * dx, acc[c]);
+    for (int u = 0; u < GEMV_PF; u++) {
+      const int b = b0 + 32 * u;
+      wv[u] = b < nb ? wrow[b] : make_uint4(0, 0, 0, 0);
+      dw[u] = b < nb ? __half2float(drow[b]) : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < GEMV_PF; u++) {
+      const int b = b0 + 32 * u;
+      if (b >= nb) break;
+#pragma unroll
+      for (int c = 0; c < MC; c++) {
+        if (c < ncols) {
+          const float fsum = __int2float_rn(q4_q8_block_isum(wv[u], (const int4 *)(xq + ((size_t)c * nb + b) * QK)));
+          const float dx = xd[(size_t)c * nb + b];
+          if (EXACT)
+            acc[c] = FADD(acc[c], FMUL(fsum, FMUL(dw[u], dx)));
+          else
+            acc[c] = fmaf(fsum, dw[u] * dx, acc[c]);
+        }
       }
     }
   }
@@ -178,9 +181,20 @@ __device__ __forceinline__ void gemv_q4(const uint4 *__restrict__ W, const __hal
       const uint4 *wr = W + (size_t)row * nb;
       const __half *dr = D + (size_t)row * nb;
       const int per = (nb + 31) / 32, b_end = min(nb, (lane + 1) * per);
-      for (int b = lane * per; b < b_end; b++) {
-        const int isum = q4_q8_block_isum(wr[b], (const int4 *)(xq + (size_t)b * QK));
-        acc[0] = fmaf(__int2float_rn(isum), __half2float(dr[b]) * xd[b], acc[0]);
+      for (int b0 = lane * per; b0 < b_end; b0 += GEMV_PF) {  // loads first, as in q4_lane_dot
+        uint4 wv[GEMV_PF];
+        float dw[GEMV_PF];
+#pragma unroll
+        for (int u = 0; u < GEMV_PF; u++) {
+          wv[u] = b0 + u < b_end ? wr[b0 + u] : make_uint4(0, 0, 0, 0);
+          dw[u] = b0 + u < b_end ? __half2float(dr[b0 + u]) : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < GEMV_PF; u++) {
+          if (b0 + u >= b_end) break;
+          const int isum = q4_q8_block_isum(wv[u], (const int4 *)(xq + (size_t)(b0 + u) * QK));
+          acc[0] = fmaf(__int2float_rn(isum), dw[u] * xd[b0 + u], acc[0]);
+        }
       }
     } else if (ks == 1) {
       q4_lane_dot<EXACT, GEMV_MC>(W + (size_t)row * nb, D + (size_t)row * nb, nb, xq + (size_t)m0 * nb * QK,

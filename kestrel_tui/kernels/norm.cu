@@ -21,28 +21,56 @@
 #define NORM_THREADS 256
 #define NORM_MAX_TERMS 4096  // hidden sizes up to 32768
 
-// The q8_0 quantization of the GEMV that follows a norm, fused into its output loop (kernels
-// /gemv.cu quantize_q8_0_*, same expressions): one warp = one 32-element block, because
-// element j = k*blockDim + tid puts a warp on 32 consecutive, 32-aligned elements.
-// quant: 0 none, 1 the fast rule (q = round(x / d)), 2 the exact rule (reciprocal multiply).
-__device__ __forceinline__ void norm_quant(float v, size_t i, signed char *__restrict__ xq,
-                                           float *__restrict__ xd, int quant) {
-  const float amax = warp_max(fabsf(v));
-  float d, r;
-  if (quant == 2) {
-    d = FDIV(amax, 127.0f);
-    const float id = q8_inverse(d);
-    r = roundf(FMUL(v, id));
-  } else {
-    d = amax / 127.0f;
-    r = amax == 0.0f ? 0.0f : roundf(v / d);
+// A single block per row is bound by load latency, not bandwidth: the row (x and w) is read
+// into registers once, every load issued before the first use, and both passes work from
+// there (rows past NORM_PER * NORM_THREADS elements take the rest from memory in the same
+// order). The arithmetic and its order are the versions' above, so the bits are too.
+#define NORM_PER 8  // elements a thread keeps in registers: hidden 2048 at 256 threads
+
+struct NormRow {
+  float x[NORM_PER], w[NORM_PER];
+};
+
+__device__ __forceinline__ void norm_load(const float *__restrict__ xr, const float *__restrict__ w, int n,
+                                          NormRow &r) {
+#pragma unroll
+  for (int k = 0; k < NORM_PER; k++) {
+    const int j = threadIdx.x + k * NORM_THREADS;
+    r.x[k] = j < n ? xr[j] : 0.0f;
+    r.w[k] = j < n ? w[j] : 0.0f;
   }
-  xq[i] = (signed char)r;
-  if ((threadIdx.x & 31) == 0) xd[i / QK] = f16_round(d);
+}
+
+// y = out row; the value of element j is f(x[j], w[j]) for the version's f.
+template <bool EXACT>
+__device__ __forceinline__ float norm_apply(float x, float w, float rms) {
+  return EXACT ? FMUL(FMUL(x, rms), w) : x * (rms * w);
+}
+
+template <bool EXACT>
+__device__ __forceinline__ void norm_store(const float *__restrict__ xr, const float *__restrict__ w, int n,
+                                           const NormRow &r, float rms, float *__restrict__ yr,
+                                           signed char *__restrict__ xq, float *__restrict__ xd, int quant) {
+  const size_t row0 = (size_t)blockIdx.x * n;
+#pragma unroll
+  for (int k = 0; k < NORM_PER; k++) {
+    const int j = threadIdx.x + k * NORM_THREADS;
+    if (j < n) {
+      const float v = norm_apply<EXACT>(r.x[k], r.w[k], rms);
+      yr[j] = v;
+      q8_0_warp(v, row0 + j, xq, xd, quant);
+    }
+  }
+  for (int j = threadIdx.x + NORM_PER * NORM_THREADS; j < n; j += NORM_THREADS) {
+    const float v = norm_apply<EXACT>(xr[j], w[j], rms);
+    yr[j] = v;
+    q8_0_warp(v, row0 + j, xq, xd, quant);
+  }
 }
 
 // x, out: [M, n] row-major; grid = M blocks of NORM_THREADS. xq/xd: the q8_0 of out
-// ([M, n] int8, [M, n/32]; n a multiple of 32) when quant != 0.
+// ([M, n] int8, [M, n/32]; n a multiple of 32) when quant != 0 (common.cuh q8_0_warp: one
+// warp is 32 consecutive, 32-aligned elements, because element j = tid + k*NORM_THREADS).
 extern "C" __global__ void rmsnorm_exact(const float *__restrict__ x, const float *__restrict__ w,
                                          float *__restrict__ out, int n, float eps, signed char *__restrict__ xq,
                                          float *__restrict__ xd, int quant) {
@@ -51,6 +79,8 @@ extern "C" __global__ void rmsnorm_exact(const float *__restrict__ x, const floa
   __shared__ float rms_s;
   const float *xr = x + (size_t)blockIdx.x * n;
   float *yr = out + (size_t)blockIdx.x * n;
+  NormRow r;
+  norm_load(xr, w, n, r);
   const int n8 = n & ~7;
   for (int b = threadIdx.x; b < n8 / 8; b += blockDim.x) {
     const float *v = xr + 8 * b;
@@ -67,12 +97,7 @@ extern "C" __global__ void rmsnorm_exact(const float *__restrict__ x, const floa
     rms_s = FDIV(1.0f, FSQRT(FADD(FDIV(ss, (float)n), eps)));
   }
   __syncthreads();
-  const float rms = rms_s;
-  for (int j = threadIdx.x; j < n; j += blockDim.x) {
-    const float v = FMUL(FMUL(xr[j], rms), w[j]);
-    yr[j] = v;
-    if (quant) norm_quant(v, (size_t)blockIdx.x * n + j, xq, xd, quant);
-  }
+  norm_store<true>(xr, w, n, r, rms_s, yr, xq, xd, quant);
 }
 
 extern "C" __global__ void rmsnorm_fast(const float *__restrict__ x, const float *__restrict__ w,
@@ -83,8 +108,12 @@ extern "C" __global__ void rmsnorm_fast(const float *__restrict__ x, const float
   __shared__ float rms_s;
   const float *xr = x + (size_t)blockIdx.x * n;
   float *yr = out + (size_t)blockIdx.x * n;
+  NormRow r;
+  norm_load(xr, w, n, r);
   float acc = 0.0f;
-  for (int j = threadIdx.x; j < n; j += blockDim.x) acc = fmaf(xr[j], xr[j], acc);
+#pragma unroll
+  for (int k = 0; k < NORM_PER; k++) acc = fmaf(r.x[k], r.x[k], acc);  // zeros past n add nothing
+  for (int j = threadIdx.x + NORM_PER * NORM_THREADS; j < n; j += NORM_THREADS) acc = fmaf(xr[j], xr[j], acc);
   acc = warp_sum_fast(acc);
   if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = acc;
   __syncthreads();
@@ -94,12 +123,7 @@ extern "C" __global__ void rmsnorm_fast(const float *__restrict__ x, const float
     if (threadIdx.x == 0) rms_s = rsqrtf(v * (1.0f / (float)n) + eps);
   }
   __syncthreads();
-  const float rms = rms_s;
-  for (int j = threadIdx.x; j < n; j += blockDim.x) {
-    const float v = xr[j] * (rms * w[j]);
-    yr[j] = v;
-    if (quant) norm_quant(v, (size_t)blockIdx.x * n + j, xq, xd, quant);
-  }
+  norm_store<false>(xr, w, n, r, rms_s, yr, xq, xd, quant);
 }
 
 // q_in/q_out: [M, n_q, hd]; k_in/k_out: [M, n_kv, hd]. grid (n_q + n_kv, M), block 32.

@@ -488,9 +488,12 @@ class CudaBackend(Backend):
                 for f in KV_FIELDS:
                     rb = self._row_bytes[f]
                     cuda.memcpy_dtod(c[f] + pos0 * rb, In(f, li), M * rb)
-            self.attention(In("qrope", li), A("attn", li), li, pos0, M)
             attn = In("attn", li)
-            quant(attn, M, nh * hd)
+            if fuse_q and self.attn_split:  # the attention kernels quantize their own output
+                self.attention(In("qrope", li), A("attn", li), li, pos0, M, xq, xd, qmode)
+            else:
+                self.attention(In("qrope", li), A("attn", li), li, pos0, M)
+                quant(attn, M, nh * hd)
             gemv(W["o_proj"], attn, A("ores", li), res=x_in)
             ores = In("ores", li)
             pnrm = A("pnrm", li)
@@ -539,8 +542,10 @@ class CudaBackend(Backend):
                     else M * nh * _blocks(cap, ATT_FAST_TILE) * (hd + 2) * 4)
         return 4 if self.attn_exact else M * nh * cap * 4
 
-    def attention(self, q: int, out: int, layer: int, pos0: int, M: int) -> None:
-        """Attention of M columns at positions pos0.. over the layer's cache (q, out: [M, n_q*hd])."""
+    def attention(self, q: int, out: int, layer: int, pos0: int, M: int, xq: int = 0, xd: int = 0,
+                  quant: int = 0) -> None:
+        """Attention of M columns at positions pos0.. over the layer's cache (q, out: [M, n_q*hd]).
+        quant (1 fast, 2 exact; split kernels only): also write out's q8_0 to xq/xd."""
         cfg = self.model.cfg
         c = self.cache[layer]
         if self.attn_split:
@@ -555,14 +560,14 @@ class CudaBackend(Backend):
                 launch(self.k_att_a, (nh, M, tiles), (ATT_SPLIT_TILE, 1, 1), self.stream, q, c["k"], c["ks"], S, I,
                        cap, pos0, nh, nkv, hd, scale, self.dpos)
                 launch(self.k_att_b, (nh, M, hd // 32), (ATT_SPLIT_CHUNK, 1, 1), self.stream, c["v"], c["vs"], S, I,
-                       out, cap, pos0, nh, nkv, hd, self.exp_exact, self.dpos)
+                       out, cap, pos0, nh, nkv, hd, self.exp_exact, self.dpos, xq, xd, quant)
             else:
                 tcap = _blocks(cap, ATT_FAST_TILE)
                 launch(self.k_att_a, (nh, M, _blocks(span, ATT_FAST_TILE)), (max(ATT_FAST_TILE, hd), 1, 1), self.stream,
                        q, c["k"], c["ks"], c["v"],
                        c["vs"], sc, tcap, pos0, nh, nkv, hd, scale, self.exp_exact, self.dpos)
                 launch(self.k_att_b, (nh, M, 1), (_blocks(hd, 32) * 32, 1, 1), self.stream, sc, out, tcap, pos0, nh,
-                       hd, self.exp_exact, self.dpos)
+                       hd, self.exp_exact, self.dpos, xq, xd, quant)
             return
         args = (q, c["k"], c["ks"], c["v"], c["vs"], out)
         tail = (pos0, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, float(self.model.attn_scale), self.exp_exact,

@@ -47,8 +47,8 @@ SIGNATURES = {
     # attention.cu
     "attn_exact_q8": "PPPPPPiiiifiP", "attn_exact_f32": "PPPPPPiiiifiP",
     "attn_fast_q8": "PPPPPPPiiiiifiP", "attn_fast_f32": "PPPPPPPiiiiifiP",
-    "attn_exact_scores_q8": "PPPPPiiiiifP", "attn_exact_pv_q8": "PPPPPiiiiiiP",
-    "attn_fast_part_q8": "PPPPPPiiiiifiP", "attn_fast_combine": "PPiiiiiP",
+    "attn_exact_scores_q8": "PPPPPiiiiifP", "attn_exact_pv_q8": "PPPPPiiiiiiPPPi",
+    "attn_fast_part_q8": "PPPPPPiiiiifiP", "attn_fast_combine": "PPiiiiiPPPi",
     # moe.cu
     "router_exact": "PPPiiii", "router_fast": "PPPiiii",
     "silu_mul_exact": "PPPPPiii", "silu_mul_fast": "PPPPPiii",
