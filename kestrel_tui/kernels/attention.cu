@@ -330,10 +330,10 @@ extern "C" __global__ void attn_fast_f32(const float *q, const float *kc, const 
 //       the global running max m_p = max(earlier tiles' maxima, I_p) equals the
 //       serial kernel's, whatever the tiling).
 //   attn_exact_pv_q8      grid (n_q, M, hd/ATT_SPLIT_COLS): in chunks of
-//       ATT_SPLIT_CHUNK positions (one scores tile, its operands loaded a chunk
-//       ahead), the running max m_p = max(the max before the tile, I_p),
-//       c_p = expf(m_{p-1} - m_p), w_p = expf(s_p - m_p) and the products
-//       t_p = w_p*(v_p*vs_p) of the block's columns in parallel, then one warp
+//       ATT_SPLIT_CHUNK positions (one scores tile, staged a chunk ahead by
+//       producer threads), the running max m_p = max(the max before the tile, I_p),
+//       c_p = expf(m_{p-1} - m_p), w_p = expf(s_p - m_p) in parallel, then one warp
+//       forms t_p = w_p*(v_p*vs_p) for its 32 columns and
 //       runs the contract's serial recurrence acc = acc*c_p + t_p,
 //       l = l*c_p + w_p over the positions in order (every product rounded
 //       before its add), out = acc / l: the same operations in the same order
@@ -404,76 +404,72 @@ extern "C" __global__ void attn_exact_scores_q8(const float *__restrict__ q, con
   }
 }
 
-extern "C" __global__ void attn_exact_pv_q8(const signed char *__restrict__ vc, const float *__restrict__ vsc,
-                                            const float *__restrict__ S, const float *__restrict__ I,
-                                            float *__restrict__ out, int cap_s, int pos0, int n_q, int n_kv, int hd,
-                                            int exact_exp, const int *__restrict__ dpos,
-                                            signed char *__restrict__ xq, float *__restrict__ xd, int quant) {
+// Block = one serial warp + ATT_SPLIT_CHUNK producer threads, double-buffered: while warp 0
+// runs the recurrence over chunk k, the producers (one position each) stage chunk k+1 —
+// c_p, w_p, the V row's 32 bytes of the block's dims and vs_p — in shared memory. The
+// serial warp forms t_p = w_p*(v_p*vs_p) itself (off the chain's critical path), so a
+// position costs it one multiply-add pair per chain. Positions past T are padded with
+// c = 1, w = -0, v = 0, vs = 0 (t = -0): steps that change no bit.
+#define ATT_PV_THREADS (32 + ATT_SPLIT_CHUNK)
+extern "C" __global__ void __launch_bounds__(ATT_PV_THREADS)
+attn_exact_pv_q8(const signed char *__restrict__ vc, const float *__restrict__ vsc, const float *__restrict__ S,
+                 const float *__restrict__ I, float *__restrict__ out, int cap_s, int pos0, int n_q, int n_kv,
+                 int hd, int exact_exp, const int *__restrict__ dpos, signed char *__restrict__ xq,
+                 float *__restrict__ xd, int quant) {
   pdl_wait();
   if (dpos) pos0 = *dpos;
-  // per chunk: c_p, w_p, and every column's product w_p*v_p (computed in parallel), so
-  // that the serial loop is only acc = acc*c_p + t_p and l = l*c_p + w_p
-  __shared__ float s_c[ATT_SPLIT_CHUNK], s_w[ATT_SPLIT_CHUNK];
-  __shared__ float s_t[ATT_SPLIT_CHUNK * (ATT_SPLIT_COLS + 1)];  // rows padded: no bank conflicts
+  __shared__ float s_c[2][ATT_SPLIT_CHUNK], s_w[2][ATT_SPLIT_CHUNK], s_vs[2][ATT_SPLIT_CHUNK];
+  __shared__ int4 s_v[2][ATT_SPLIT_CHUNK][ATT_SPLIT_COLS / 16];
   const int h = blockIdx.x, m = blockIdx.y, j0 = blockIdx.z * ATT_SPLIT_COLS, tid = threadIdx.x;
   const int kvh = h / (n_q / n_kv);
   const int T = pos0 + m + 1;
   const float *Sr = S + ((size_t)m * n_q + h) * cap_s, *Ir = I + ((size_t)m * n_q + h) * cap_s;
-  // Thread i holds position c0+i's operands in registers, loaded one chunk ahead: the loads
-  // of chunk k+1 are in flight while warp 0 runs chunk k's serial steps.
-  float rs = 0.0f, ri = 0.0f, rip = -INFINITY, rvs = 0.0f, tile_max = -INFINITY;
-  int4 rv[ATT_SPLIT_COLS / 16];
-  auto fetch = [&](int c0) {
-    const int p = c0 + tid;  // blockDim == ATT_SPLIT_CHUNK
+  const bool serial = tid < 32;
+  const int i = tid - 32;  // a producer's position in the chunk
+  float m_run = -INFINITY;  // producers: the max over the tiles before the chunk they stage
+  auto produce = [&](int c0, int buf) {
+    const int p = c0 + i;
+    float c = 1.0f, w = -0.0f, vs = 0.0f;
+    int4 v[ATT_SPLIT_COLS / 16];
+#pragma unroll
+    for (int part = 0; part < ATT_SPLIT_COLS / 16; part++) v[part] = make_int4(0, 0, 0, 0);
     if (p < T) {
-      rs = Sr[p];
-      ri = Ir[p];
-      rip = tid == 0 ? -INFINITY : Ir[p - 1];  // the tile's prefix max before p
-      rvs = vsc[(size_t)p * n_kv + kvh];
+      const float rs = Sr[p], ri = Ir[p];
+      const float rip = i == 0 ? -INFINITY : Ir[p - 1];  // the tile's prefix max before p
+      vs = vsc[(size_t)p * n_kv + kvh];
       const int4 *vrow = (const int4 *)(vc + ((size_t)p * n_kv + kvh) * hd + j0);
 #pragma unroll
-      for (int part = 0; part < ATT_SPLIT_COLS / 16; part++) rv[part] = vrow[part];
+      for (int part = 0; part < ATT_SPLIT_COLS / 16; part++) v[part] = vrow[part];
+      // the running max m_p = max(the max before the tile, I_p): the chunk is one scores
+      // tile (ATT_SPLIT_CHUNK == ATT_SPLIT_TILE); m_{p-1} likewise
+      const float incl = fmaxf(ri, m_run), mprev = fmaxf(rip, m_run);
+      c = exact_exp ? expf_ucrt(FSUB(mprev, incl)) : expf(FSUB(mprev, incl));
+      w = exact_exp ? expf_ucrt(FSUB(rs, incl)) : expf(FSUB(rs, incl));
     }
-    if (c0 < T) tile_max = Ir[min(T, c0 + ATT_SPLIT_CHUNK) - 1];
+    s_c[buf][i] = c;
+    s_w[buf][i] = w;
+    s_vs[buf][i] = vs;
+#pragma unroll
+    for (int part = 0; part < ATT_SPLIT_COLS / 16; part++) s_v[buf][i][part] = v[part];
+    m_run = fmaxf(m_run, Ir[min(T, c0 + ATT_SPLIT_CHUNK) - 1]);
   };
-  fetch(0);
-  float m_run = -INFINITY, l = 0.0f, acc = 0.0f;
-  for (int c0 = 0; c0 < T; c0 += ATT_SPLIT_CHUNK) {
-    const int np = min(ATT_SPLIT_CHUNK, T - c0);
-    // the running max m_p = max(the max before this tile, the tile's prefix max I_p): the
-    // chunk is one scores tile (ATT_SPLIT_CHUNK == ATT_SPLIT_TILE); m_{p-1} likewise
-    const float incl = fmaxf(ri, m_run), mprev = fmaxf(rip, m_run);
-    const float rc = exact_exp ? expf_ucrt(FSUB(mprev, incl)) : expf(FSUB(mprev, incl));
-    const float rw = exact_exp ? expf_ucrt(FSUB(rs, incl)) : expf(FSUB(rs, incl));
-    m_run = fmaxf(m_run, tile_max);
-    // positions past np become steps that multiply by 1 and add -0 (no bit changes), so the
-    // serial loop below runs whole batches without a bounds check
-    const int i = tid;
-    const bool in = i < np;
-    s_c[i] = in ? rc : 1.0f;
-    s_w[i] = in ? rw : -0.0f;
-#pragma unroll
-    for (int part = 0; part < ATT_SPLIT_COLS / 16; part++) {
-      const int wds[4] = {rv[part].x, rv[part].y, rv[part].z, rv[part].w};
-#pragma unroll
-      for (int b = 0; b < 16; b++) {
-        const float vv = FMUL((float)(signed char)(wds[b >> 2] >> (8 * (b & 3))), rvs);
-        s_t[i * (ATT_SPLIT_COLS + 1) + part * 16 + b] = in ? FMUL(rw, vv) : -0.0f;
-      }
-    }
-    __syncthreads();
-    fetch(c0 + ATT_SPLIT_CHUNK);
-    if (tid < ATT_SPLIT_COLS) {
-      // The operands of ATT_PV_BATCH positions are loaded into registers ahead of their
-      // steps, so the chain (a multiply and an add a position, no branch) never waits on
-      // shared memory.
+  if (!serial) produce(0, 0);
+  __syncthreads();
+  float l = 0.0f, acc = 0.0f;
+  const int lane = tid & 31;
+  for (int c0 = 0, buf = 0; c0 < T; c0 += ATT_SPLIT_CHUNK, buf ^= 1) {
+    if (serial) {
+      const int np = min(ATT_SPLIT_CHUNK, T - c0);
+      const signed char *vb = (const signed char *)&s_v[buf][0][0];
       for (int k0 = 0; k0 < np; k0 += ATT_PV_BATCH) {
         float cb[ATT_PV_BATCH], tb[ATT_PV_BATCH], wb[ATT_PV_BATCH];
 #pragma unroll
         for (int u = 0; u < ATT_PV_BATCH; u++) {
-          cb[u] = s_c[k0 + u];
-          tb[u] = s_t[(k0 + u) * (ATT_SPLIT_COLS + 1) + tid];
-          wb[u] = s_w[k0 + u];
+          const int k = k0 + u;
+          cb[u] = s_c[buf][k];
+          wb[u] = s_w[buf][k];
+          const float vv = FMUL((float)vb[k * ATT_SPLIT_COLS + lane], s_vs[buf][k]);
+          tb[u] = FMUL(wb[u], vv);
         }
 #pragma unroll
         for (int u = 0; u < ATT_PV_BATCH; u++) {
@@ -481,11 +477,13 @@ extern "C" __global__ void attn_exact_pv_q8(const signed char *__restrict__ vc, 
           l = FADD(FMUL(l, cb[u]), wb[u]);
         }
       }
+    } else if (c0 + ATT_SPLIT_CHUNK < T) {
+      produce(c0 + ATT_SPLIT_CHUNK, buf ^ 1);
     }
     __syncthreads();
   }
-  if (tid < ATT_SPLIT_COLS) {  // warp 0: the block's 32 dims, one q8_0 block of o_proj's input
-    const size_t o = ((size_t)m * n_q + h) * hd + j0 + tid;
+  if (serial) {  // the block's 32 dims, one q8_0 block of o_proj's input
+    const size_t o = ((size_t)m * n_q + h) * hd + j0 + lane;
     const float y = FDIV(acc, l);
     out[o] = y;
     q8_0_warp(y, o, xq, xd, quant);

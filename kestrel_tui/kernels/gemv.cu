@@ -165,11 +165,11 @@ template <bool EXACT>
 __device__ __forceinline__ void gemv_q4(const uint4 *__restrict__ W, const __half *__restrict__ D,
                                         const signed char *__restrict__ xq, const float *__restrict__ xd,
                                         const float *__restrict__ res, float *__restrict__ y, int out, int nb,
-                                        int M) {
+                                        int M, int bx) {
   __shared__ float part[GEMV_WARPS][GEMV_MC];
   const int ks = EXACT ? 1 : gemv_split(M);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int row = blockIdx.x * (GEMV_WARPS / ks) + warp / ks, k = warp % ks;
+  const int row = bx * (GEMV_WARPS / ks) + warp / ks, k = warp % ks;
   const bool live = row < out;  // warp-uniform; no early return (the block syncs when split)
   const int m0 = blockIdx.y * GEMV_MC;
   const int ncols = min(GEMV_MC, M - m0);
@@ -244,25 +244,29 @@ __device__ __forceinline__ void gemv_q4(const uint4 *__restrict__ W, const __hal
 extern "C" __global__ void gemv_q4_exact(const uint4 *W, const __half *D, const signed char *xq, const float *xd,
                                          const float *res, float *y, int out, int nb, int M) {
   pdl_wait();
-  gemv_q4<true>(W, D, xq, xd, res, y, out, nb, M);
+  gemv_q4<true>(W, D, xq, xd, res, y, out, nb, M, blockIdx.x);
 }
 extern "C" __global__ void gemv_q4_fast(const uint4 *W, const __half *D, const signed char *xq, const float *xd,
                                         const float *res, float *y, int out, int nb, int M) {
   pdl_wait();
-  gemv_q4<false>(W, D, xq, xd, res, y, out, nb, M);
+  gemv_q4<false>(W, D, xq, xd, res, y, out, nb, M, blockIdx.x);
 }
 
-// Three projections of one input in one launch (q, k and v): grid.z picks the matrix; each
-// row is computed exactly as by gemv_q4 (same lane order, same rounding). grid (ceil(max
-// out/(GEMV_WARPS/ks)), ceil(M/GEMV_MC), 3); blocks past a matrix's rows do nothing.
+// Three projections of one input in one launch (q, k and v): the row blocks of the three
+// matrices one after the other along grid.x (no idle blocks for the short k and v); each row
+// is computed exactly as by gemv_q4 (same lane order, same rounding). grid
+// (sum over the matrices of ceil(out/(GEMV_WARPS/ks)), ceil(M/GEMV_MC)).
 template <bool EXACT>
 __device__ __forceinline__ void gemv_q4_x3(const uint4 *W0, const __half *D0, float *y0, int out0, const uint4 *W1,
                                            const __half *D1, float *y1, int out1, const uint4 *W2,
                                            const __half *D2, float *y2, int out2, const signed char *xq,
                                            const float *xd, int nb, int M) {
-  const int z = blockIdx.z;
+  const int rpb = GEMV_WARPS / (EXACT ? 1 : gemv_split(M));
+  const int n0 = (out0 + rpb - 1) / rpb, n1 = (out1 + rpb - 1) / rpb;
+  const int bx = blockIdx.x, z = bx < n0 ? 0 : (bx < n0 + n1 ? 1 : 2);
   gemv_q4<EXACT>(z == 0 ? W0 : (z == 1 ? W1 : W2), z == 0 ? D0 : (z == 1 ? D1 : D2), xq, xd, nullptr,
-                 z == 0 ? y0 : (z == 1 ? y1 : y2), z == 0 ? out0 : (z == 1 ? out1 : out2), nb, M);
+                 z == 0 ? y0 : (z == 1 ? y1 : y2), z == 0 ? out0 : (z == 1 ? out1 : out2), nb, M,
+                 bx - (z == 0 ? 0 : (z == 1 ? n0 : n0 + n1)));
 }
 
 extern "C" __global__ void gemv_q4_x3_exact(const uint4 *W0, const __half *D0, float *y0, int out0, const uint4 *W1,
@@ -282,23 +286,63 @@ extern "C" __global__ void gemv_q4_x3_fast(const uint4 *W0, const __half *D0, fl
 
 // Stacked experts W*: [E, out, nb]; eidx: [P] expert of each pair; pair p reads
 // activation column p / x_div (x_div = top_k when the k slots share one input).
-// grid (ceil(out/GEMV_WARPS), P, 1 or 2): z = 0 -> (W0, D0, y0), z = 1 -> (W1, D1, y1); y*: [P, out].
+// grid (ceil(out/(GEMV_WARPS*EXPERT_ROWS)), P, 1 or 2): z = 0 -> (W0, D0, y0), z = 1 -> (W1, D1, y1);
+// y*: [P, out]. A warp takes EXPERT_ROWS rows, every row's weight loads issued before the
+// first dot: one row a warp needed 2-3 waves of blocks for the top-8 experts of a 30B-A3B
+// layer, each wave paying the full memory latency. Each row is reduced exactly as one row
+// of gemv_q4 (lane order, then the lane tree).
+#define EXPERT_ROWS 4
 template <bool EXACT>
 __device__ __forceinline__ void gemv_q4_experts(const uint4 *W0, const __half *D0, float *y0, const uint4 *W1,
                                                 const __half *D1, float *y1, const int *eidx,
                                                 const signed char *xq, const float *xd, int x_div, int out,
                                                 int nb) {
-  const int row = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
-  if (row >= out) return;
+  const int row0 = (blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5)) * EXPERT_ROWS, lane = threadIdx.x & 31;
+  if (row0 >= out) return;
   const int pair = blockIdx.y, e = eidx[pair], xc = pair / x_div;
   const uint4 *W = blockIdx.z ? W1 : W0;
   const __half *D = blockIdx.z ? D1 : D0;
   float *y = blockIdx.z ? y1 : y0;
-  const size_t wrow = ((size_t)e * out + row) * nb;
-  float acc[1] = {0.0f};
-  q4_lane_dot<EXACT, 1>(W + wrow, D + wrow, nb, xq + (size_t)xc * nb * QK, xd + (size_t)xc * nb, 1, acc);
-  acc[0] = lane_reduce<EXACT>(acc[0]);
-  if ((threadIdx.x & 31) == 0) y[(size_t)pair * out + row] = acc[0];
+  const signed char *xr = xq + (size_t)xc * nb * QK;
+  const float *xdr = xd + (size_t)xc * nb;
+  float acc[EXPERT_ROWS];
+#pragma unroll
+  for (int r = 0; r < EXPERT_ROWS; r++) acc[r] = 0.0f;
+  constexpr int PF = 2;  // blocks a lane loads ahead per row
+  for (int b0 = lane; b0 < nb; b0 += 32 * PF) {
+    uint4 wv[EXPERT_ROWS][PF];
+    float dw[EXPERT_ROWS][PF];
+#pragma unroll
+    for (int r = 0; r < EXPERT_ROWS; r++) {
+      const size_t wrow = ((size_t)e * out + min(row0 + r, out - 1)) * nb;
+#pragma unroll
+      for (int u = 0; u < PF; u++) {
+        const int b = b0 + 32 * u;
+        wv[r][u] = b < nb ? W[wrow + b] : make_uint4(0, 0, 0, 0);
+        dw[r][u] = b < nb ? __half2float(D[wrow + b]) : 0.0f;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < PF; u++) {
+      const int b = b0 + 32 * u;
+      if (b >= nb) break;
+      const int4 *xp = (const int4 *)(xr + (size_t)b * QK);
+      const float dx = xdr[b];
+#pragma unroll
+      for (int r = 0; r < EXPERT_ROWS; r++) {
+        const float fsum = __int2float_rn(q4_q8_block_isum(wv[r][u], xp));
+        if (EXACT)
+          acc[r] = FADD(acc[r], FMUL(fsum, FMUL(dw[r][u], dx)));
+        else
+          acc[r] = fmaf(fsum, dw[r][u] * dx, acc[r]);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < EXPERT_ROWS; r++) {
+    const float v = lane_reduce<EXACT>(acc[r]);
+    if (lane == 0 && row0 + r < out) y[(size_t)pair * out + row0 + r] = v;
+  }
 }
 
 extern "C" __global__ void gemv_q4_experts_exact(const uint4 *W0, const __half *D0, float *y0, const uint4 *W1,

@@ -47,7 +47,8 @@ from .weights import DeviceLinear, device_model
 F32 = np.float32
 ATT_SPLIT_TILE = 256  # kernels/attention.cu ATT_SPLIT_TILE (the exact scores' tiles)
 ATT_FAST_TILE = 64  # kernels/attention.cu ATT_FAST_TILE (the fast flash-decoding tiles)
-ATT_SPLIT_CHUNK = 256  # kernels/attention.cu ATT_SPLIT_CHUNK (attn_exact_pv_q8's block)
+ATT_PV_THREADS = 32 + 256  # kernels/attention.cu ATT_PV_THREADS (attn_exact_pv_q8's block)
+EXPERT_ROWS = 4  # kernels/gemv.cu EXPERT_ROWS (rows a warp of gemv_q4_experts_*)
 # fields whose reference buffer replaces the subject's as the next op's input (isolate mode)
 FED = frozenset({"emb", "x", "nrm", "kraw", "knorm", "kpre", "qrope", "attn", "ores", *KV_FIELDS})
 
@@ -437,7 +438,7 @@ class CudaBackend(Backend):
 
         def gemv_experts(l0: DeviceLinear, y0: int, l1: DeviceLinear | None, y1: int, eidx: int, x: int,
                          x_q: int, x_d: int, x_div: int, pairs: int) -> None:
-            grid = (_blocks(l0.out, 4), pairs, 2 if l1 is not None else 1)
+            grid = (_blocks(l0.out, 4 * (EXPERT_ROWS if q4 else 1)), pairs, 2 if l1 is not None else 1)
             if q4:
                 launch(self.k_gemv_e, grid, (128, 1, 1), self.stream, l0.w, l0.d, y0, l1.w if l1 else 0,
                                             l1.d if l1 else 0, y1, eidx, x_q, x_d, x_div, l0.out, l0.nb)
@@ -468,7 +469,8 @@ class CudaBackend(Backend):
             if q4:  # q, k and v in one launch
                 lq, lk, lv = W["q_proj"], W["k_proj"], W["v_proj"]
                 ks = gemv_split(M, bool(self.quant_exact))
-                launch(self.k_gemv3, (_blocks(max(lq.out, lk.out, lv.out), 4 // ks), _blocks(M, 4), 3), (128, 1, 1),
+                rpb = 4 // ks  # rows a block
+                launch(self.k_gemv3, (sum(_blocks(lin.out, rpb) for lin in (lq, lk, lv)), _blocks(M, 4), 1), (128, 1, 1),
                        self.stream, lq.w, lq.d, A("q"), lq.out, lk.w, lk.d, A("kraw", li), lk.out, lv.w, lv.d,
                        A("vraw"), lv.out, xq, xd, lq.nb, M)
             else:
@@ -559,7 +561,7 @@ class CudaBackend(Backend):
                 S, I = sc, sc + M * nh * cap * 4
                 launch(self.k_att_a, (nh, M, tiles), (ATT_SPLIT_TILE, 1, 1), self.stream, q, c["k"], c["ks"], S, I,
                        cap, pos0, nh, nkv, hd, scale, self.dpos)
-                launch(self.k_att_b, (nh, M, hd // 32), (ATT_SPLIT_CHUNK, 1, 1), self.stream, c["v"], c["vs"], S, I,
+                launch(self.k_att_b, (nh, M, hd // 32), (ATT_PV_THREADS, 1, 1), self.stream, c["v"], c["vs"], S, I,
                        out, cap, pos0, nh, nkv, hd, self.exp_exact, self.dpos, xq, xd, quant)
             else:
                 tcap = _blocks(cap, ATT_FAST_TILE)
