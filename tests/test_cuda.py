@@ -253,3 +253,46 @@ def test_all_exact_equals_cpu_over_several_attention_tiles(rt, head_dim, prefill
     model = synthetic_model(replace(default_config().with_layers(2), head_dim=head_dim), "q4_0")
     res = _run(_session(model, n_prompt=600, n_tokens=3), TOGGLES, prefill=prefill)
     assert res.all_ok, f"first DIFF {res.first_diff}: {res.stats(res.first_diff)}"
+
+
+def _fused_toggle_sets():
+    """none, all, and random subsets (fresh each run; the failing set is in the test id)."""
+    rng = np.random.default_rng()
+    sets = [frozenset(), frozenset(TOGGLES)]
+    sets += [frozenset(t for t in TOGGLES if rng.random() < 0.5) for _ in range(4)]
+    return sets
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("exact", _fused_toggle_sets(), ids=lambda s: "+".join(sorted(s)) or "none")
+def test_fused_launches_equal_separate_ones(rt, head_dim, exact):
+    """kernels/fused.cu (QK-norm+RoPE+KV rows, expert sum+RMSNorm) and the attention kernels'
+    own q8_0 of their output vs every op launched on its own (KESTREL_CUDA_FUSE=0's path):
+    logits bit for bit and every key's hash, for a prefill (M=6), batch steps (M=3) and M=1
+    decode through the graph, under any mix of fast and exact ops."""
+    from dataclasses import replace
+
+    from kestrel_tui.backends.cuda import make_cuda_backend
+    from kestrel_tui.model.config import default_config
+    from kestrel_tui.model.weights import synthetic_model
+
+    model = synthetic_model(replace(default_config().with_layers(3), head_dim=head_dim), "q4_0")
+    fused, plain = make_cuda_backend(model, exact=exact), make_cuda_backend(model, exact=exact)
+    plain.fuse = False
+    assert fused.fuse
+    prompt = np.random.default_rng().integers(0, model.cfg.vocab, 6)
+    outs = []
+    for b in (fused, plain):
+        b.reset(32)
+        steps = [b.step(prompt, 0, raw=False), b.step(prompt[:3], 6, raw=False)]
+        tok = int(np.argmax(steps[-1].logits[-1]))
+        for pos in range(9, 15):
+            steps.append(b.step(np.array([tok]), pos, raw=False))
+            tok = int(np.argmax(steps[-1].logits[0]))
+        outs.append(steps)
+    assert fused.graph_steps > 0, fused.graph_status
+    for i, (f, p) in enumerate(zip(*outs)):
+        assert np.array_equal(f.logits.view(np.uint32), p.logits.view(np.uint32)), i
+        for m, (hf, hp) in enumerate(zip(f.hashes, p.hashes)):
+            bad = [k for k in hp if hf.get(k) != hp[k]]
+            assert not bad, f"step {i} column {m}: {len(bad)} keys differ, first {sorted(bad, key=order_key)[0]}"

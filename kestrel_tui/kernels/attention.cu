@@ -405,12 +405,16 @@ extern "C" __global__ void attn_exact_scores_q8(const float *__restrict__ q, con
 }
 
 // Block = one serial warp + ATT_SPLIT_CHUNK producer threads, double-buffered: while warp 0
-// runs the recurrence over chunk k, the producers (one position each) stage chunk k+1 —
-// c_p, w_p, the V row's 32 bytes of the block's dims and vs_p — in shared memory. The
-// serial warp forms t_p = w_p*(v_p*vs_p) itself (off the chain's critical path), so a
-// position costs it one multiply-add pair per chain. Positions past T are padded with
-// c = 1, w = -0, v = 0, vs = 0 (t = -0): steps that change no bit.
+// runs the recurrence over chunk k, the producers (one position each) stage chunk k+1 in
+// shared memory — (c_p, w_p, vs_p) as one float4, and the V row's bytes of the block's 32
+// dims transposed, so that a lane reads its dim's next 16 positions with one 16-byte load.
+// The serial warp forms t_p = w_p*(v_p*vs_p) itself (off the chain's critical path) and
+// loads batch b+1's operands before running batch b, so the chain (a multiply and an add a
+// position for acc and for l) does not wait on shared memory. Positions past T are padded
+// with c = 1, w = -0, v = 0, vs = 0 (t = -0): steps that change no bit.
 #define ATT_PV_THREADS (32 + ATT_SPLIT_CHUNK)
+#define ATT_PV_VROW (ATT_SPLIT_CHUNK + 16)  // bytes a dim's row: +16 spreads the lanes' loads over the banks
+static_assert(ATT_PV_BATCH == 16, "a lane loads a batch of V bytes as one int4");
 extern "C" __global__ void __launch_bounds__(ATT_PV_THREADS)
 attn_exact_pv_q8(const signed char *__restrict__ vc, const float *__restrict__ vsc, const float *__restrict__ S,
                  const float *__restrict__ I, float *__restrict__ out, int cap_s, int pos0, int n_q, int n_kv,
@@ -418,8 +422,8 @@ attn_exact_pv_q8(const signed char *__restrict__ vc, const float *__restrict__ v
                  float *__restrict__ xd, int quant) {
   pdl_wait();
   if (dpos) pos0 = *dpos;
-  __shared__ float s_c[2][ATT_SPLIT_CHUNK], s_w[2][ATT_SPLIT_CHUNK], s_vs[2][ATT_SPLIT_CHUNK];
-  __shared__ int4 s_v[2][ATT_SPLIT_CHUNK][ATT_SPLIT_COLS / 16];
+  __shared__ float4 s_cw[2][ATT_SPLIT_CHUNK];                              // (c, w, vs, 0)
+  __shared__ __align__(16) signed char s_v[2][ATT_SPLIT_COLS][ATT_PV_VROW];  // [dim][position]
   const int h = blockIdx.x, m = blockIdx.y, j0 = blockIdx.z * ATT_SPLIT_COLS, tid = threadIdx.x;
   const int kvh = h / (n_q / n_kv);
   const int T = pos0 + m + 1;
@@ -446,11 +450,13 @@ attn_exact_pv_q8(const signed char *__restrict__ vc, const float *__restrict__ v
       c = exact_exp ? expf_ucrt(FSUB(mprev, incl)) : expf(FSUB(mprev, incl));
       w = exact_exp ? expf_ucrt(FSUB(rs, incl)) : expf(FSUB(rs, incl));
     }
-    s_c[buf][i] = c;
-    s_w[buf][i] = w;
-    s_vs[buf][i] = vs;
+    s_cw[buf][i] = make_float4(c, w, vs, 0.0f);
 #pragma unroll
-    for (int part = 0; part < ATT_SPLIT_COLS / 16; part++) s_v[buf][i][part] = v[part];
+    for (int part = 0; part < ATT_SPLIT_COLS / 16; part++) {
+      const int wds[4] = {v[part].x, v[part].y, v[part].z, v[part].w};
+#pragma unroll
+      for (int b = 0; b < 16; b++) s_v[buf][part * 16 + b][i] = (signed char)(wds[b >> 2] >> (8 * (b & 3)));
+    }
     m_run = fmaxf(m_run, Ir[min(T, c0 + ATT_SPLIT_CHUNK) - 1]);
   };
   if (!serial) produce(0, 0);
@@ -460,21 +466,28 @@ attn_exact_pv_q8(const signed char *__restrict__ vc, const float *__restrict__ v
   for (int c0 = 0, buf = 0; c0 < T; c0 += ATT_SPLIT_CHUNK, buf ^= 1) {
     if (serial) {
       const int np = min(ATT_SPLIT_CHUNK, T - c0);
-      const signed char *vb = (const signed char *)&s_v[buf][0][0];
-      for (int k0 = 0; k0 < np; k0 += ATT_PV_BATCH) {
-        float cb[ATT_PV_BATCH], tb[ATT_PV_BATCH], wb[ATT_PV_BATCH];
+      const float4 *cw = s_cw[buf];
+      const int4 *vrow = (const int4 *)s_v[buf][lane];
+      float4 nop[ATT_PV_BATCH];  // the next batch's (c, w, vs)
+      int4 nv = vrow[0];          // and its 16 V bytes
 #pragma unroll
-        for (int u = 0; u < ATT_PV_BATCH; u++) {
-          const int k = k0 + u;
-          cb[u] = s_c[buf][k];
-          wb[u] = s_w[buf][k];
-          const float vv = FMUL((float)vb[k * ATT_SPLIT_COLS + lane], s_vs[buf][k]);
-          tb[u] = FMUL(wb[u], vv);
+      for (int u = 0; u < ATT_PV_BATCH; u++) nop[u] = cw[u];
+      for (int k0 = 0; k0 < np; k0 += ATT_PV_BATCH) {
+        float4 op[ATT_PV_BATCH];
+#pragma unroll
+        for (int u = 0; u < ATT_PV_BATCH; u++) op[u] = nop[u];
+        const int vw[4] = {nv.x, nv.y, nv.z, nv.w};
+        if (k0 + ATT_PV_BATCH < ATT_SPLIT_CHUNK) {  // batch k0+1 in flight during batch k0's steps
+#pragma unroll
+          for (int u = 0; u < ATT_PV_BATCH; u++) nop[u] = cw[k0 + ATT_PV_BATCH + u];
+          nv = vrow[(k0 + ATT_PV_BATCH) / 16];
         }
 #pragma unroll
         for (int u = 0; u < ATT_PV_BATCH; u++) {
-          acc = FADD(FMUL(acc, cb[u]), tb[u]);
-          l = FADD(FMUL(l, cb[u]), wb[u]);
+          const float vv = FMUL((float)(signed char)(vw[u >> 2] >> (8 * (u & 3))), op[u].z);
+          const float t = FMUL(op[u].y, vv);
+          acc = FADD(FMUL(acc, op[u].x), t);
+          l = FADD(FMUL(l, op[u].x), op[u].y);
         }
       }
     } else if (c0 + ATT_SPLIT_CHUNK < T) {

@@ -52,12 +52,17 @@
 // It waits until every kernel before it has finished and its writes are visible — the
 // dependency a plain launch has — so a kernel scheduled early (once all blocks of the one
 // before it have exited, ahead of that grid's teardown) computes exactly what it computes
-// without PDL. Without the launch attribute it is a no-op. The kernels do not trigger their
-// successors early (griddepcontrol.launch_dependents at their start): measured on the H200
-// that made the fast full-size step 0.2 ms faster and the exact one 0.6 ms slower.
+// without PDL. Without the launch attribute it is a no-op. By default the kernels do not
+// trigger their successors early; built with KESTREL_PDL_TRIGGER (env KESTREL_PDL_TRIGGER=1,
+// runtime.py) each one does once it has passed its wait (griddepcontrol.launch_dependents),
+// so the next grid's blocks are resident and waiting when it ends. Either way a kernel
+// touches memory only after everything before it has finished: the bits do not change.
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
+#ifdef KESTREL_PDL_TRIGGER
+  asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
 #endif
 }
 

@@ -16,47 +16,7 @@
 // copies the reference's rows into the cache instead).
 // The attention kernels' query quantization (same rule as kvquant_exact) lives
 // in attention.cu, next to its only user.
-#include "common.cuh"
-
-#define KV_MAX_PER_LANE 8  // head_dim <= 256
-
-template <bool EXACT>
-__device__ __forceinline__ void kv_row_q8(const float *__restrict__ x, signed char *__restrict__ q_out,
-                                          float *__restrict__ s_out, signed char *__restrict__ q_cache,
-                                          float *__restrict__ s_cache, int hd) {
-  const int lane = threadIdx.x;
-  float v[KV_MAX_PER_LANE];
-  float amax = 0.0f;
-#pragma unroll
-  for (int i = 0; i < KV_MAX_PER_LANE; i++) {
-    const int j = lane + 32 * i;
-    v[i] = j < hd ? x[j] : 0.0f;
-    amax = fmaxf(amax, fabsf(v[i]));
-  }
-  amax = warp_max(amax);
-  float d, id;
-  if (EXACT) {
-    d = FDIV(amax, 127.0f);
-    id = q8_inverse(d);
-  } else {
-    d = amax / 127.0f;
-    id = amax == 0.0f ? 0.0f : 127.0f / amax;
-  }
-#pragma unroll
-  for (int i = 0; i < KV_MAX_PER_LANE; i++) {
-    const int j = lane + 32 * i;
-    if (j < hd) {
-      const float r = EXACT ? roundf(FMUL(v[i], id)) : rintf(v[i] * id);
-      const signed char q = (signed char)fminf(127.0f, fmaxf(-127.0f, r));
-      q_out[j] = q;
-      if (q_cache) q_cache[j] = q;
-    }
-  }
-  if (lane == 0) {
-    *s_out = d;
-    if (s_cache) *s_cache = d;
-  }
-}
+#include "kvquant.cuh"
 
 // k_in/v_in: [M, n_kv, hd] f32; k_out/v_out: [M, n_kv, hd] int8; ks_out/vs_out: [M, n_kv];
 // k_cache..vs_cache: the layer's cache [cap, n_kv, hd] / [cap, n_kv], or null.

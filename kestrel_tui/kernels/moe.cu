@@ -22,6 +22,7 @@
 //                  projection would make two fast runs differ from each other,
 //                  and the debugger compares runs.)
 #include "common.cuh"
+#include "moe.cuh"
 
 #define MOE_MAX_EXPERTS 1024
 #define MOE_MAX_TOPK 64
@@ -113,20 +114,7 @@ __device__ __forceinline__ void silu_mul(const float *__restrict__ g, const floa
     av = EXACT ? FMUL(s, u[i]) : s * u[i];
     a[i] = av;
   }
-  if (aq) {  // n_total is a multiple of 32 here: every lane is in
-    const float amax = warp_max(fabsf(av));
-    float d, r;
-    if (exact_quant) {
-      d = FDIV(amax, 127.0f);
-      const float id = q8_inverse(d);
-      r = roundf(FMUL(av, id));
-    } else {
-      d = amax / 127.0f;
-      r = amax == 0.0f ? 0.0f : roundf(av / d);
-    }
-    aq[i] = (signed char)r;
-    if ((threadIdx.x & 31) == 0) ad[i / QK] = f16_round(d);
-  }
+  if (aq) q8_0_warp(av, i, aq, ad, exact_quant ? 2 : 1);  // n_total is a multiple of 32 here: every lane is in
 }
 
 extern "C" __global__ void silu_mul_exact(const float *g, const float *u, float *a, signed char *aq, float *ad,
@@ -142,26 +130,14 @@ extern "C" __global__ void silu_mul_fast(const float *g, const float *u, float *
 
 // y: [M, k, n] expert outputs in rank order; w: [M, k]; res (ores), moe, x: [M, n].
 // grid (ceil(n/256), M), block 256.
-extern "C" __global__ void combine_exact(const float *__restrict__ y, const float *__restrict__ w,
-                                         const float *__restrict__ res, float *__restrict__ moe,
-                                         float *__restrict__ x, int n, int k) {
-  pdl_wait();
-  const int i = blockIdx.x * blockDim.x + threadIdx.x, m = blockIdx.y;
-  if (i >= n) return;
-  float acc = 0.0f;
-  for (int j = 0; j < k; j++) acc = FADD(acc, FMUL(w[(size_t)m * k + j], y[((size_t)m * k + j) * n + i]));
-  moe[(size_t)m * n + i] = acc;
-  x[(size_t)m * n + i] = FADD(res[(size_t)m * n + i], acc);
-}
+#define COMBINE_KERNEL(NAME, EXACT)                                                                   \
+  extern "C" __global__ void NAME(const float *__restrict__ y, const float *__restrict__ w,            \
+                                  const float *__restrict__ res, float *__restrict__ moe,            \
+                                  float *__restrict__ x, int n, int k) {                             \
+    pdl_wait();                                                                                      \
+    const int i = blockIdx.x * blockDim.x + threadIdx.x, m = blockIdx.y;                             \
+    if (i < n) moe_combine<EXACT>(y, w, res, moe, x, n, k, m, i);                                    \
+  }
 
-extern "C" __global__ void combine_fast(const float *__restrict__ y, const float *__restrict__ w,
-                                        const float *__restrict__ res, float *__restrict__ moe,
-                                        float *__restrict__ x, int n, int k) {
-  pdl_wait();
-  const int i = blockIdx.x * blockDim.x + threadIdx.x, m = blockIdx.y;
-  if (i >= n) return;
-  float acc = 0.0f;
-  for (int j = 0; j < k; j++) acc = fmaf(w[(size_t)m * k + j], y[((size_t)m * k + j) * n + i], acc);
-  moe[(size_t)m * n + i] = acc;
-  x[(size_t)m * n + i] = res[(size_t)m * n + i] + acc;
-}
+COMBINE_KERNEL(combine_exact, true)
+COMBINE_KERNEL(combine_fast, false)

@@ -12,7 +12,7 @@
 // The cos/sin table [M, hd/2] is built once per step and shared by every layer,
 // like the reference. The rope kernels rotate the q heads and the k heads of M
 // columns in one launch: grid (n_q + n_kv, M), block hd/2.
-#include "common.cuh"
+#include "rope.cuh"
 
 // cos_t, sin_t: [M, half]; grid (ceil(half/64), M), block 64. dpos: null, or a device int
 // that replaces pos0 (a captured CUDA graph replays one launch at every position).
@@ -42,34 +42,20 @@ extern "C" __global__ void rope_table_fast(const float *__restrict__ inv_freq, f
 }
 
 // q_in/q_out: [M, n_q, hd]; k_in/k_out: [M, n_kv, hd].
-extern "C" __global__ void rope_exact(const float *__restrict__ q_in, float *__restrict__ q_out,
-                                      const float *__restrict__ k_in, float *__restrict__ k_out,
-                                      const float *__restrict__ cos_t, const float *__restrict__ sin_t,
-                                      int n_q, int n_kv, int hd) {
-  pdl_wait();
-  const int h = blockIdx.x, m = blockIdx.y, i = threadIdx.x, half = hd / 2;
-  const bool is_q = h < n_q;
-  const size_t row = is_q ? ((size_t)m * n_q + h) * hd : ((size_t)m * n_kv + (h - n_q)) * hd;
-  const float *x = (is_q ? q_in : k_in) + row;
-  float *y = (is_q ? q_out : k_out) + row;
-  const float c = cos_t[(size_t)m * half + i], s = sin_t[(size_t)m * half + i];
-  const float x1 = x[i], x2 = x[i + half];
-  y[i] = FSUB(FMUL(x1, c), FMUL(x2, s));
-  y[i + half] = FADD(FMUL(x2, c), FMUL(x1, s));
-}
+#define ROPE_KERNEL(NAME, EXACT)                                                                       \
+  extern "C" __global__ void NAME(const float *__restrict__ q_in, float *__restrict__ q_out,           \
+                                  const float *__restrict__ k_in, float *__restrict__ k_out,          \
+                                  const float *__restrict__ cos_t, const float *__restrict__ sin_t,   \
+                                  int n_q, int n_kv, int hd) {                                       \
+    pdl_wait();                                                                                      \
+    const int h = blockIdx.x, m = blockIdx.y, i = threadIdx.x, half = hd / 2;                        \
+    const bool is_q = h < n_q;                                                                       \
+    const size_t row = is_q ? ((size_t)m * n_q + h) * hd : ((size_t)m * n_kv + (h - n_q)) * hd;      \
+    const float *x = (is_q ? q_in : k_in) + row;                                                     \
+    float *y = (is_q ? q_out : k_out) + row;                                                         \
+    rope_rotate(x[i], x[i + half], cos_t[(size_t)m * half + i], sin_t[(size_t)m * half + i], y[i],   \
+                y[i + half], EXACT);                                                                 \
+  }
 
-extern "C" __global__ void rope_fast(const float *__restrict__ q_in, float *__restrict__ q_out,
-                                     const float *__restrict__ k_in, float *__restrict__ k_out,
-                                     const float *__restrict__ cos_t, const float *__restrict__ sin_t,
-                                     int n_q, int n_kv, int hd) {
-  pdl_wait();
-  const int h = blockIdx.x, m = blockIdx.y, i = threadIdx.x, half = hd / 2;
-  const bool is_q = h < n_q;
-  const size_t row = is_q ? ((size_t)m * n_q + h) * hd : ((size_t)m * n_kv + (h - n_q)) * hd;
-  const float *x = (is_q ? q_in : k_in) + row;
-  float *y = (is_q ? q_out : k_out) + row;
-  const float c = cos_t[(size_t)m * half + i], s = sin_t[(size_t)m * half + i];
-  const float x1 = x[i], x2 = x[i + half];
-  y[i] = fmaf(x1, c, -(x2 * s));
-  y[i + half] = fmaf(x2, c, x1 * s);
-}
+ROPE_KERNEL(rope_exact, true)
+ROPE_KERNEL(rope_fast, false)

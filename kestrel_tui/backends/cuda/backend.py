@@ -49,6 +49,7 @@ ATT_SPLIT_TILE = 256  # kernels/attention.cu ATT_SPLIT_TILE (the exact scores' t
 ATT_FAST_TILE = 64  # kernels/attention.cu ATT_FAST_TILE (the fast flash-decoding tiles)
 ATT_PV_THREADS = 32 + 256  # kernels/attention.cu ATT_PV_THREADS (attn_exact_pv_q8's block)
 EXPERT_ROWS = 4  # kernels/gemv.cu EXPERT_ROWS (rows a warp of gemv_q4_experts_*)
+FUSED_MAX_ROW = 4096  # kernels/fused.cu FUSED_MAX_ROW (combine_rmsnorm_*: hidden sizes up to)
 # fields whose reference buffer replaces the subject's as the next op's input (isolate mode)
 FED = frozenset({"emb", "x", "nrm", "kraw", "knorm", "kpre", "qrope", "attn", "ores", *KV_FIELDS})
 
@@ -126,6 +127,9 @@ class CudaBackend(Backend):
         # hashing=False: steps return no hashes and launch no hash kernels — only so that the
         # benchmarks can measure what hashing costs through the same step(); switchable any time
         self.hashing = hashing
+        # fused launches (kernels/fused.cu) outside isolate mode; KESTREL_CUDA_FUSE=0: every op
+        # its own launch. Same bits either way (tests/test_cuda.py); set before the first step
+        self.fuse = os.environ.get("KESTREL_CUDA_FUSE", "1") != "0"
         self.rt = runtime()
         self.name = f"cuda ({describe(self.exact)})"
         self.device_name = self.rt.name  # shown by the app's header
@@ -207,6 +211,10 @@ class CudaBackend(Backend):
         self.k_combine = k("moe", f"combine_{pick('moe')}")
         self.exp_exact = int("expf" in ex)
         self.quant_exact = int("gemm" in ex)
+        self.k_heads = k("fused", "heads_fused")
+        self.k_comb_rms = k("fused", f"combine_rmsnorm_{pick('norm')}")
+        self.heads_flags = (1 if "norm" in ex else 0) | (2 if "rope" in ex else 0) | (4 if "kvquant" in ex else 0)
+        self.moe_exact = int("moe" in ex)
 
     def describe(self) -> str:
         return f"{self.name} on {self.rt.name}"
@@ -456,15 +464,31 @@ class CudaBackend(Backend):
         half = hd // 2
         launch(self.k_rtab, (_blocks(half, 64), M, 1), (64, 1, 1), self.stream, dm.inv_freq, A("cos"), A("sin"),
                                   pos0, half, self.dpos)
+        # fused launches (kernels/fused.cu): never in isolate mode, where each op reads the
+        # reference's inputs
+        fused = self.fuse and feed is None
+        fuse_heads = fused and self.kv == "q8" and hd % 64 == 0
+        fuse_combine = fused and cfg.is_moe and h <= FUSED_MAX_ROW
+        pending = None  # a MoE layer's expert sum, left to the norm behind it (fuse_combine)
+
+        def norm(x: int, w: int, out: int, quant_args: tuple) -> None:
+            """RMSNorm of x (or of the pending expert sum) into out, with its q8_0 if asked."""
+            nonlocal pending
+            if pending is not None:
+                y, topw, res, moe, xo, k = pending
+                launch(self.k_comb_rms, (M, 1, 1), (256, 1, 1), self.stream, y, topw, res, moe, xo, k,
+                       self.moe_exact, w, out, h, eps, *quant_args)
+                pending = None
+            else:
+                launch(self.k_rms, (M, 1, 1), (256, 1, 1), self.stream, x, w, out, h, eps, *quant_args)
+
         for li, W in enumerate(dm.layers):
             x_in = In("emb") if li == 0 else In("x", li - 1)
             nrm = In("nrm", li)
             if fuse_q:  # the norm writes the q8_0 of its output too
-                launch(self.k_rms, (M, 1, 1), (256, 1, 1), self.stream, x_in, W["input_layernorm"], A("nrm", li), h,
-                       eps, xq, xd, qmode)
+                norm(x_in, W["input_layernorm"], A("nrm", li), (xq, xd, qmode))
             else:  # isolate: the GEMVs quantize the reference's nrm
-                launch(self.k_rms, (M, 1, 1), (256, 1, 1), self.stream, x_in, W["input_layernorm"], A("nrm", li), h,
-                       eps, 0, 0, 0)
+                norm(x_in, W["input_layernorm"], A("nrm", li), (0, 0, 0))
                 quant(nrm, M, h)
             if q4:  # q, k and v in one launch
                 lq, lk, lv = W["q_proj"], W["k_proj"], W["v_proj"]
@@ -477,15 +501,21 @@ class CudaBackend(Backend):
                 gemv(W["q_proj"], nrm, A("q"))
                 gemv(W["k_proj"], nrm, A("kraw", li))
                 gemv(W["v_proj"], nrm, A("vraw"))
-            launch(self.k_qkn, (nh + nkv, M, 1), (32, 1, 1), self.stream, A("q"), A("qn"), W["q_norm"], In("kraw", li),
-                                     A("knorm", li), W["k_norm"], nh, nkv, hd, eps)
-            launch(self.k_rope, (nh + nkv, M, 1), (half, 1, 1), self.stream, A("qn"), A("qrope", li), In("knorm", li),
-                                      A("kpre", li), A("cos"), A("sin"), nh, nkv, hd)
             c = self.cache[li]
-            k_in = In("kpre", li) if self.deep else A("kpre", li)
             cache_ptrs = (0, 0, 0, 0) if isolate else (c["k"], c["ks"], c["v"], c["vs"])
-            launch(self.k_kv, (2 * nkv, M, 1), (32, 1, 1), self.stream, k_in, A("vraw"), A("k", li), A("ks", li),
-                                    A("v", li), A("vs", li), *cache_ptrs, pos0, nkv, hd, self.dpos)
+            if fuse_heads:  # QK-norm, RoPE and the KV rows in one launch
+                launch(self.k_heads, (nh + 2 * nkv, M, 1), (32, 1, 1), self.stream, A("q"), A("qn"), A("qrope", li),
+                       W["q_norm"], A("kraw", li), A("knorm", li), A("kpre", li), W["k_norm"], A("vraw"), A("k", li),
+                       A("ks", li), A("v", li), A("vs", li), *cache_ptrs, A("cos"), A("sin"), nh, nkv, hd, eps,
+                       pos0, self.dpos, self.heads_flags)
+            else:
+                launch(self.k_qkn, (nh + nkv, M, 1), (32, 1, 1), self.stream, A("q"), A("qn"), W["q_norm"],
+                       In("kraw", li), A("knorm", li), W["k_norm"], nh, nkv, hd, eps)
+                launch(self.k_rope, (nh + nkv, M, 1), (half, 1, 1), self.stream, A("qn"), A("qrope", li),
+                       In("knorm", li), A("kpre", li), A("cos"), A("sin"), nh, nkv, hd)
+                k_in = In("kpre", li) if self.deep else A("kpre", li)
+                launch(self.k_kv, (2 * nkv, M, 1), (32, 1, 1), self.stream, k_in, A("vraw"), A("k", li), A("ks", li),
+                       A("v", li), A("vs", li), *cache_ptrs, pos0, nkv, hd, self.dpos)
             if isolate:  # the cache holds the reference's rows
                 for f in KV_FIELDS:
                     rb = self._row_bytes[f]
@@ -499,12 +529,8 @@ class CudaBackend(Backend):
             gemv(W["o_proj"], attn, A("ores", li), res=x_in)
             ores = In("ores", li)
             pnrm = A("pnrm", li)
-            if fuse_all:
-                launch(self.k_rms, (M, 1, 1), (256, 1, 1), self.stream, ores, W["post_attention_layernorm"], pnrm, h,
-                       eps, xq, xd, qmode)
-            else:
-                launch(self.k_rms, (M, 1, 1), (256, 1, 1), self.stream, ores, W["post_attention_layernorm"], pnrm, h,
-                       eps, 0, 0, 0)
+            norm(ores, W["post_attention_layernorm"], pnrm, (xq, xd, qmode) if fuse_all else (0, 0, 0))
+            if not fuse_all:
                 quant(pnrm, M, h)
             F = cfg.ffn_dim
             if cfg.is_moe:
@@ -517,22 +543,26 @@ class CudaBackend(Backend):
                 gemv_experts(W["gate_proj"], A("g"), W["up_proj"], A("u"), A("topk", li), pnrm, xq, xd, k, P)
                 self._silu(A("g"), A("u"), A("a"), A("aq") if q4 else 0, A("ad") if q4 else 0, P * F)
                 gemv_experts(W["down_proj"], A("y"), None, 0, A("topk", li), A("a"), A("aq"), A("ad"), 1, P)
-                launch(self.k_combine, (_blocks(h, 256), M, 1), (256, 1, 1), self.stream, A("y"), A("topw", li), ores,
-                                             A("moe", li), A("x", li), h, k)
+                if fuse_combine:  # done by the norm behind it
+                    pending = (A("y"), A("topw", li), ores, A("moe", li), A("x", li), k)
+                else:
+                    launch(self.k_combine, (_blocks(h, 256), M, 1), (256, 1, 1), self.stream, A("y"), A("topw", li),
+                           ores, A("moe", li), A("x", li), h, k)
             else:
                 gemv(W["gate_proj"], pnrm, A("g"))
                 gemv(W["up_proj"], pnrm, A("u"))
                 self._silu(A("g"), A("u"), A("a"), A("aq") if q4 else 0, A("ad") if q4 else 0, M * F)
                 # the down projection reads silu's own quantization of its output
                 gemv(W["down_proj"], A("a"), A("x", li), res=ores, x_q=A("aq"), x_d=A("ad"))
-        if hash_body:
+        last_fused = pending is not None  # the last layer's x comes out of the final norm's launch
+        if hash_body and not last_fused:
             self._launch_body_hash(lay)
         x_last = In("x", cfg.n_layers - 1)
-        if fuse_all:
-            launch(self.k_rms, (M, 1, 1), (256, 1, 1), self.stream, x_last, dm.norm, A("fnrm"), h, eps, xq, xd, qmode)
-        else:
-            launch(self.k_rms, (M, 1, 1), (256, 1, 1), self.stream, x_last, dm.norm, A("fnrm"), h, eps, 0, 0, 0)
+        norm(x_last, dm.norm, A("fnrm"), (xq, xd, qmode) if fuse_all else (0, 0, 0))
+        if not fuse_all:
             quant(A("fnrm"), M, h)
+        if hash_body and last_fused:
+            self._launch_body_hash(lay)
         gemv(dm.lm_head, A("fnrm"), A("logits"))
 
     def scratch_bytes(self, M: int) -> int:

@@ -6,14 +6,16 @@ primary context current on the calling thread — the app drives backends from
 worker threads, and a CUDA context is per thread.
 
 Each kernels/*.cu file is one module, compiled once with nvcc through PyCUDA
-(`-fmad=false`, the device's own sm_XY). `common.cuh` is pasted into the source
-instead of included, so PyCUDA's compile cache keys on everything the module
-uses. Anything missing — PyCUDA, a driver, a device, nvcc, or a kernel that
+(`-fmad=false`, the device's own sm_XY). The kernels/*.cuh headers are pasted
+into the source instead of included, so PyCUDA's compile cache keys on
+everything the module uses. Anything missing — PyCUDA, a driver, a device, nvcc, or a kernel that
 does not compile — raises UsageError with one line ending in the fallback.
 """
 from __future__ import annotations
 
 import contextlib
+import os
+import re
 import shutil
 import threading
 from pathlib import Path
@@ -21,8 +23,10 @@ from pathlib import Path
 from ...errors import UsageError
 
 KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernels"
-MODULES = ("gemv", "norm", "rope", "kvquant", "attention", "moe", "hash", "transcend")
-NVCC_OPTIONS = ["-fmad=false", "-std=c++17"]
+MODULES = ("gemv", "norm", "rope", "kvquant", "attention", "moe", "fused", "hash", "transcend")
+# KESTREL_PDL_TRIGGER=1: kernels trigger their successor early (kernels/common.cuh pdl_wait)
+NVCC_OPTIONS = ["-fmad=false", "-std=c++17"] + (["-DKESTREL_PDL_TRIGGER"] if os.environ.get("KESTREL_PDL_TRIGGER") == "1"
+                                                else [])
 FALLBACK = "the sim subject is the fallback (--subject sim)"
 
 # Every kernel's PyCUDA argument format (P: pointer, i: int, f: float), in the
@@ -53,6 +57,9 @@ SIGNATURES = {
     "router_exact": "PPPiiii", "router_fast": "PPPiiii",
     "silu_mul_exact": "PPPPPiii", "silu_mul_fast": "PPPPPiii",
     "combine_exact": "PPPPPii", "combine_fast": "PPPPPii",
+    # fused.cu
+    "heads_fused": "PPPPPPPPPPPPPPPPPPPiiifiPi", "combine_rmsnorm_exact": "PPPPPiiPPifPPi",
+    "combine_rmsnorm_fast": "PPPPPiiPPifPPi",
     # hash.cu
     "fnv1a64_keys": "PPPPPPPPPP", "fnv_states": "PPPPPPPPPP", "fnv_chunks": "PPPPPPPPPPi",
     # transcend.cu
@@ -65,10 +72,19 @@ _runtime: "Runtime | None" = None
 
 
 def module_source(name: str) -> str:
-    """The .cu text with common.cuh inlined (what PyCUDA compiles and caches on)."""
-    common = (KERNEL_DIR / "common.cuh").read_text()
-    common = common.replace("#pragma once\n", "")
-    return (KERNEL_DIR / f"{name}.cu").read_text().replace('#include "common.cuh"', common)
+    """The .cu text with its kernels/*.cuh headers inlined, each once (what PyCUDA compiles
+    and caches on)."""
+    seen: set[str] = set()
+
+    def inline(text: str) -> str:
+        def header(m: re.Match) -> str:
+            if m.group(1) in seen:
+                return ""
+            seen.add(m.group(1))
+            return inline((KERNEL_DIR / m.group(1)).read_text().replace("#pragma once\n", ""))
+        return re.sub(r'#include "([\w.]+\.cuh)"\n?', header, text)
+
+    return inline((KERNEL_DIR / f"{name}.cu").read_text())
 
 
 class Runtime:

@@ -1,0 +1,117 @@
+// fused.cu — launches of the decode step that string together ops of several
+// families, so a 48-layer step has fewer kernels waiting on each other. Every op
+// inside is the device function its own kernel calls (norm.cuh, rope.cuh,
+// kvquant.cuh, moe.cuh), with the same per-op fast/exact choice, so a fused step
+// gives the bits of the separate launches (tests/test_cuda.py compares every key,
+// fused vs not, over toggle sets). The backend uses them outside isolate mode only:
+// there each op must read the reference's inputs, which a fused launch would skip.
+//
+// Versions:
+//   heads_fused          QK-norm -> RoPE -> KV row of every head in one launch
+//                        (replaces qknorm_*, rope_*, kvquant_*; head_dim a multiple
+//                        of 64, so a lane holds both halves of its RoPE pairs).
+//                        flags: 1 QK-norm exact, 2 RoPE exact, 4 KV rule exact.
+//   combine_rmsnorm_*    the MoE expert sum of layer l (moe exact or fast: an
+//                        argument) and the RMSNorm that follows it (the next
+//                        layer's input norm, or the final norm) with its q8_0.
+#include "kvquant.cuh"
+#include "moe.cuh"
+#include "norm.cuh"
+#include "rope.cuh"
+
+// RoPE of the pairs a lane holds: v[i] and v[i + HI] (HI = hd/64).
+template <int HI>
+__device__ __forceinline__ void rope_regs(float (&v)[HEAD_PER_LANE], const float *__restrict__ cos_r,
+                                          const float *__restrict__ sin_r, bool exact) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int i = 0; i < HI; i++) {
+    const int j = lane + 32 * i;
+    float y1, y2;
+    rope_rotate(v[i], v[i + HI], cos_r[j], sin_r[j], y1, y2, exact);
+    v[i] = y1;
+    v[i + HI] = y2;
+  }
+}
+
+// q: [M, n_q, hd] -> qn, qrope; kraw -> knorm, kpre -> k/ks (+ cache); vraw -> v/vs (+ cache).
+// grid (n_q + 2*n_kv, M), block 32: q heads, then k heads, then v heads. cos_t/sin_t: [M, hd/2].
+extern "C" __global__ void heads_fused(const float *__restrict__ q, float *__restrict__ qn, float *__restrict__ qrope,
+                                       const float *__restrict__ q_w, const float *__restrict__ kraw,
+                                       float *__restrict__ knorm, float *__restrict__ kpre,
+                                       const float *__restrict__ k_w, const float *__restrict__ vraw,
+                                       signed char *__restrict__ k_out, float *__restrict__ ks_out,
+                                       signed char *__restrict__ v_out, float *__restrict__ vs_out,
+                                       signed char *__restrict__ k_cache, float *__restrict__ ks_cache,
+                                       signed char *__restrict__ v_cache, float *__restrict__ vs_cache,
+                                       const float *__restrict__ cos_t, const float *__restrict__ sin_t, int n_q,
+                                       int n_kv, int hd, float eps, int pos0, const int *__restrict__ dpos,
+                                       int flags) {
+  pdl_wait();
+  if (dpos) pos0 = *dpos;
+  const int h = blockIdx.x, m = blockIdx.y, lane = threadIdx.x & 31, half = hd / 2;
+  const bool norm_exact = flags & 1, rope_exact = flags & 2, kv_exact = flags & 4;
+  float v[HEAD_PER_LANE];
+  const bool is_v = h >= n_q + n_kv;
+  const int kvh = h - n_q - (is_v ? n_kv : 0);
+  if (!is_v) {
+    const bool is_q = h < n_q;
+    const size_t row = is_q ? ((size_t)m * n_q + h) * hd : ((size_t)m * n_kv + kvh) * hd;
+    const float *x = (is_q ? q : kraw) + row;
+    float *nrm = (is_q ? qn : knorm) + row, *rot = (is_q ? qrope : kpre) + row;
+    const float *w = is_q ? q_w : k_w;
+    head_load(x, hd, v);
+    const float rms = qk_rms(x, v, hd, eps, norm_exact);
+#pragma unroll
+    for (int i = 0; i < HEAD_PER_LANE; i++) {
+      const int j = lane + 32 * i;
+      if (j < hd) {
+        v[i] = qk_apply(v[i], rms, w[j], norm_exact);
+        nrm[j] = v[i];
+      }
+    }
+    const float *cr = cos_t + (size_t)m * half, *sr = sin_t + (size_t)m * half;
+    if (half == 32)
+      rope_regs<1>(v, cr, sr, rope_exact);
+    else if (half == 64)
+      rope_regs<2>(v, cr, sr, rope_exact);
+    else
+      rope_regs<4>(v, cr, sr, rope_exact);
+#pragma unroll
+    for (int i = 0; i < HEAD_PER_LANE; i++)
+      if (lane + 32 * i < hd) rot[lane + 32 * i] = v[i];
+    if (is_q) return;
+  } else {
+    head_load(vraw + ((size_t)m * n_kv + kvh) * hd, hd, v);
+  }
+  const size_t row = (size_t)m * n_kv + kvh, crow = (size_t)(pos0 + m) * n_kv + kvh;
+  signed char *qo = (is_v ? v_out : k_out) + row * hd, *qc = is_v ? v_cache : k_cache;
+  float *so = (is_v ? vs_out : ks_out) + row, *sc = is_v ? vs_cache : ks_cache;
+  if (kv_exact)
+    kv_row_q8_regs<true>(v, qo, so, qc ? qc + crow * hd : nullptr, sc ? sc + crow : nullptr, hd);
+  else
+    kv_row_q8_regs<false>(v, qo, so, qc ? qc + crow * hd : nullptr, sc ? sc + crow : nullptr, hd);
+}
+
+// y: [M, k, n] expert outputs, topw: [M, k], ores: [M, n] -> moe, x: [M, n]; then
+// out = RMSNorm(x) * w with its q8_0 (quant as rmsnorm_*). grid M, block NORM_THREADS,
+// n <= FUSED_MAX_ROW. The norm reads x from shared memory (the values just written).
+#define FUSED_MAX_ROW 4096
+#define COMBINE_RMSNORM_KERNEL(NAME, NORM_EXACT)                                                        \
+  extern "C" __global__ void NAME(const float *__restrict__ y, const float *__restrict__ topw,          \
+                                  const float *__restrict__ ores, float *__restrict__ moe,             \
+                                  float *__restrict__ x, int k, int moe_exact, const float *__restrict__ w, \
+                                  float *__restrict__ out, int n, float eps, signed char *__restrict__ xq, \
+                                  float *__restrict__ xd, int quant) {                                 \
+    pdl_wait();                                                                                        \
+    __shared__ float xs[FUSED_MAX_ROW];                                                                \
+    const int m = blockIdx.x;                                                                          \
+    for (int i = threadIdx.x; i < n; i += blockDim.x)                                                  \
+      xs[i] = moe_exact ? moe_combine<true>(y, topw, ores, moe, x, n, k, m, i)                         \
+                        : moe_combine<false>(y, topw, ores, moe, x, n, k, m, i);                       \
+    __syncthreads();                                                                                   \
+    rmsnorm_row<NORM_EXACT>(xs, w, out + (size_t)m * n, n, eps, xq, xd, quant);                        \
+  }
+
+COMBINE_RMSNORM_KERNEL(combine_rmsnorm_exact, true)
+COMBINE_RMSNORM_KERNEL(combine_rmsnorm_fast, false)

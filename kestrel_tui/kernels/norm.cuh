@@ -1,0 +1,146 @@
+// norm.cuh — the RMSNorm and QK-norm arithmetic as device functions (norm.cu's kernels and
+// fused.cu's launches call them, so both give the same bits). The versions: norm.cu.
+#pragma once
+#include "common.cuh"
+
+#define NORM_THREADS 256
+#define NORM_MAX_TERMS 4096  // hidden sizes up to 32768
+
+// A single block per row is bound by load latency, not bandwidth: the row (x and w) is read
+// into registers once, every load issued before the first use, and both passes work from
+// there (rows past NORM_PER * NORM_THREADS elements take the rest from memory in the same
+// order). The arithmetic and its order are the versions', so the bits are too.
+#define NORM_PER 8  // elements a thread keeps in registers: hidden 2048 at 256 threads
+
+struct NormRow {
+  float x[NORM_PER], w[NORM_PER];
+};
+
+__device__ __forceinline__ void norm_load(const float *__restrict__ xr, const float *__restrict__ w, int n,
+                                          NormRow &r) {
+#pragma unroll
+  for (int k = 0; k < NORM_PER; k++) {
+    const int j = threadIdx.x + k * NORM_THREADS;
+    r.x[k] = j < n ? xr[j] : 0.0f;
+    r.w[k] = j < n ? w[j] : 0.0f;
+  }
+}
+
+// y = out row; the value of element j is f(x[j], w[j]) for the version's f.
+template <bool EXACT>
+__device__ __forceinline__ float norm_apply(float x, float w, float rms) {
+  return EXACT ? FMUL(FMUL(x, rms), w) : x * (rms * w);
+}
+
+template <bool EXACT>
+__device__ __forceinline__ void norm_store(const float *__restrict__ xr, const float *__restrict__ w, int n,
+                                           const NormRow &r, float rms, float *__restrict__ yr,
+                                           signed char *__restrict__ xq, float *__restrict__ xd, int quant) {
+  const size_t row0 = (size_t)blockIdx.x * n;
+#pragma unroll
+  for (int k = 0; k < NORM_PER; k++) {
+    const int j = threadIdx.x + k * NORM_THREADS;
+    if (j < n) {
+      const float v = norm_apply<EXACT>(r.x[k], r.w[k], rms);
+      yr[j] = v;
+      q8_0_warp(v, row0 + j, xq, xd, quant);
+    }
+  }
+  for (int j = threadIdx.x + NORM_PER * NORM_THREADS; j < n; j += NORM_THREADS) {
+    const float v = norm_apply<EXACT>(xr[j], w[j], rms);
+    yr[j] = v;
+    q8_0_warp(v, row0 + j, xq, xd, quant);
+  }
+}
+
+// One row (xr -> yr, the q8_0 of yr to xq/xd when quant != 0) by a block of NORM_THREADS;
+// blockIdx.x is the row (the q8_0 index). Contract step 1 (exact) or the engines' version.
+__device__ __forceinline__ void rmsnorm_row_exact(const float *__restrict__ xr, const float *__restrict__ w,
+                                                  float *__restrict__ yr, int n, float eps,
+                                                  signed char *__restrict__ xq, float *__restrict__ xd, int quant) {
+  __shared__ float terms[NORM_MAX_TERMS];
+  __shared__ float rms_s;
+  NormRow r;
+  norm_load(xr, w, n, r);
+  const int n8 = n & ~7;
+  for (int b = threadIdx.x; b < n8 / 8; b += blockDim.x) {
+    const float *v = xr + 8 * b;
+    float lo[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) lo[k] = FADD(FMUL(v[k], v[k]), FMUL(v[4 + k], v[4 + k]));
+    terms[b] = FADD(FADD(lo[0], lo[1]), FADD(lo[2], lo[3]));
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float ss = 0.0f;
+    for (int b = 0; b < n8 / 8; b++) ss = FADD(ss, terms[b]);
+    for (int j = n8; j < n; j++) ss = FADD(ss, FMUL(xr[j], xr[j]));
+    rms_s = FDIV(1.0f, FSQRT(FADD(FDIV(ss, (float)n), eps)));
+  }
+  __syncthreads();
+  norm_store<true>(xr, w, n, r, rms_s, yr, xq, xd, quant);
+}
+
+__device__ __forceinline__ void rmsnorm_row_fast(const float *__restrict__ xr, const float *__restrict__ w,
+                                                 float *__restrict__ yr, int n, float eps,
+                                                 signed char *__restrict__ xq, float *__restrict__ xd, int quant) {
+  __shared__ float partial[NORM_THREADS / 32];
+  __shared__ float rms_s;
+  NormRow r;
+  norm_load(xr, w, n, r);
+  float acc = 0.0f;
+#pragma unroll
+  for (int k = 0; k < NORM_PER; k++) acc = fmaf(r.x[k], r.x[k], acc);  // zeros past n add nothing
+  for (int j = threadIdx.x + NORM_PER * NORM_THREADS; j < n; j += NORM_THREADS) acc = fmaf(xr[j], xr[j], acc);
+  acc = warp_sum_fast(acc);
+  if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = acc;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    float v = threadIdx.x < blockDim.x / 32 ? partial[threadIdx.x] : 0.0f;
+    v = warp_sum_fast(v);
+    if (threadIdx.x == 0) rms_s = rsqrtf(v * (1.0f / (float)n) + eps);
+  }
+  __syncthreads();
+  norm_store<false>(xr, w, n, r, rms_s, yr, xq, xd, quant);
+}
+
+template <bool EXACT>
+__device__ __forceinline__ void rmsnorm_row(const float *__restrict__ xr, const float *__restrict__ w,
+                                            float *__restrict__ yr, int n, float eps, signed char *__restrict__ xq,
+                                            float *__restrict__ xd, int quant) {
+  if (EXACT)
+    rmsnorm_row_exact(xr, w, yr, n, eps, xq, xd, quant);
+  else
+    rmsnorm_row_fast(xr, w, yr, n, eps, xq, xd, quant);
+}
+
+// QK-norm of one head held by one warp, v[i] = x[lane + 32 i] (hd <= 32 * HEAD_PER_LANE):
+// returns rms. Exact: lane 0 sums x[j]*x[j] in order (from x in memory); fast: FMA partial
+// sums per lane in i order and the warp tree.
+#define HEAD_PER_LANE 8  // head_dim <= 256
+__device__ __forceinline__ float qk_rms(const float *__restrict__ x, const float (&v)[HEAD_PER_LANE], int hd,
+                                        float eps, bool exact) {
+  if (exact) {
+    float ss = 0.0f;
+    if ((threadIdx.x & 31) == 0) {
+      for (int j = 0; j < hd; j++) ss = FADD(ss, FMUL(x[j], x[j]));
+    }
+    ss = __shfl_sync(FULL_MASK, ss, 0);
+    return FDIV(1.0f, FSQRT(FADD(FDIV(ss, (float)hd), eps)));
+  }
+  float acc = 0.0f;
+#pragma unroll
+  for (int i = 0; i < HEAD_PER_LANE; i++) acc = fmaf(v[i], v[i], acc);  // zeros past hd add nothing
+  acc = warp_sum_fast(acc);
+  return rsqrtf(acc * (1.0f / (float)hd) + eps);
+}
+
+__device__ __forceinline__ float qk_apply(float x, float rms, float w, bool exact) {
+  return exact ? FMUL(FMUL(x, rms), w) : x * (rms * w);
+}
+
+__device__ __forceinline__ void head_load(const float *__restrict__ x, int hd, float (&v)[HEAD_PER_LANE]) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int i = 0; i < HEAD_PER_LANE; i++) v[i] = lane + 32 * i < hd ? x[lane + 32 * i] : 0.0f;
+}
