@@ -95,8 +95,48 @@ extern "C" __global__ void heads_fused(const float *__restrict__ q, float *__res
 
 // y: [M, k, n] expert outputs, topw: [M, k], ores: [M, n] -> moe, x: [M, n]; then
 // out = RMSNorm(x) * w with its q8_0 (quant as rmsnorm_*). grid M, block NORM_THREADS,
-// n <= FUSED_MAX_ROW. The norm reads x from shared memory (the values just written).
+// n <= FUSED_MAX_ROW. One block sums a whole row (k*n loads): with k <= COMBINE_MAX_K a
+// thread loads all its slots' values for NORM_PER elements before the first add. The norm
+// reads x from shared memory (the values just written).
 #define FUSED_MAX_ROW 4096
+#define COMBINE_MAX_K 8
+template <bool MOE_EXACT>
+__device__ __forceinline__ void combine_row(const float *__restrict__ y, const float *__restrict__ topw,
+                                            const float *__restrict__ ores, float *__restrict__ moe,
+                                            float *__restrict__ x, int n, int k, float *__restrict__ xs) {
+  const int m = blockIdx.x;
+  if (k > COMBINE_MAX_K) {
+    for (int i = threadIdx.x; i < n; i += blockDim.x) xs[i] = moe_combine<MOE_EXACT>(y, topw, ores, moe, x, n, k, m, i);
+    return;
+  }
+  float wk[COMBINE_MAX_K];
+#pragma unroll
+  for (int j = 0; j < COMBINE_MAX_K; j++) wk[j] = j < k ? topw[(size_t)m * k + j] : 0.0f;
+  for (int i0 = threadIdx.x; i0 < n; i0 += NORM_PER * NORM_THREADS) {
+    float yv[NORM_PER][COMBINE_MAX_K], rv[NORM_PER];
+#pragma unroll
+    for (int e = 0; e < NORM_PER; e++) {
+      const int i = i0 + e * NORM_THREADS;
+      rv[e] = i < n ? ores[(size_t)m * n + i] : 0.0f;
+#pragma unroll
+      for (int j = 0; j < COMBINE_MAX_K; j++) yv[e][j] = i < n && j < k ? y[((size_t)m * k + j) * n + i] : 0.0f;
+    }
+#pragma unroll
+    for (int e = 0; e < NORM_PER; e++) {
+      const int i = i0 + e * NORM_THREADS;
+      if (i >= n) break;
+      float acc = 0.0f;
+#pragma unroll
+      for (int j = 0; j < COMBINE_MAX_K; j++)
+        if (j < k) acc = moe_sum_step<MOE_EXACT>(acc, wk[j], yv[e][j]);
+      const float xv = moe_residual<MOE_EXACT>(rv[e], acc);
+      moe[(size_t)m * n + i] = acc;
+      x[(size_t)m * n + i] = xv;
+      xs[i] = xv;
+    }
+  }
+}
+
 #define COMBINE_RMSNORM_KERNEL(NAME, NORM_EXACT)                                                        \
   extern "C" __global__ void NAME(const float *__restrict__ y, const float *__restrict__ topw,          \
                                   const float *__restrict__ ores, float *__restrict__ moe,             \
@@ -105,12 +145,12 @@ extern "C" __global__ void heads_fused(const float *__restrict__ q, float *__res
                                   float *__restrict__ xd, int quant) {                                 \
     pdl_wait();                                                                                        \
     __shared__ float xs[FUSED_MAX_ROW];                                                                \
-    const int m = blockIdx.x;                                                                          \
-    for (int i = threadIdx.x; i < n; i += blockDim.x)                                                  \
-      xs[i] = moe_exact ? moe_combine<true>(y, topw, ores, moe, x, n, k, m, i)                         \
-                        : moe_combine<false>(y, topw, ores, moe, x, n, k, m, i);                       \
+    if (moe_exact)                                                                                     \
+      combine_row<true>(y, topw, ores, moe, x, n, k, xs);                                              \
+    else                                                                                               \
+      combine_row<false>(y, topw, ores, moe, x, n, k, xs);                                             \
     __syncthreads();                                                                                   \
-    rmsnorm_row<NORM_EXACT>(xs, w, out + (size_t)m * n, n, eps, xq, xd, quant);                        \
+    rmsnorm_row<NORM_EXACT>(xs, w, out + (size_t)blockIdx.x * n, n, eps, xq, xd, quant);               \
   }
 
 COMBINE_RMSNORM_KERNEL(combine_rmsnorm_exact, true)
