@@ -405,8 +405,8 @@ extern "C" __global__ void attn_exact_scores_q8(const float *__restrict__ q, con
 }
 
 // Block = one serial warp + ATT_SPLIT_CHUNK producer threads, double-buffered: while warp 0
-// runs the recurrence over chunk k, the producers (one position each; its operands loaded
-// a chunk earlier still) stage chunk k+1 in shared memory — (c_p, w_p, vs_p) as one float4, and the V row's bytes of the block's 32
+// runs the recurrence over chunk k, the producers (one position each) stage chunk k+1 in
+// shared memory — (c_p, w_p, vs_p) as one float4, and the V row's bytes of the block's 32
 // dims transposed, so that a lane reads its dim's next 16 positions with one 16-byte load.
 // The serial warp forms t_p = w_p*(v_p*vs_p) itself (off the chain's critical path) and
 // loads batch b+1's operands before running batch b, so the chain (a multiply and an add a
@@ -430,40 +430,25 @@ attn_exact_pv_q8(const signed char *__restrict__ vc, const float *__restrict__ v
   const float *Sr = S + ((size_t)m * n_q + h) * cap_s, *Ir = I + ((size_t)m * n_q + h) * cap_s;
   const bool serial = tid < 32;
   const int i = tid - 32;  // a producer's position in the chunk
-  // A producer holds the operands of the chunk it stages next in registers, loaded one chunk
-  // ahead (fetch), so staging (stage) waits on no memory.
-  float m_run = -INFINITY;  // the max over the tiles before the chunk it stages
-  float rs = 0.0f, ri = 0.0f, rip = -INFINITY, rvs = 0.0f, tmax = -INFINITY;
-  int4 rv[ATT_SPLIT_COLS / 16];
-  bool valid = false;
-  auto fetch = [&](int c0) {
+  float m_run = -INFINITY;  // producers: the max over the tiles before the chunk they stage
+  auto produce = [&](int c0, int buf) {
     const int p = c0 + i;
-    valid = p < T;
-    if (valid) {
-      rs = Sr[p];
-      ri = Ir[p];
-      rip = i == 0 ? -INFINITY : Ir[p - 1];  // the tile's prefix max before p
-      rvs = vsc[(size_t)p * n_kv + kvh];
-      const int4 *vrow = (const int4 *)(vc + ((size_t)p * n_kv + kvh) * hd + j0);
-#pragma unroll
-      for (int part = 0; part < ATT_SPLIT_COLS / 16; part++) rv[part] = vrow[part];
-    }
-    if (c0 < T) tmax = Ir[min(T, c0 + ATT_SPLIT_CHUNK) - 1];
-  };
-  auto stage = [&](int buf) {
     float c = 1.0f, w = -0.0f, vs = 0.0f;
     int4 v[ATT_SPLIT_COLS / 16];
 #pragma unroll
     for (int part = 0; part < ATT_SPLIT_COLS / 16; part++) v[part] = make_int4(0, 0, 0, 0);
-    if (valid) {
+    if (p < T) {
+      const float rs = Sr[p], ri = Ir[p];
+      const float rip = i == 0 ? -INFINITY : Ir[p - 1];  // the tile's prefix max before p
+      vs = vsc[(size_t)p * n_kv + kvh];
+      const int4 *vrow = (const int4 *)(vc + ((size_t)p * n_kv + kvh) * hd + j0);
+#pragma unroll
+      for (int part = 0; part < ATT_SPLIT_COLS / 16; part++) v[part] = vrow[part];
       // the running max m_p = max(the max before the tile, I_p): the chunk is one scores
       // tile (ATT_SPLIT_CHUNK == ATT_SPLIT_TILE); m_{p-1} likewise
       const float incl = fmaxf(ri, m_run), mprev = fmaxf(rip, m_run);
       c = exact_exp ? expf_ucrt(FSUB(mprev, incl)) : expf(FSUB(mprev, incl));
       w = exact_exp ? expf_ucrt(FSUB(rs, incl)) : expf(FSUB(rs, incl));
-      vs = rvs;
-#pragma unroll
-      for (int part = 0; part < ATT_SPLIT_COLS / 16; part++) v[part] = rv[part];
     }
     s_cw[buf][i] = make_float4(c, w, vs, 0.0f);
 #pragma unroll
@@ -472,13 +457,9 @@ attn_exact_pv_q8(const signed char *__restrict__ vc, const float *__restrict__ v
 #pragma unroll
       for (int b = 0; b < 16; b++) s_v[buf][part * 16 + b][i] = (signed char)(wds[b >> 2] >> (8 * (b & 3)));
     }
-    m_run = fmaxf(m_run, tmax);
+    m_run = fmaxf(m_run, Ir[min(T, c0 + ATT_SPLIT_CHUNK) - 1]);
   };
-  if (!serial) {
-    fetch(0);
-    stage(0);
-    fetch(ATT_SPLIT_CHUNK);
-  }
+  if (!serial) produce(0, 0);
   __syncthreads();
   float l = 0.0f, acc = 0.0f;
   const int lane = tid & 31;
@@ -510,8 +491,7 @@ attn_exact_pv_q8(const signed char *__restrict__ vc, const float *__restrict__ v
         }
       }
     } else if (c0 + ATT_SPLIT_CHUNK < T) {
-      stage(buf ^ 1);
-      fetch(c0 + 2 * ATT_SPLIT_CHUNK);
+      produce(c0 + ATT_SPLIT_CHUNK, buf ^ 1);
     }
     __syncthreads();
   }
