@@ -317,6 +317,22 @@ __device__ __forceinline__ float round_half_away(float x) { return roundf(x); }
 // f16 round trip of a q8_0 block scale (__float2half_rn = numpy's astype(float16)).
 __device__ __forceinline__ float f16_round(float x) { return __half2float(__float2half_rn(x)); }
 
+// The sequential sum a[0] + a[1] + ... + a[n-1] (from 0, each add rounded, index order) of a
+// 16-byte-aligned shared-memory array, by one thread: the contract's serial chains. Read four
+// at a time with the loads batched ahead of the adds, so the chain waits on adds, not loads.
+__device__ __forceinline__ float serial_sum_shared(const float *a, int n) {
+  float s = 0.0f;
+  const float4 *a4 = (const float4 *)a;
+  int j = 0;
+#pragma unroll 8
+  for (; j + 4 <= n; j += 4) {
+    const float4 t = a4[j / 4];
+    s = FADD(FADD(FADD(FADD(s, t.x), t.y), t.z), t.w);
+  }
+  for (; j < n; j++) s = FADD(s, a[j]);
+  return s;
+}
+
 // The q8_0 quantization of a q4_0 GEMV's input, one 32-element block held one element a lane
 // by a whole warp (element i, block i/32; the kernels that produce a GEMV's input call it on
 // their output). quant 2: the exact rule, ggml quantize_row_q8_0_ref (d = amax/127,

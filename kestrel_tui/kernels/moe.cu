@@ -31,7 +31,7 @@
 template <bool EXACT>
 __device__ __forceinline__ void router(const float *__restrict__ logits, int *__restrict__ topk,
                                        float *__restrict__ topw, int E, int k, int norm, int exact_exp) {
-  __shared__ float sp[MOE_MAX_EXPERTS];
+  __shared__ __align__(16) float sp[MOE_MAX_EXPERTS];
   __shared__ float selp[MOE_MAX_TOPK];
   __shared__ float red[32];
   __shared__ float bc;
@@ -47,11 +47,7 @@ __device__ __forceinline__ void router(const float *__restrict__ logits, int *__
   if (EXACT) {
     sp[i] = e;
     __syncthreads();
-    if (i == 0) {
-      float S = 0.0f;
-      for (int j = 0; j < E; j++) S = FADD(S, sp[j]);
-      bc = S;
-    }
+    if (i == 0) bc = serial_sum_shared(sp, E);
     __syncthreads();
     p = FDIV(e, bc);
   } else {

@@ -58,7 +58,7 @@ __device__ __forceinline__ void norm_store(const float *__restrict__ xr, const f
 __device__ __forceinline__ void rmsnorm_row_exact(const float *__restrict__ xr, const float *__restrict__ w,
                                                   float *__restrict__ yr, int n, float eps,
                                                   signed char *__restrict__ xq, float *__restrict__ xd, int quant) {
-  __shared__ float terms[NORM_MAX_TERMS];
+  __shared__ __align__(16) float terms[NORM_MAX_TERMS];
   __shared__ float rms_s;
   NormRow r;
   norm_load(xr, w, n, r);
@@ -72,8 +72,7 @@ __device__ __forceinline__ void rmsnorm_row_exact(const float *__restrict__ xr, 
   }
   __syncthreads();
   if (threadIdx.x == 0) {
-    float ss = 0.0f;
-    for (int b = 0; b < n8 / 8; b++) ss = FADD(ss, terms[b]);
+    float ss = serial_sum_shared(terms, n8 / 8);
     for (int j = n8; j < n; j++) ss = FADD(ss, FMUL(xr[j], xr[j]));
     rms_s = FDIV(1.0f, FSQRT(FADD(FDIV(ss, (float)n), eps)));
   }
