@@ -611,3 +611,49 @@ def test_graph_without_the_logits_event_when_refused(monkeypatch):
     g = b._graph
     assert g is not None and b.graph_steps == 1 and not g.logits_event and g.copies_in_graph
     assert lib.calls.count("cuStreamBeginCapture_v2") == 2 and list(out.hashes[0]) == token_keys(0, 2, False)
+
+
+@pytest.mark.parametrize("fuse", [True, False])
+def test_fused_launch_wiring(monkeypatch, fuse):
+    """Outside isolate mode a q4_0 / q8-KV MoE step launches kernels/fused.cu's kernels (one
+    heads_fused and one combine_rmsnorm a layer, the last one the final norm's) and none of the
+    ops they replace; isolate mode, and fuse=False (KESTREL_CUDA_FUSE=0), launch every op on
+    its own."""
+    from kestrel_tui.backends import cuda as cuda_pkg
+    from kestrel_tui.backends.base import NumpyBackend
+    from kestrel_tui.backends.cuda import backend as be
+    from kestrel_tui.model.weights import synthetic_model
+
+    fake = _FakeRuntime()
+    monkeypatch.setattr(be, "runtime", lambda: fake)
+    monkeypatch.setenv("KESTREL_CUDA_FUSE", "1" if fuse else "0")
+    n_layers = 3
+    model = synthetic_model(default_config().with_layers(n_layers), "q4_0")
+    sub = cuda_pkg.make_cuda_backend(model, graph=False)
+    assert sub.fuse is fuse
+    ref = NumpyBackend(model)
+    for b in (sub, ref):
+        b.reset(8)
+
+    def calls() -> dict[str, int]:
+        return {name: k.calls for name, k in fake.kernels.items()}
+
+    def launched(before: dict[str, int]) -> dict[str, int]:
+        return {n: c - before.get(n, 0) for n, c in calls().items() if c - before.get(n, 0)}
+
+    separate = {"qknorm_fast", "rope_fast", "kvquant_fast", "combine_fast", "quantize_q8_0_fast"}
+    c0 = calls()
+    sub.step(np.array([5, 9, 11]), 0)
+    plain = launched(c0)
+    if fuse:
+        assert plain["heads_fused"] == n_layers and plain["combine_rmsnorm_fast"] == n_layers
+        assert plain["rmsnorm_fast"] == n_layers + 1  # layer 0's input norm and every post-attention norm
+        assert not separate & set(plain), plain
+    else:
+        assert not {"heads_fused", "combine_rmsnorm_fast"} & set(plain), plain
+        assert all(plain[k] == n_layers for k in separate), plain
+    c1 = calls()
+    sub.step(np.array([7]), 3, feed=ref.step(np.array([7]), 3).raw)
+    iso = launched(c1)
+    assert not {"heads_fused", "combine_rmsnorm_fast"} & set(iso), iso
+    assert all(iso[k] == n_layers for k in ("qknorm_fast", "rope_fast", "kvquant_fast", "combine_fast")), iso

@@ -521,7 +521,7 @@ class CudaBackend(Backend):
                     rb = self._row_bytes[f]
                     cuda.memcpy_dtod(c[f] + pos0 * rb, In(f, li), M * rb)
             attn = In("attn", li)
-            if fuse_q and self.attn_split:  # the attention kernels quantize their own output
+            if fused and q4 and self.attn_split:  # the attention kernels quantize their own output
                 self.attention(In("qrope", li), A("attn", li), li, pos0, M, xq, xd, qmode)
             else:
                 self.attention(In("qrope", li), A("attn", li), li, pos0, M)
