@@ -657,3 +657,24 @@ def test_fused_launch_wiring(monkeypatch, fuse):
     iso = launched(c1)
     assert not {"heads_fused", "combine_rmsnorm_fast"} & set(iso), iso
     assert all(iso[k] == n_layers for k in ("qknorm_fast", "rope_fast", "kvquant_fast", "combine_fast")), iso
+
+
+@pytest.mark.parametrize("head_dim,fused", [(64, True), (128, True), (256, True), (192, False)])
+def test_heads_fused_only_where_a_lane_holds_its_rope_pairs(monkeypatch, head_dim, fused):
+    """heads_fused pairs register i with i + hd/64 (rope_regs<1|2|4>): other head_dims take the
+    separate kernels."""
+    from dataclasses import replace
+
+    from kestrel_tui.backends import cuda as cuda_pkg
+    from kestrel_tui.backends.cuda import backend as be
+    from kestrel_tui.model.weights import synthetic_model
+
+    fake = _FakeRuntime()
+    monkeypatch.setattr(be, "runtime", lambda: fake)
+    model = synthetic_model(replace(default_config().with_layers(1), head_dim=head_dim), "q4_0")
+    sub = cuda_pkg.make_cuda_backend(model, graph=False)
+    sub.reset(4)
+    sub.step(np.array([1, 2]), 0)
+    used = {n for n, k in fake.kernels.items() if k.calls}
+    assert ("heads_fused" in used) is fused, used
+    assert ("rope_fast" in used) is not fused, used

@@ -8,8 +8,9 @@
 //
 // Versions:
 //   heads_fused          QK-norm -> RoPE -> KV row of every head in one launch
-//                        (replaces qknorm_*, rope_*, kvquant_*; head_dim a multiple
-//                        of 64, so a lane holds both halves of its RoPE pairs).
+//                        (replaces qknorm_*, rope_*, kvquant_*; head_dim 64, 128
+//                        or 256, so a lane holds both halves of its RoPE pairs
+//                        at a fixed register distance; backend.py checks it).
 //                        flags: 1 QK-norm exact, 2 RoPE exact, 4 KV rule exact.
 //   combine_rmsnorm_*    the MoE expert sum of layer l (moe exact or fast: an
 //                        argument) and the RMSNorm that follows it (the next

@@ -3,7 +3,7 @@
 #pragma once
 #include "common.cuh"
 
-#define NORM_THREADS 256
+#define NORM_THREADS 256  // the block of every RMSNorm launch: the element loops step by it
 #define NORM_MAX_TERMS 4096  // hidden sizes up to 32768
 
 // A single block per row is bound by load latency, not bandwidth: the row (x and w) is read

@@ -467,7 +467,7 @@ class CudaBackend(Backend):
         # fused launches (kernels/fused.cu): never in isolate mode, where each op reads the
         # reference's inputs
         fused = self.fuse and feed is None
-        fuse_heads = fused and self.kv == "q8" and hd % 64 == 0
+        fuse_heads = fused and self.kv == "q8" and hd in (64, 128, 256)  # fused.cu rope_regs: hd/64 in 1, 2, 4
         fuse_combine = fused and cfg.is_moe and h <= FUSED_MAX_ROW
         pending = None  # a MoE layer's expert sum, left to the norm behind it (fuse_combine)
 
