@@ -1,11 +1,11 @@
 """One decode-graph replay of the full-size model at context 1024, bracketed by
-cuProfilerStart/Stop so a profiler (nsys --capture-range=cudaProfilerApi, or ncu
---profile-from-start off) sees only that replay. Then, given the profiler's CSV of kernel
-rows, prints what the replay's time is made of: kernel time per kernel name and the gaps
-between consecutive kernels.
+cuProfilerStart/Stop so that ncu (--profile-from-start off --graph-profiling node) sees only
+that replay; then, from ncu's CSV, the device time per kernel name.
 
-    python3 scripts/gpu_timeline.py run --exact none|all [--layers 48]
-    python3 scripts/gpu_timeline.py summarize trace.csv      # nsys cuda_gpu_trace CSV
+    ncu --profile-from-start off --graph-profiling node --cache-control none \
+        --metrics gpu__time_duration.sum --csv \
+        python3 scripts/gpu_timeline.py run --exact none|all [--layers 48] > trace.csv
+    python3 scripts/gpu_timeline.py summarize trace.csv
 """
 from __future__ import annotations
 
@@ -52,48 +52,23 @@ def run(args) -> None:
 
 
 def summarize(args) -> None:
-    rows = []
+    """Device time per kernel name from `ncu --csv --metrics gpu__time_duration.sum` (kernels
+    serialized by the profiler, so no gaps between them)."""
     with open(args.csv) as f:
         lines = [ln for ln in f if ln.strip()]
-    if any("Kernel Name" in ln for ln in lines[:50]):  # ncu --csv: device time per kernel only, no gaps
-        start = next(i for i, ln in enumerate(lines) if "Kernel Name" in ln)
-        per = defaultdict(lambda: [0, 0.0])
-        for r in csv.DictReader(lines[start:]):
-            if r.get("Metric Name") == "gpu__time_duration.sum":
-                v = per[r["Kernel Name"].split("(")[0]]
-                v[0] += 1
-                v[1] += float(r["Metric Value"].replace(",", "")) * (1e3 if r["Metric Unit"] == "usecond" else 1)
-        tot = sum(v[1] for v in per.values())
-        print(f"kernels {sum(v[0] for v in per.values())}, kernel time {tot / 1e6:.3f} ms (ncu, serialized)")
-        for n, (c, d) in sorted(per.items(), key=lambda kv: -kv[1][1]):
-            print(f"{n:34} {c:5d} {d / 1e6:8.3f} {d / c / 1e3:8.2f}")
-        return
-    start = next(i for i, ln in enumerate(lines) if ln.startswith('"Start') or ln.startswith("Start"))
+    start = next((i for i, ln in enumerate(lines) if "Kernel Name" in ln), None)
+    if start is None:
+        sys.exit(f"{args.csv}: no ncu --csv kernel rows (run the profiler with --csv); nothing to summarize")
+    per = defaultdict(lambda: [0, 0.0])
     for r in csv.DictReader(lines[start:]):
-        name = r.get("Name", "")
-        if not name or "[CUDA" in name:
-            continue
-        rows.append((int(r["Start (ns)"]), int(r["Duration (ns)"]), name.split("(")[0]))
-    rows.sort()
-    # the last replay only (the profiler may have seen several)
-    per = defaultdict(lambda: [0, 0])
-    gaps = defaultdict(lambda: [0, 0])
-    span = rows[-1][0] + rows[-1][1] - rows[0][0]
-    busy = 0
-    for i, (s, d, n) in enumerate(rows):
-        per[n][0] += 1
-        per[n][1] += d
-        busy += d
-        if i:
-            ps, pd, pn = rows[i - 1]
-            gaps[n][0] += 1
-            gaps[n][1] += s - (ps + pd)
-    print(f"kernels {len(rows)}, span {span / 1e6:.3f} ms, kernel time {busy / 1e6:.3f} ms,"
-          f" gaps {(span - busy) / 1e6:.3f} ms ({(span - busy) / max(1, len(rows) - 1) / 1e3:.2f} us a kernel)")
-    print(f"{'kernel':34} {'n':>5} {'ms':>8} {'us each':>8} {'gap before, us each':>20}")
+        if r.get("Metric Name") == "gpu__time_duration.sum":
+            v = per[r["Kernel Name"].split("(")[0]]
+            v[0] += 1
+            v[1] += float(r["Metric Value"].replace(",", "")) * (1e3 if r["Metric Unit"] == "usecond" else 1)
+    tot = sum(v[1] for v in per.values())
+    print(f"kernels {sum(v[0] for v in per.values())}, kernel time {tot / 1e6:.3f} ms (ncu, serialized)")
     for n, (c, d) in sorted(per.items(), key=lambda kv: -kv[1][1]):
-        gc, gs = gaps[n]
-        print(f"{n:34} {c:5d} {d / 1e6:8.3f} {d / c / 1e3:8.2f} {gs / max(1, gc) / 1e3:20.2f}")
+        print(f"{n:34} {c:5d} {d / 1e6:8.3f} {d / c / 1e3:8.2f}")
 
 
 def main() -> None:
