@@ -329,12 +329,11 @@ extern "C" __global__ void attn_fast_f32(const float *q, const float *kc, const 
 //       expressions), and each tile's inclusive prefix max I_p (max is exact, so
 //       the global running max m_p = max(earlier tiles' maxima, I_p) equals the
 //       serial kernel's, whatever the tiling).
-//   attn_exact_pv_q8      grid (n_q, M, hd/ATT_SPLIT_COLS): in chunks of
-//       ATT_SPLIT_CHUNK positions (one scores tile, staged a chunk ahead by
-//       producer threads), the running max m_p = max(the max before the tile, I_p),
-//       c_p = expf(m_{p-1} - m_p), w_p = expf(s_p - m_p) in parallel, then one warp
-//       forms t_p = w_p*(v_p*vs_p) for its 32 columns and
-//       runs the contract's serial recurrence acc = acc*c_p + t_p,
+//   attn_exact_pv_q8      grid (n_q, M, hd/ATT_SPLIT_COLS): in stages of
+//       ATT_PV_STAGE positions (staged one ahead by producer threads), the running
+//       max m_p = max(the max before the tile, I_p), c_p = expf(m_{p-1} - m_p),
+//       w_p = expf(s_p - m_p) and t_p = w_p*(v_p*vs_p) of the block's 32 columns in
+//       parallel, then one warp runs the contract's serial recurrence acc = acc*c_p + t_p,
 //       l = l*c_p + w_p over the positions in order (every product rounded
 //       before its add), out = acc / l: the same operations in the same order
 //       as attn_exact_q8, so the same bits.
@@ -348,11 +347,8 @@ extern "C" __global__ void attn_fast_f32(const float *q, const float *kc, const 
 // the whole cache.
 #define ATT_SPLIT_TILE 256
 #define ATT_FAST_TILE 64
-#define ATT_SPLIT_CHUNK 256  // == ATT_SPLIT_TILE: a chunk of attn_exact_pv_q8 (its block) is one scores tile
 #define ATT_SPLIT_COLS 32
-#define ATT_PV_BATCH 16  // (divides ATT_SPLIT_CHUNK) positions whose operands attn_exact_pv_q8 loads ahead of its serial steps
-static_assert(ATT_SPLIT_CHUNK == ATT_SPLIT_TILE, "a P.V chunk is one scores tile (its running max)");
-static_assert(ATT_SPLIT_CHUNK % ATT_PV_BATCH == 0, "the serial loop runs whole batches");
+#define ATT_PV_BATCH 16  // positions whose operands attn_exact_pv_q8's serial warp loads at a time
 static_assert(ATT_SPLIT_COLS == QK, "a P.V block's 32 dims are one q8_0 block of its output");
 
 extern "C" __global__ void attn_exact_scores_q8(const float *__restrict__ q, const signed char *__restrict__ kc,
@@ -404,17 +400,17 @@ extern "C" __global__ void attn_exact_scores_q8(const float *__restrict__ q, con
   }
 }
 
-// Block = one serial warp + ATT_SPLIT_CHUNK producer threads, double-buffered: while warp 0
-// runs the recurrence over chunk k, the producers (one position each) stage chunk k+1 in
-// shared memory — (c_p, w_p, vs_p) as one float4, and the V row's bytes of the block's 32
-// dims transposed, so that a lane reads its dim's next 16 positions with one 16-byte load.
-// The serial warp forms t_p = w_p*(v_p*vs_p) itself (off the chain's critical path) and
-// loads batch b+1's operands before running batch b, so the chain (a multiply and an add a
-// position for acc and for l) does not wait on shared memory. Positions past T are padded
-// with c = 1, w = -0, v = 0, vs = 0 (t = -0): steps that change no bit.
-#define ATT_PV_THREADS (32 + ATT_SPLIT_CHUNK)
-#define ATT_PV_VROW (ATT_SPLIT_CHUNK + 16)  // bytes a dim's row: +16 spreads the lanes' loads over the banks
-static_assert(ATT_PV_BATCH == 16, "a lane loads a batch of V bytes as one int4");
+// Block = one serial warp + ATT_PV_STAGE producer threads, double-buffered in stages of
+// ATT_PV_STAGE positions: while warp 0 runs the recurrence over stage k, the producers (one
+// position each) stage k+1 in shared memory — (c_p, w_p), and t_p = w_p*(v_p*vs_p) of the
+// block's 32 dims, stored [dim][position] so that a lane reads its dim's next four with one
+// 16-byte load. The serial warp then does only the chain's multiply-add pairs (acc and l).
+// Positions past T are padded with c = 1, w = -0, t = -0: steps that change no bit.
+#define ATT_PV_STAGE 128
+#define ATT_PV_THREADS (32 + ATT_PV_STAGE)
+#define ATT_PV_TROW (ATT_PV_STAGE + 4)  // floats a dim's row: +4 spreads the lanes' 16-byte loads over the banks
+static_assert(ATT_SPLIT_TILE % ATT_PV_STAGE == 0, "a stage lies in one scores tile");
+static_assert(ATT_PV_STAGE % ATT_PV_BATCH == 0 && ATT_PV_BATCH % 4 == 0, "the serial loop runs whole batches");
 extern "C" __global__ void __launch_bounds__(ATT_PV_THREADS)
 attn_exact_pv_q8(const signed char *__restrict__ vc, const float *__restrict__ vsc, const float *__restrict__ S,
                  const float *__restrict__ I, float *__restrict__ out, int cap_s, int pos0, int n_q, int n_kv,
@@ -422,76 +418,73 @@ attn_exact_pv_q8(const signed char *__restrict__ vc, const float *__restrict__ v
                  float *__restrict__ xd, int quant) {
   pdl_wait();
   if (dpos) pos0 = *dpos;
-  __shared__ float4 s_cw[2][ATT_SPLIT_CHUNK];                              // (c, w, vs, 0)
-  __shared__ __align__(16) signed char s_v[2][ATT_SPLIT_COLS][ATT_PV_VROW];  // [dim][position]
+  __shared__ __align__(16) float2 s_cw[2][ATT_PV_STAGE];                    // (c, w)
+  __shared__ __align__(16) float s_t[2][ATT_SPLIT_COLS][ATT_PV_TROW];       // t [dim][position]
   const int h = blockIdx.x, m = blockIdx.y, j0 = blockIdx.z * ATT_SPLIT_COLS, tid = threadIdx.x;
   const int kvh = h / (n_q / n_kv);
   const int T = pos0 + m + 1;
   const float *Sr = S + ((size_t)m * n_q + h) * cap_s, *Ir = I + ((size_t)m * n_q + h) * cap_s;
   const bool serial = tid < 32;
-  const int i = tid - 32;  // a producer's position in the chunk
-  float m_run = -INFINITY;  // producers: the max over the tiles before the chunk they stage
+  const int i = tid - 32;  // a producer's position in the stage
+  float m_run = -INFINITY;  // producers: the max over the scores tiles before the stage's tile
   auto produce = [&](int c0, int buf) {
+    // entering a new tile: the one before it ends at c0 - 1 (< T), where its prefix max is its max
+    if (c0 > 0 && c0 % ATT_SPLIT_TILE == 0) m_run = fmaxf(m_run, Ir[c0 - 1]);
     const int p = c0 + i;
     float c = 1.0f, w = -0.0f, vs = 0.0f;
     int4 v[ATT_SPLIT_COLS / 16];
 #pragma unroll
     for (int part = 0; part < ATT_SPLIT_COLS / 16; part++) v[part] = make_int4(0, 0, 0, 0);
-    if (p < T) {
+    const bool in = p < T;
+    if (in) {
       const float rs = Sr[p], ri = Ir[p];
-      const float rip = i == 0 ? -INFINITY : Ir[p - 1];  // the tile's prefix max before p
+      const float rip = p % ATT_SPLIT_TILE == 0 ? -INFINITY : Ir[p - 1];  // the tile's prefix max before p
       vs = vsc[(size_t)p * n_kv + kvh];
       const int4 *vrow = (const int4 *)(vc + ((size_t)p * n_kv + kvh) * hd + j0);
 #pragma unroll
       for (int part = 0; part < ATT_SPLIT_COLS / 16; part++) v[part] = vrow[part];
-      // the running max m_p = max(the max before the tile, I_p): the chunk is one scores
-      // tile (ATT_SPLIT_CHUNK == ATT_SPLIT_TILE); m_{p-1} likewise
+      // the running max m_p = max(the max before the tile, I_p); m_{p-1} likewise
       const float incl = fmaxf(ri, m_run), mprev = fmaxf(rip, m_run);
       c = exact_exp ? expf_ucrt(FSUB(mprev, incl)) : expf(FSUB(mprev, incl));
       w = exact_exp ? expf_ucrt(FSUB(rs, incl)) : expf(FSUB(rs, incl));
     }
-    s_cw[buf][i] = make_float4(c, w, vs, 0.0f);
+    s_cw[buf][i] = make_float2(c, w);
 #pragma unroll
     for (int part = 0; part < ATT_SPLIT_COLS / 16; part++) {
       const int wds[4] = {v[part].x, v[part].y, v[part].z, v[part].w};
 #pragma unroll
-      for (int b = 0; b < 16; b++) s_v[buf][part * 16 + b][i] = (signed char)(wds[b >> 2] >> (8 * (b & 3)));
+      for (int b = 0; b < 16; b++) {
+        const float vv = FMUL((float)(signed char)(wds[b >> 2] >> (8 * (b & 3))), vs);
+        s_t[buf][part * 16 + b][i] = in ? FMUL(w, vv) : -0.0f;
+      }
     }
-    m_run = fmaxf(m_run, Ir[min(T, c0 + ATT_SPLIT_CHUNK) - 1]);
   };
   if (!serial) produce(0, 0);
   __syncthreads();
   float l = 0.0f, acc = 0.0f;
   const int lane = tid & 31;
-  for (int c0 = 0, buf = 0; c0 < T; c0 += ATT_SPLIT_CHUNK, buf ^= 1) {
+  for (int c0 = 0, buf = 0; c0 < T; c0 += ATT_PV_STAGE, buf ^= 1) {
     if (serial) {
-      const int np = min(ATT_SPLIT_CHUNK, T - c0);
-      const float4 *cw = s_cw[buf];
-      const int4 *vrow = (const int4 *)s_v[buf][lane];
-      float4 nop[ATT_PV_BATCH];  // the next batch's (c, w, vs)
-      int4 nv = vrow[0];          // and its 16 V bytes
-#pragma unroll
-      for (int u = 0; u < ATT_PV_BATCH; u++) nop[u] = cw[u];
+      const int np = min(ATT_PV_STAGE, T - c0);
+      const float4 *cw4 = (const float4 *)s_cw[buf];    // (c, w) of two positions
+      const float4 *t4 = (const float4 *)s_t[buf][lane];  // t of four positions
       for (int k0 = 0; k0 < np; k0 += ATT_PV_BATCH) {
-        float4 op[ATT_PV_BATCH];
+        float4 cw[ATT_PV_BATCH / 2], tq[ATT_PV_BATCH / 4];
 #pragma unroll
-        for (int u = 0; u < ATT_PV_BATCH; u++) op[u] = nop[u];
-        const int vw[4] = {nv.x, nv.y, nv.z, nv.w};
-        if (k0 + ATT_PV_BATCH < ATT_SPLIT_CHUNK) {  // batch k0+1 in flight during batch k0's steps
+        for (int u = 0; u < ATT_PV_BATCH / 2; u++) cw[u] = cw4[k0 / 2 + u];
 #pragma unroll
-          for (int u = 0; u < ATT_PV_BATCH; u++) nop[u] = cw[k0 + ATT_PV_BATCH + u];
-          nv = vrow[(k0 + ATT_PV_BATCH) / 16];
-        }
+        for (int u = 0; u < ATT_PV_BATCH / 4; u++) tq[u] = t4[k0 / 4 + u];
 #pragma unroll
         for (int u = 0; u < ATT_PV_BATCH; u++) {
-          const float vv = FMUL((float)(signed char)(vw[u >> 2] >> (8 * (u & 3))), op[u].z);
-          const float t = FMUL(op[u].y, vv);
-          acc = FADD(FMUL(acc, op[u].x), t);
-          l = FADD(FMUL(l, op[u].x), op[u].y);
+          const float c = u & 1 ? cw[u / 2].z : cw[u / 2].x, w = u & 1 ? cw[u / 2].w : cw[u / 2].y;
+          const float4 tv = tq[u / 4];
+          const float t = (u & 3) == 0 ? tv.x : (u & 3) == 1 ? tv.y : (u & 3) == 2 ? tv.z : tv.w;
+          acc = FADD(FMUL(acc, c), t);
+          l = FADD(FMUL(l, c), w);
         }
       }
-    } else if (c0 + ATT_SPLIT_CHUNK < T) {
-      produce(c0 + ATT_SPLIT_CHUNK, buf ^ 1);
+    } else if (c0 + ATT_PV_STAGE < T) {
+      produce(c0 + ATT_PV_STAGE, buf ^ 1);
     }
     __syncthreads();
   }

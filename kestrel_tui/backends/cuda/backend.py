@@ -47,7 +47,7 @@ from .weights import DeviceLinear, device_model
 F32 = np.float32
 ATT_SPLIT_TILE = 256  # kernels/attention.cu ATT_SPLIT_TILE (the exact scores' tiles)
 ATT_FAST_TILE = 64  # kernels/attention.cu ATT_FAST_TILE (the fast flash-decoding tiles)
-ATT_PV_THREADS = 32 + 256  # kernels/attention.cu ATT_PV_THREADS (attn_exact_pv_q8's block)
+ATT_PV_THREADS = 32 + 128  # kernels/attention.cu ATT_PV_THREADS (attn_exact_pv_q8's block)
 EXPERT_ROWS = 4  # kernels/gemv.cu EXPERT_ROWS (rows a warp of gemv_q4_experts_*)
 FUSED_MAX_ROW = 4096  # kernels/fused.cu FUSED_MAX_ROW (combine_rmsnorm_*: hidden sizes up to)
 # fields whose reference buffer replaces the subject's as the next op's input (isolate mode)
