@@ -615,10 +615,10 @@ def test_graph_without_the_logits_event_when_refused(monkeypatch):
 
 @pytest.mark.parametrize("fuse", [True, False])
 def test_fused_launch_wiring(monkeypatch, fuse):
-    """Outside isolate mode a q4_0 / q8-KV MoE step launches kernels/fused.cu's kernels (one
-    heads_fused and one combine_rmsnorm a layer, the last one the final norm's) and none of the
-    ops they replace; isolate mode, and fuse=False (KESTREL_CUDA_FUSE=0), launch every op on
-    its own."""
+    """Outside isolate mode a q4_0 / q8-KV MoE step launches kernels/fused.cu's kernels (a
+    layer: heads_fused, o_proj + post-attention norm, router + top-k, gate/up + silu, down +
+    expert sum + the next norm, the last one the final norm's) and none of the ops they
+    replace; isolate mode, and fuse=False (KESTREL_CUDA_FUSE=0), launch every op on its own."""
     from kestrel_tui.backends import cuda as cuda_pkg
     from kestrel_tui.backends.base import NumpyBackend
     from kestrel_tui.backends.cuda import backend as be
@@ -641,21 +641,24 @@ def test_fused_launch_wiring(monkeypatch, fuse):
     def launched(before: dict[str, int]) -> dict[str, int]:
         return {n: c - before.get(n, 0) for n, c in calls().items() if c - before.get(n, 0)}
 
-    separate = {"qknorm_fast", "rope_fast", "kvquant_fast", "combine_fast", "quantize_q8_0_fast"}
+    separate = {"qknorm_fast", "rope_fast", "kvquant_fast", "combine_fast", "quantize_q8_0_fast", "router_fast",
+                "silu_mul_fast", "gemv_q4_experts_fast"}
+    fused = {"heads_fused", "gemv_rmsnorm_fast", "gemv_router_fast", "experts_silu_fast",
+             "experts_combine_rmsnorm_fast"}
     c0 = calls()
     sub.step(np.array([5, 9, 11]), 0)
     plain = launched(c0)
     if fuse:
-        assert plain["heads_fused"] == n_layers and plain["combine_rmsnorm_fast"] == n_layers
-        assert plain["rmsnorm_fast"] == n_layers + 1  # layer 0's input norm and every post-attention norm
-        assert not separate & set(plain), plain
+        assert all(plain[k] == n_layers for k in fused), plain
+        assert plain["rmsnorm_fast"] == 1 and plain["gemv_q4_fast"] == 1  # layer 0's input norm, lm_head
+        assert not (separate | {"combine_rmsnorm_fast"}) & set(plain), plain
     else:
-        assert not {"heads_fused", "combine_rmsnorm_fast"} & set(plain), plain
-        assert all(plain[k] == n_layers for k in separate), plain
+        assert not (fused | {"combine_rmsnorm_fast"}) & set(plain), plain
+        assert all(plain[k] == n_layers for k in separate - {"gemv_q4_experts_fast"}), plain
     c1 = calls()
     sub.step(np.array([7]), 3, feed=ref.step(np.array([7]), 3).raw)
     iso = launched(c1)
-    assert not {"heads_fused", "combine_rmsnorm_fast"} & set(iso), iso
+    assert not (fused | {"combine_rmsnorm_fast"}) & set(iso), iso
     assert all(iso[k] == n_layers for k in ("qknorm_fast", "rope_fast", "kvquant_fast", "combine_fast")), iso
 
 

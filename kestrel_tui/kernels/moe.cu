@@ -24,73 +24,15 @@
 #include "common.cuh"
 #include "moe.cuh"
 
-#define MOE_MAX_EXPERTS 1024
-#define MOE_MAX_TOPK 64
-
-// logits: [M, E]; topk: [M, k] int32; topw: [M, k]. grid M, block = E rounded up to 32.
-template <bool EXACT>
-__device__ __forceinline__ void router(const float *__restrict__ logits, int *__restrict__ topk,
-                                       float *__restrict__ topw, int E, int k, int norm, int exact_exp) {
-  __shared__ __align__(16) float sp[MOE_MAX_EXPERTS];
-  __shared__ float selp[MOE_MAX_TOPK];
-  __shared__ float red[32];
-  __shared__ float bc;
-  const int m = blockIdx.x, i = threadIdx.x, lane = i & 31, warp = i >> 5, nw = blockDim.x >> 5;
-  const float r = i < E ? logits[(size_t)m * E + i] : -INFINITY;
-  float mx = warp_max(r);
-  if (lane == 0) red[warp] = mx;
-  __syncthreads();
-  mx = red[0];
-  for (int w2 = 1; w2 < nw; w2++) mx = fmaxf(mx, red[w2]);
-  const float e = i < E ? expf_sel(FSUB(r, mx), exact_exp) : 0.0f;
-  float p;
-  if (EXACT) {
-    sp[i] = e;
-    __syncthreads();
-    if (i == 0) bc = serial_sum_shared(sp, E);
-    __syncthreads();
-    p = FDIV(e, bc);
-  } else {
-    __syncthreads();  // everyone has read red
-    const float part = warp_sum_fast(e);
-    if (lane == 0) red[warp] = part;
-    __syncthreads();
-    const float S = warp_sum_fast(lane < nw ? red[lane] : 0.0f);
-    p = e * (1.0f / S);
-  }
-  __syncthreads();
-  sp[i] = p;
-  __syncthreads();
-  if (i < E) {
-    int rank = 0;
-    for (int j = 0; j < E; j++) {
-      const float pj = sp[j];
-      rank += (pj > p) || (pj == p && j < i);
-    }
-    if (rank < k) {
-      topk[(size_t)m * k + rank] = i;
-      selp[rank] = p;
-    }
-  }
-  __syncthreads();
-  if (i == 0) {
-    float s = 0.0f;
-    for (int j = 0; j < k; j++) s = EXACT ? FADD(s, selp[j]) : s + selp[j];
-    const float inv = 1.0f / s;
-    for (int j = 0; j < k; j++)
-      topw[(size_t)m * k + j] = !norm ? selp[j] : (EXACT ? FDIV(selp[j], s) : selp[j] * inv);
-  }
-}
-
 extern "C" __global__ void router_exact(const float *logits, int *topk, float *topw, int E, int k, int norm,
                                         int exact_exp) {
   pdl_wait();
-  router<true>(logits, topk, topw, E, k, norm, exact_exp);
+  router<true>(logits, topk, topw, E, k, norm, exact_exp, blockIdx.x);
 }
 extern "C" __global__ void router_fast(const float *logits, int *topk, float *topw, int E, int k, int norm,
                                        int exact_exp) {
   pdl_wait();
-  router<false>(logits, topk, topw, E, k, norm, exact_exp);
+  router<false>(logits, topk, topw, E, k, norm, exact_exp, blockIdx.x);
 }
 
 // g, u, a: [n_total] f32; aq/ad: q8_0 of a ([n_total] int8, [n_total/32] f32) or null
@@ -104,10 +46,7 @@ __device__ __forceinline__ void silu_mul(const float *__restrict__ g, const floa
   const bool in = i < n_total;
   float av = 0.0f;
   if (in) {
-    const float gv = g[i];
-    const float e = expf_sel(-gv, exact_exp);
-    const float s = EXACT ? FDIV(gv, FADD(1.0f, e)) : gv * __frcp_rn(1.0f + e);
-    av = EXACT ? FMUL(s, u[i]) : s * u[i];
+    av = silu_mul_value<EXACT>(g[i], u[i], exact_exp);
     a[i] = av;
   }
   if (aq) q8_0_warp(av, i, aq, ad, exact_quant ? 2 : 1);  // n_total is a multiple of 32 here: every lane is in

@@ -1,5 +1,6 @@
-// moe.cuh — the weighted expert sum of one element (moe.cu combine_*, and fused.cu's
-// combine + RMSNorm launch use it, so both give the same bits).
+// moe.cuh — the router's softmax and top-k, silu(gate)*up of one element and the weighted
+// expert sum of one element, as device functions (moe.cu's kernels and fused.cu's launches
+// call them, so both give the same bits). The versions: moe.cu.
 #pragma once
 #include "common.cuh"
 
@@ -14,15 +15,84 @@ __device__ __forceinline__ float moe_residual(float res, float acc) {
   return EXACT ? FADD(res, acc) : res + acc;
 }
 
-// x[m, i] = res[m, i] + sum_j w[m, j] * y[m, j, i]. Returns x; writes moe and x.
+// x[m, i] = res[m, i] + sum_j w[m, j] * y[m, j, i]. Returns x; writes moe and x. y is read
+// through L2: fused.cu runs this in the last block of the GEMV that wrote it.
 template <bool EXACT>
-__device__ __forceinline__ float moe_combine(const float *__restrict__ y, const float *__restrict__ w,
+__device__ __forceinline__ float moe_combine(const float *y, const float *__restrict__ w,
                                              const float *__restrict__ res, float *__restrict__ moe,
                                              float *__restrict__ x, int n, int k, int m, int i) {
   float acc = 0.0f;
-  for (int j = 0; j < k; j++) acc = moe_sum_step<EXACT>(acc, w[(size_t)m * k + j], y[((size_t)m * k + j) * n + i]);
+  for (int j = 0; j < k; j++) acc = moe_sum_step<EXACT>(acc, w[(size_t)m * k + j], __ldcg(y + ((size_t)m * k + j) * n + i));
   const float xv = moe_residual<EXACT>(res[(size_t)m * n + i], acc);
   moe[(size_t)m * n + i] = acc;
   x[(size_t)m * n + i] = xv;
   return xv;
+}
+
+// SwiGLU's a = silu(g) * u of one element.
+template <bool EXACT>
+__device__ __forceinline__ float silu_mul_value(float g, float u, int exact_exp) {
+  const float e = expf_sel(-g, exact_exp);
+  const float s = EXACT ? FDIV(g, FADD(1.0f, e)) : g * __frcp_rn(1.0f + e);
+  return EXACT ? FMUL(s, u) : s * u;
+}
+
+#define MOE_MAX_EXPERTS 1024
+#define MOE_MAX_TOPK 64
+
+// Column m: logits: [M, E]; topk: [M, k] int32; topw: [M, k]. A block of at least E threads
+// (warps past E add exact zeros). The logits are read through L2 (__ldcg): fused.cu runs this
+// in the last block of the GEMV that wrote them.
+template <bool EXACT>
+__device__ __forceinline__ void router(const float *logits, int *__restrict__ topk, float *__restrict__ topw, int E,
+                                       int k, int norm, int exact_exp, int m) {
+  __shared__ __align__(16) float sp[MOE_MAX_EXPERTS];
+  __shared__ float selp[MOE_MAX_TOPK];
+  __shared__ float red[32];
+  __shared__ float bc;
+  const int i = threadIdx.x, lane = i & 31, warp = i >> 5, nw = blockDim.x >> 5;
+  const float r = i < E ? __ldcg(logits + (size_t)m * E + i) : -INFINITY;
+  float mx = warp_max(r);
+  if (lane == 0) red[warp] = mx;
+  __syncthreads();
+  mx = red[0];
+  for (int w2 = 1; w2 < nw; w2++) mx = fmaxf(mx, red[w2]);
+  const float e = i < E ? expf_sel(FSUB(r, mx), exact_exp) : 0.0f;
+  float p;
+  if (EXACT) {
+    sp[i] = e;
+    __syncthreads();
+    if (i == 0) bc = serial_sum_shared(sp, E);
+    __syncthreads();
+    p = FDIV(e, bc);
+  } else {
+    __syncthreads();  // everyone has read red
+    const float part = warp_sum_fast(e);
+    if (lane == 0) red[warp] = part;
+    __syncthreads();
+    const float S = warp_sum_fast(lane < nw ? red[lane] : 0.0f);
+    p = e * (1.0f / S);
+  }
+  __syncthreads();
+  sp[i] = p;
+  __syncthreads();
+  if (i < E) {
+    int rank = 0;
+    for (int j = 0; j < E; j++) {
+      const float pj = sp[j];
+      rank += (pj > p) || (pj == p && j < i);
+    }
+    if (rank < k) {
+      topk[(size_t)m * k + rank] = i;
+      selp[rank] = p;
+    }
+  }
+  __syncthreads();
+  if (i == 0) {
+    float s = 0.0f;
+    for (int j = 0; j < k; j++) s = EXACT ? FADD(s, selp[j]) : s + selp[j];
+    const float inv = 1.0f / s;
+    for (int j = 0; j < k; j++)
+      topw[(size_t)m * k + j] = !norm ? selp[j] : (EXACT ? FDIV(selp[j], s) : selp[j] * inv);
+  }
 }

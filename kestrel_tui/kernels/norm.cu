@@ -25,14 +25,14 @@ extern "C" __global__ void rmsnorm_exact(const float *__restrict__ x, const floa
                                          float *__restrict__ out, int n, float eps, signed char *__restrict__ xq,
                                          float *__restrict__ xd, int quant) {
   pdl_wait();
-  rmsnorm_row<true>(x + (size_t)blockIdx.x * n, w, out + (size_t)blockIdx.x * n, n, eps, xq, xd, quant);
+  rmsnorm_row<true>(x + (size_t)blockIdx.x * n, w, out + (size_t)blockIdx.x * n, n, eps, xq, xd, quant, blockIdx.x);
 }
 
 extern "C" __global__ void rmsnorm_fast(const float *__restrict__ x, const float *__restrict__ w,
                                         float *__restrict__ out, int n, float eps, signed char *__restrict__ xq,
                                         float *__restrict__ xd, int quant) {
   pdl_wait();
-  rmsnorm_row<false>(x + (size_t)blockIdx.x * n, w, out + (size_t)blockIdx.x * n, n, eps, xq, xd, quant);
+  rmsnorm_row<false>(x + (size_t)blockIdx.x * n, w, out + (size_t)blockIdx.x * n, n, eps, xq, xd, quant, blockIdx.x);
 }
 
 // q_in/q_out: [M, n_q, hd]; k_in/k_out: [M, n_kv, hd]. grid (n_q + n_kv, M), block 32.

@@ -35,8 +35,9 @@ __device__ __forceinline__ float norm_apply(float x, float w, float rms) {
 template <bool EXACT>
 __device__ __forceinline__ void norm_store(const float *__restrict__ xr, const float *__restrict__ w, int n,
                                            const NormRow &r, float rms, float *__restrict__ yr,
-                                           signed char *__restrict__ xq, float *__restrict__ xd, int quant) {
-  const size_t row0 = (size_t)blockIdx.x * n;
+                                           signed char *__restrict__ xq, float *__restrict__ xd, int quant,
+                                           int row) {
+  const size_t row0 = (size_t)row * n;
 #pragma unroll
   for (int k = 0; k < NORM_PER; k++) {
     const int j = threadIdx.x + k * NORM_THREADS;
@@ -54,10 +55,11 @@ __device__ __forceinline__ void norm_store(const float *__restrict__ xr, const f
 }
 
 // One row (xr -> yr, the q8_0 of yr to xq/xd when quant != 0) by a block of NORM_THREADS;
-// blockIdx.x is the row (the q8_0 index). Contract step 1 (exact) or the engines' version.
+// row: its index in xq/xd. Contract step 1 (exact) or the engines' version.
 __device__ __forceinline__ void rmsnorm_row_exact(const float *__restrict__ xr, const float *__restrict__ w,
                                                   float *__restrict__ yr, int n, float eps,
-                                                  signed char *__restrict__ xq, float *__restrict__ xd, int quant) {
+                                                  signed char *__restrict__ xq, float *__restrict__ xd, int quant,
+                                                  int row) {
   __shared__ __align__(16) float terms[NORM_MAX_TERMS];
   __shared__ float rms_s;
   NormRow r;
@@ -77,12 +79,13 @@ __device__ __forceinline__ void rmsnorm_row_exact(const float *__restrict__ xr, 
     rms_s = FDIV(1.0f, FSQRT(FADD(FDIV(ss, (float)n), eps)));
   }
   __syncthreads();
-  norm_store<true>(xr, w, n, r, rms_s, yr, xq, xd, quant);
+  norm_store<true>(xr, w, n, r, rms_s, yr, xq, xd, quant, row);
 }
 
 __device__ __forceinline__ void rmsnorm_row_fast(const float *__restrict__ xr, const float *__restrict__ w,
                                                  float *__restrict__ yr, int n, float eps,
-                                                 signed char *__restrict__ xq, float *__restrict__ xd, int quant) {
+                                                 signed char *__restrict__ xq, float *__restrict__ xd, int quant,
+                                                 int row) {
   __shared__ float partial[NORM_THREADS / 32];
   __shared__ float rms_s;
   NormRow r;
@@ -100,17 +103,17 @@ __device__ __forceinline__ void rmsnorm_row_fast(const float *__restrict__ xr, c
     if (threadIdx.x == 0) rms_s = rsqrtf(v * (1.0f / (float)n) + eps);
   }
   __syncthreads();
-  norm_store<false>(xr, w, n, r, rms_s, yr, xq, xd, quant);
+  norm_store<false>(xr, w, n, r, rms_s, yr, xq, xd, quant, row);
 }
 
 template <bool EXACT>
 __device__ __forceinline__ void rmsnorm_row(const float *__restrict__ xr, const float *__restrict__ w,
                                             float *__restrict__ yr, int n, float eps, signed char *__restrict__ xq,
-                                            float *__restrict__ xd, int quant) {
+                                            float *__restrict__ xd, int quant, int row) {
   if (EXACT)
-    rmsnorm_row_exact(xr, w, yr, n, eps, xq, xd, quant);
+    rmsnorm_row_exact(xr, w, yr, n, eps, xq, xd, quant, row);
   else
-    rmsnorm_row_fast(xr, w, yr, n, eps, xq, xd, quant);
+    rmsnorm_row_fast(xr, w, yr, n, eps, xq, xd, quant, row);
 }
 
 // QK-norm of one head held by one warp, v[i] = x[lane + 32 i] (hd <= 32 * HEAD_PER_LANE):

@@ -48,8 +48,11 @@ F32 = np.float32
 ATT_SPLIT_TILE = 256  # kernels/attention.cu ATT_SPLIT_TILE (the exact scores' tiles)
 ATT_FAST_TILE = 64  # kernels/attention.cu ATT_FAST_TILE (the fast flash-decoding tiles)
 ATT_PV_THREADS = 32 + 128  # kernels/attention.cu ATT_PV_THREADS (attn_exact_pv_q8's block)
-EXPERT_ROWS = 4  # kernels/gemv.cu EXPERT_ROWS (rows a warp of gemv_q4_experts_*)
-FUSED_MAX_ROW = 4096  # kernels/fused.cu FUSED_MAX_ROW (combine_rmsnorm_*: hidden sizes up to)
+EXPERT_ROWS = 4  # kernels/gemv.cuh EXPERT_ROWS (rows a warp of gemv_q4_experts_*)
+GEMV_MAX_WARPS = 8  # kernels/gemv.cuh GEMV_MAX_WARPS (the block of fused.cu's GEMVs with a tail)
+FUSED_MAX_ROW = 4096  # kernels/fused.cu FUSED_MAX_ROW (combine_rmsnorm_* and the tails: hidden sizes up to)
+SILU_ROWS = 32  # kernels/fused.cu SILU_ROWS (rows a block of experts_silu_*)
+TICKETS = 3  # last-block counters a layer (fused.cu's tails): o_proj, router, down
 # fields whose reference buffer replaces the subject's as the next op's input (isolate mode)
 FED = frozenset({"emb", "x", "nrm", "kraw", "knorm", "kpre", "qrope", "attn", "ores", *KV_FIELDS})
 
@@ -130,13 +133,15 @@ class CudaBackend(Backend):
         # fused launches (kernels/fused.cu) outside isolate mode; KESTREL_CUDA_FUSE=0: every op
         # its own launch. Same bits either way (tests/test_cuda.py); set before the first step
         self.fuse = os.environ.get("KESTREL_CUDA_FUSE", "1") != "0"
+        # which of fused.cu's GEMV tails to use (benchmark A/B; same bits either way)
+        self.tails = frozenset(os.environ.get("KESTREL_CUDA_TAILS", "norm,router,silu,down").split(","))
         self.rt = runtime()
         self.name = f"cuda ({describe(self.exact)})"
         self.device_name = self.rt.name  # shown by the app's header
         with self.rt.active():
             self.dm = device_model(self.rt, model)
         self._layouts: dict[int, Layout] = {}
-        self._arena = self._feed = self._scores = None
+        self._arena = self._feed = self._scores = self._tickets = None
         self._arena_size = self._feed_size = self._scores_size = 0
         self._hash_bufs: dict[int, dict] = {}
         self._feed_host: dict[int, np.ndarray] = {}
@@ -159,10 +164,13 @@ class CudaBackend(Backend):
         self.graph_steps = 0  # steps served by a graph replay
         with self.rt.active():
             self._kernels()
+            # fused.cu's last-block counters, TICKETS a layer; each kernel leaves its own at 0
+            self._tickets = self.rt.cuda.mem_alloc(4 * TICKETS * cfg.n_layers)
+            self.rt.cuda.memset_d32(self._tickets, 0, TICKETS * cfg.n_layers)
 
     def __del__(self):
         try:
-            objs = [*self._graphs.values(), self._arena, self._feed, self._scores, self._tokens, self._cache, self._copy_stream,
+            objs = [*self._graphs.values(), self._tickets, self._arena, self._feed, self._scores, self._tokens, self._cache, self._copy_stream,
                     self._fwd_done, self._hash_done, self._logits_done, self._logits_host, self._hash_host, self._hash_stream,
                     self._body_ready, self._body_done, *self._feed_host.values()]
             for hb in self._hash_bufs.values():
@@ -212,6 +220,12 @@ class CudaBackend(Backend):
         self.exp_exact = int("expf" in ex)
         self.quant_exact = int("gemm" in ex)
         self.k_heads = k("fused", "heads_fused")
+        if q4:  # GEMVs whose last block runs the op behind them (fused.cu)
+            self.k_gemv_rms = k("fused", f"gemv_rmsnorm_{g}")
+            self.k_gemv_router = k("fused", f"gemv_router_{g}")
+            self.k_exp_silu = k("fused", f"experts_silu_{g}")
+            self.k_exp_comb_rms = k("fused", f"experts_combine_rmsnorm_{g}")
+        self.norm_exact = int("norm" in ex)
         self.k_comb_rms = k("fused", f"combine_rmsnorm_{pick('norm')}")
         self.heads_flags = (1 if "norm" in ex else 0) | (2 if "rope" in ex else 0) | (4 if "kvquant" in ex else 0)
         self.moe_exact = int("moe" in ex)
@@ -469,12 +483,27 @@ class CudaBackend(Backend):
         fused = self.fuse and feed is None
         fuse_heads = fused and self.kv == "q8" and hd in (64, 128, 256)  # fused.cu rope_regs: hd/64 in 1, 2, 4
         fuse_combine = fused and cfg.is_moe and h <= FUSED_MAX_ROW
+        # GEMVs whose last block runs the op behind them (fused.cu "GEMVs with a tail")
+        can_tail = fused and fuse_all and h <= FUSED_MAX_ROW
+        tails = can_tail and "norm" in self.tails
+        fuse_router = can_tail and "router" in self.tails and cfg.is_moe and cfg.n_experts <= 32 * GEMV_MAX_WARPS
+        fuse_silu = can_tail and "silu" in self.tails and cfg.is_moe and cfg.ffn_dim % SILU_ROWS == 0
+        fuse_down = can_tail and "down" in self.tails and fuse_combine
         pending = None  # a MoE layer's expert sum, left to the norm behind it (fuse_combine)
+
+        def ticket(li: int, j: int) -> int:
+            return int(self._tickets) + 4 * (TICKETS * li + j)
 
         def norm(x: int, w: int, out: int, quant_args: tuple) -> None:
             """RMSNorm of x (or of the pending expert sum) into out, with its q8_0 if asked."""
             nonlocal pending
-            if pending is not None:
+            if pending is not None and pending[0] == "down":  # the down GEMV's tail does both
+                _, ld, y, eidx, P, li_, topw, res, moe, xo, k = pending
+                launch(self.k_exp_comb_rms, (_blocks(h, SILU_ROWS), P, 1), (256, 1, 1), self.stream, ld.w, ld.d, y,
+                       eidx, A("aq"), A("ad"), h, ld.nb, M, ticket(li_, 2), topw, res, moe, xo, k, self.moe_exact,
+                       w, out, eps, *quant_args, self.norm_exact)
+                pending = None
+            elif pending is not None:
                 y, topw, res, moe, xo, k = pending
                 launch(self.k_comb_rms, (M, 1, 1), (256, 1, 1), self.stream, y, topw, res, moe, xo, k,
                        self.moe_exact, w, out, h, eps, *quant_args)
@@ -526,22 +555,45 @@ class CudaBackend(Backend):
             else:
                 self.attention(In("qrope", li), A("attn", li), li, pos0, M)
                 quant(attn, M, nh * hd)
-            gemv(W["o_proj"], attn, A("ores", li), res=x_in)
-            ores = In("ores", li)
             pnrm = A("pnrm", li)
-            norm(ores, W["post_attention_layernorm"], pnrm, (xq, xd, qmode) if fuse_all else (0, 0, 0))
-            if not fuse_all:
-                quant(pnrm, M, h)
+            ks = gemv_split(M, bool(self.quant_exact))
+            if tails:  # o_proj, then the post-attention norm in its last block
+                lo = W["o_proj"]
+                launch(self.k_gemv_rms, (_blocks(lo.out, GEMV_MAX_WARPS // ks), _blocks(M, 4), 1), (256, 1, 1),
+                       self.stream, lo.w, lo.d, xq, xd, x_in, A("ores", li), lo.out, lo.nb, M, ticket(li, 0),
+                       W["post_attention_layernorm"], pnrm, eps, xq, xd, qmode, self.norm_exact)
+            else:
+                gemv(W["o_proj"], attn, A("ores", li), res=x_in)
+                norm(In("ores", li), W["post_attention_layernorm"], pnrm, (xq, xd, qmode) if fuse_all else (0, 0, 0))
+                if not fuse_all:
+                    quant(pnrm, M, h)
+            ores = In("ores", li)
             F = cfg.ffn_dim
             if cfg.is_moe:
                 k, E = cfg.top_k, cfg.n_experts
-                gemv(W["gate"], pnrm, A("router", li))
-                launch(self.k_router, (M, 1, 1), (_blocks(E, 32) * 32, 1, 1), self.stream, A("router", li),
-                                            A("topk", li), A("topw", li), E, k, int(cfg.norm_topk_prob),
-                                            self.exp_exact)
+                if fuse_router:  # the router GEMV, then top-k in its last block
+                    lr, nt = W["gate"], _blocks(E, 128) * 128
+                    launch(self.k_gemv_router, (_blocks(E, nt // 32 // ks), _blocks(M, 4), 1), (nt, 1, 1),
+                           self.stream, lr.w, lr.d, xq, xd, A("router", li), E, lr.nb, M, ticket(li, 1),
+                           A("topk", li), A("topw", li), k, int(cfg.norm_topk_prob), self.exp_exact, self.moe_exact)
+                else:
+                    gemv(W["gate"], pnrm, A("router", li))
+                    launch(self.k_router, (M, 1, 1), (_blocks(E, 32) * 32, 1, 1), self.stream, A("router", li),
+                                                A("topk", li), A("topw", li), E, k, int(cfg.norm_topk_prob),
+                                                self.exp_exact)
                 P = M * k
-                gemv_experts(W["gate_proj"], A("g"), W["up_proj"], A("u"), A("topk", li), pnrm, xq, xd, k, P)
-                self._silu(A("g"), A("u"), A("a"), A("aq") if q4 else 0, A("ad") if q4 else 0, P * F)
+                if fuse_silu:  # gate and up rows together, silu*up and its q8_0 behind them
+                    lg, lu = W["gate_proj"], W["up_proj"]
+                    launch(self.k_exp_silu, (F // SILU_ROWS, P, 1), (256, 1, 1), self.stream, lg.w, lg.d, A("g"),
+                           lu.w, lu.d, A("u"), A("topk", li), xq, xd, k, F, lg.nb, A("a"), A("aq"), A("ad"),
+                           self.exp_exact, self.moe_exact, qmode)
+                else:
+                    gemv_experts(W["gate_proj"], A("g"), W["up_proj"], A("u"), A("topk", li), pnrm, xq, xd, k, P)
+                    self._silu(A("g"), A("u"), A("a"), A("aq") if q4 else 0, A("ad") if q4 else 0, P * F)
+                if fuse_down:  # the down GEMV, its last block the expert sum + next norm
+                    pending = ("down", W["down_proj"], A("y"), A("topk", li), P, li, A("topw", li), ores,
+                               A("moe", li), A("x", li), k)
+                    continue
                 gemv_experts(W["down_proj"], A("y"), None, 0, A("topk", li), A("a"), A("aq"), A("ad"), 1, P)
                 if fuse_combine:  # done by the norm behind it
                     pending = (A("y"), A("topw", li), ores, A("moe", li), A("x", li), k)

@@ -1,0 +1,261 @@
+// gemv.cuh — the q4_0 x q8_0 matrix-vector arithmetic as device functions (gemv.cu's
+// kernels and fused.cu's launches call them, so both give the same bits). The versions:
+// gemv.cu.
+#pragma once
+#include "common.cuh"
+
+#define GEMV_WARPS 4  // rows per block
+#define GEMV_MC 4     // columns per warp (dense kernels)
+
+// ------------------------------------------------------------ q4_0 x q8_0
+
+// sum over one 32-block of (q-8)*x, exact in int32 whatever the order: the packed
+// nibbles (q in 0..15) against the q8 activation by dp4a, minus 8*sum(x).
+__device__ __forceinline__ int q4_q8_block_isum(const uint4 wv, const int4 *__restrict__ xp) {
+  const int wl0 = wv.x & 0x0F0F0F0F, wl1 = wv.y & 0x0F0F0F0F, wl2 = wv.z & 0x0F0F0F0F, wl3 = wv.w & 0x0F0F0F0F;
+  const int wh0 = (wv.x >> 4) & 0x0F0F0F0F, wh1 = (wv.y >> 4) & 0x0F0F0F0F;
+  const int wh2 = (wv.z >> 4) & 0x0F0F0F0F, wh3 = (wv.w >> 4) & 0x0F0F0F0F;
+  const int4 xa = xp[0], xb = xp[1];
+  int su = __dp4a(wl0, xa.x, 0);
+  su = __dp4a(wl1, xa.y, su);
+  su = __dp4a(wl2, xa.z, su);
+  su = __dp4a(wl3, xa.w, su);
+  su = __dp4a(wh0, xb.x, su);
+  su = __dp4a(wh1, xb.y, su);
+  su = __dp4a(wh2, xb.z, su);
+  su = __dp4a(wh3, xb.w, su);
+  int sx = __dp4a(0x01010101, xa.x, 0);
+  sx = __dp4a(0x01010101, xa.y, sx);
+  sx = __dp4a(0x01010101, xa.z, sx);
+  sx = __dp4a(0x01010101, xa.w, sx);
+  sx = __dp4a(0x01010101, xb.x, sx);
+  sx = __dp4a(0x01010101, xb.y, sx);
+  sx = __dp4a(0x01010101, xb.z, sx);
+  sx = __dp4a(0x01010101, xb.w, sx);
+  return su - 8 * sx;
+}
+
+// One lane's share of a row against up to MC activation columns: blocks lane, lane+32, ...
+// in that order. A GEMV row is a few blocks a lane, so a lane's weight loads are issued
+// GEMV_PF at a time before their first use (decode GEMVs wait on memory latency, not
+// bandwidth); the adds keep their order.
+#define GEMV_PF 4
+template <bool EXACT, int MC>
+__device__ __forceinline__ void q4_lane_dot(const uint4 *__restrict__ wrow, const __half *__restrict__ drow, int nb,
+                                            const signed char *__restrict__ xq, const float *__restrict__ xd,
+                                            int ncols, float (&acc)[MC]) {
+  const int lane = threadIdx.x & 31;
+  for (int b0 = lane; b0 < nb; b0 += 32 * GEMV_PF) {
+    uint4 wv[GEMV_PF];
+    float dw[GEMV_PF];
+#pragma unroll
+    for (int u = 0; u < GEMV_PF; u++) {
+      const int b = b0 + 32 * u;
+      wv[u] = b < nb ? wrow[b] : make_uint4(0, 0, 0, 0);
+      dw[u] = b < nb ? __half2float(drow[b]) : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < GEMV_PF; u++) {
+      const int b = b0 + 32 * u;
+      if (b >= nb) break;
+#pragma unroll
+      for (int c = 0; c < MC; c++) {
+        if (c < ncols) {
+          const float fsum = __int2float_rn(q4_q8_block_isum(wv[u], (const int4 *)(xq + ((size_t)c * nb + b) * QK)));
+          const float dx = xd[(size_t)c * nb + b];
+          if (EXACT)
+            acc[c] = FADD(acc[c], FMUL(fsum, FMUL(dw[u], dx)));
+          else
+            acc[c] = fmaf(fsum, dw[u] * dx, acc[c]);
+        }
+      }
+    }
+  }
+}
+
+template <bool EXACT>
+__device__ __forceinline__ float lane_reduce(float v) {
+  return EXACT ? warp_butterfly_exact(v) : warp_sum_fast(v);
+}
+
+// The lanes' sums of the fast M = 1 GEMV, added in the other butterfly order (offsets 1, 2,
+// .., 16): a different tree from every other width's, whatever the row length.
+__device__ __forceinline__ float warp_sum_fast_rev(float v) {
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) v += __shfl_xor_sync(FULL_MASK, v, off);
+  return v;
+}
+
+// The fast dense GEMV picks its reduction order by the batch width M like a
+// real engine picks its tiling: at M = 1 one warp a row, lane l taking a
+// contiguous run of the row's blocks (16-byte loads back to back) and the
+// lanes' sums added in the reversed butterfly order (warp_sum_fast_rev); at M = 2..4
+// two warps share a row (warp w takes the w-th half of the blocks, its lanes
+// strided over it; the halves added in shared memory); from M = 5 one warp a
+// row with lanes strided over the blocks. So batch-verify columns differ from
+// M = 1 decode in fast mode. The exact GEMV never splits (the contract's lane
+// order). Host mirror: backends/cuda/backend.py gemv_split() (warps a row).
+__device__ __forceinline__ int gemv_split(int M) { return M == 1 ? 1 : (M <= 4 ? 2 : 1); }
+
+// W: [out, nb] uint4, D: [out, nb] f16; xq: [M, nb*32]; xd: [M, nb]; res, y: [M, out].
+// grid (ceil(out/(warps/ks)), ceil(M/GEMV_MC)), block 32*warps (GEMV_WARPS, or up to
+// GEMV_MAX_WARPS for fused.cu's launches that need a bigger block after the GEMV); ks = 1
+// (exact) or gemv_split(M). A row's arithmetic does not depend on the block size.
+#define GEMV_MAX_WARPS 8
+template <bool EXACT>
+__device__ __forceinline__ void gemv_q4(const uint4 *__restrict__ W, const __half *__restrict__ D,
+                                        const signed char *__restrict__ xq, const float *__restrict__ xd,
+                                        const float *__restrict__ res, float *__restrict__ y, int out, int nb,
+                                        int M, int bx) {
+  __shared__ float part[GEMV_MAX_WARPS][GEMV_MC];
+  const int ks = EXACT ? 1 : gemv_split(M);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int row = bx * ((int)(blockDim.x >> 5) / ks) + warp / ks, k = warp % ks;
+  const bool live = row < out;  // warp-uniform; no early return (the block syncs when split)
+  const int m0 = blockIdx.y * GEMV_MC;
+  const int ncols = min(GEMV_MC, M - m0);
+  float acc[GEMV_MC];
+#pragma unroll
+  for (int c = 0; c < GEMV_MC; c++) acc[c] = 0.0f;
+  if (live) {
+    if (!EXACT && M == 1) {  // fast decode: lane l takes blocks [l*per, (l+1)*per)
+      const uint4 *wr = W + (size_t)row * nb;
+      const __half *dr = D + (size_t)row * nb;
+      const int per = (nb + 31) / 32, b_end = min(nb, (lane + 1) * per);
+      for (int b0 = lane * per; b0 < b_end; b0 += GEMV_PF) {  // loads first, as in q4_lane_dot
+        uint4 wv[GEMV_PF];
+        float dw[GEMV_PF];
+#pragma unroll
+        for (int u = 0; u < GEMV_PF; u++) {
+          wv[u] = b0 + u < b_end ? wr[b0 + u] : make_uint4(0, 0, 0, 0);
+          dw[u] = b0 + u < b_end ? __half2float(dr[b0 + u]) : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < GEMV_PF; u++) {
+          if (b0 + u >= b_end) break;
+          const int isum = q4_q8_block_isum(wv[u], (const int4 *)(xq + (size_t)(b0 + u) * QK));
+          acc[0] = fmaf(__int2float_rn(isum), dw[u] * xd[b0 + u], acc[0]);
+        }
+      }
+    } else if (ks == 1) {
+      q4_lane_dot<EXACT, GEMV_MC>(W + (size_t)row * nb, D + (size_t)row * nb, nb, xq + (size_t)m0 * nb * QK,
+                                  xd + (size_t)m0 * nb, ncols, acc);
+    } else {  // fast only: this warp's contiguous share of the row's blocks, lanes strided in it
+      const uint4 *wr = W + (size_t)row * nb;
+      const __half *dr = D + (size_t)row * nb;
+      const int per = (nb + ks - 1) / ks, b_end = min(nb, (k + 1) * per);
+      for (int b = k * per + lane; b < b_end; b += 32) {
+        const uint4 wv = wr[b];
+        const float dw = __half2float(dr[b]);
+#pragma unroll
+        for (int c = 0; c < GEMV_MC; c++) {
+          if (c < ncols) {
+            const int isum = q4_q8_block_isum(wv, (const int4 *)(xq + ((size_t)(m0 + c) * nb + b) * QK));
+            acc[c] = fmaf(__int2float_rn(isum), dw * xd[(size_t)(m0 + c) * nb + b], acc[c]);
+          }
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int c = 0; c < GEMV_MC; c++) acc[c] = !EXACT && M == 1 ? warp_sum_fast_rev(acc[c]) : lane_reduce<EXACT>(acc[c]);
+  if (ks > 1) {  // fast only: add the warps' partial sums of each row
+    if (lane == 0) {
+#pragma unroll
+      for (int c = 0; c < GEMV_MC; c++) part[warp][c] = acc[c];
+    }
+    __syncthreads();
+    if (k == 0 && lane == 0) {
+#pragma unroll
+      for (int c = 0; c < GEMV_MC; c++) {
+        float t = part[warp][c];
+        for (int j = 1; j < ks; j++) t += part[warp + j][c];
+        acc[c] = t;
+      }
+    }
+  }
+  if (live && k == 0 && lane == 0) {
+    for (int c = 0; c < ncols; c++) {
+      const size_t o = (size_t)(m0 + c) * out + row;
+      y[o] = res ? (EXACT ? FADD(res[o], acc[c]) : res[o] + acc[c]) : acc[c];
+    }
+  }
+}
+
+// Stacked experts W*: [E, out, nb]. EXPERT_ROWS rows of expert e from row0 (rows past out
+// repeat the last one) against one activation column (xr, xdr), for NM matrices of the same
+// shape at once (gate and up); returns the rows' lane-reduced sums in acc. Every row's
+// weight loads are issued before the first dot: one row a warp needed 2-3 waves of blocks
+// for the top-8 experts of a 30B-A3B layer, each wave paying the full memory latency. Each
+// row is reduced exactly as one row of gemv_q4 (lane order, then the lane tree), whatever NM.
+#define EXPERT_ROWS 4
+template <bool EXACT, int NM>
+__device__ __forceinline__ void q4_expert_rows(const uint4 *const (&W)[NM], const __half *const (&D)[NM], int e,
+                                               int row0, int out, int nb, const signed char *__restrict__ xr,
+                                               const float *__restrict__ xdr, float (&acc)[NM][EXPERT_ROWS]) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int m = 0; m < NM; m++)
+#pragma unroll
+    for (int r = 0; r < EXPERT_ROWS; r++) acc[m][r] = 0.0f;
+  constexpr int PF = 2;  // blocks a lane loads ahead per row (a 2048-wide row is 2 a lane)
+  for (int b0 = lane; b0 < nb; b0 += 32 * PF) {
+    uint4 wv[NM][EXPERT_ROWS][PF];
+    float dw[NM][EXPERT_ROWS][PF];
+#pragma unroll
+    for (int m = 0; m < NM; m++)
+#pragma unroll
+      for (int r = 0; r < EXPERT_ROWS; r++) {
+        const size_t wrow = ((size_t)e * out + min(row0 + r, out - 1)) * nb;
+#pragma unroll
+        for (int u = 0; u < PF; u++) {
+          const int b = b0 + 32 * u;
+          wv[m][r][u] = b < nb ? W[m][wrow + b] : make_uint4(0, 0, 0, 0);
+          dw[m][r][u] = b < nb ? __half2float(D[m][wrow + b]) : 0.0f;
+        }
+      }
+#pragma unroll
+    for (int u = 0; u < PF; u++) {
+      const int b = b0 + 32 * u;
+      if (b >= nb) break;
+      const int4 *xp = (const int4 *)(xr + (size_t)b * QK);
+      const float dx = xdr[b];
+#pragma unroll
+      for (int m = 0; m < NM; m++)
+#pragma unroll
+        for (int r = 0; r < EXPERT_ROWS; r++) {
+          const float fsum = __int2float_rn(q4_q8_block_isum(wv[m][r][u], xp));
+          if (EXACT)
+            acc[m][r] = FADD(acc[m][r], FMUL(fsum, FMUL(dw[m][r][u], dx)));
+          else
+            acc[m][r] = fmaf(fsum, dw[m][r][u] * dx, acc[m][r]);
+        }
+    }
+  }
+#pragma unroll
+  for (int m = 0; m < NM; m++)
+#pragma unroll
+    for (int r = 0; r < EXPERT_ROWS; r++) acc[m][r] = lane_reduce<EXACT>(acc[m][r]);
+}
+
+// eidx: [P] expert of each pair; pair p reads activation column p / x_div (x_div = top_k
+// when the k slots share one input). grid (ceil(out/(warps*EXPERT_ROWS)), P, 1 or 2):
+// z = 0 -> (W0, D0, y0), z = 1 -> (W1, D1, y1); y*: [P, out]. A warp takes EXPERT_ROWS rows.
+template <bool EXACT>
+__device__ __forceinline__ void gemv_q4_experts(const uint4 *W0, const __half *D0, float *y0, const uint4 *W1,
+                                                const __half *D1, float *y1, const int *eidx,
+                                                const signed char *xq, const float *xd, int x_div, int out,
+                                                int nb) {
+  const int row0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * EXPERT_ROWS;
+  if (row0 >= out) return;
+  const int pair = blockIdx.y, xc = pair / x_div;
+  const uint4 *const W[1] = {blockIdx.z ? W1 : W0};
+  const __half *const D[1] = {blockIdx.z ? D1 : D0};
+  float *y = blockIdx.z ? y1 : y0;
+  float acc[1][EXPERT_ROWS];
+  q4_expert_rows<EXACT, 1>(W, D, eidx[pair], row0, out, nb, xq + (size_t)xc * nb * QK, xd + (size_t)xc * nb, acc);
+  if ((threadIdx.x & 31) == 0)
+#pragma unroll
+    for (int r = 0; r < EXPERT_ROWS; r++)
+      if (row0 + r < out) y[(size_t)pair * out + row0 + r] = acc[0][r];
+}
