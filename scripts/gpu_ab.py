@@ -1,10 +1,10 @@
 """A/B of launch configurations on the full-size synthetic model: for each configuration
-(environment variables the cuda backend reads when it is built, e.g. KESTREL_CUDA_TAILS or
+(environment variables the cuda backend reads when it is built, e.g. KESTREL_CUDA_FOLD or
 KESTREL_CUDA_FUSE), the device time of one M=1 decode-graph replay at context --ctx, median
 of --steps replays, fast and exact. One process, one model: the configurations differ only
 in how the step is launched, so the medians are comparable within a run.
 
-    python3 scripts/gpu_ab.py 'all=' 'none=KESTREL_CUDA_TAILS=' 'router=KESTREL_CUDA_TAILS=router'
+    python3 scripts/gpu_ab.py 'default=' 'no-folds=KESTREL_CUDA_FOLD=' 'separate=KESTREL_CUDA_FUSE=0'
 """
 from __future__ import annotations
 

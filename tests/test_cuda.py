@@ -266,10 +266,23 @@ def _fused_toggle_sets():
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("exact", _fused_toggle_sets(), ids=lambda s: "+".join(sorted(s)) or "none")
 def test_fused_launches_equal_separate_ones(rt, head_dim, exact):
-    """kernels/fused.cu (QK-norm+RoPE+KV rows, expert sum+RMSNorm) and the attention kernels'
-    own q8_0 of their output vs every op launched on its own (KESTREL_CUDA_FUSE=0's path):
-    logits bit for bit and every key's hash, for a prefill (M=6), batch steps (M=3) and M=1
-    decode through the graph, under any mix of fast and exact ops."""
+    """kernels/fused.cu (QK-norm+RoPE+KV rows; down + expert sum, the default folds) and the attention kernels' own q8_0 of their output vs every op
+    launched on its own (KESTREL_CUDA_FUSE=0's path): logits bit for bit and every key's hash,
+    for a prefill (M=6), batch steps (M=3) and M=1 decode through the graph, under any mix of
+    fast and exact ops."""
+    _assert_fused_equals_plain(head_dim, exact)
+
+
+@pytest.mark.parametrize("folds", ["norm,combine", "norm", ""])
+def test_each_fold_alone_equals_separate_launches(rt, monkeypatch, folds):
+    """The fold subsets scripts/gpu_ab.py benchmarks (KESTREL_CUDA_FOLD): the same bits too
+    (with neither fold the expert sum goes with the next norm: combine_rmsnorm)."""
+    monkeypatch.setenv("KESTREL_CUDA_FOLD", folds)
+    exact = _fused_toggle_sets()[-1]
+    _assert_fused_equals_plain(128, exact)
+
+
+def _assert_fused_equals_plain(head_dim, exact):
     from dataclasses import replace
 
     from kestrel_tui.backends.cuda import make_cuda_backend
@@ -292,7 +305,7 @@ def test_fused_launches_equal_separate_ones(rt, head_dim, exact):
         outs.append(steps)
     assert fused.graph_steps > 0, fused.graph_status
     for i, (f, p) in enumerate(zip(*outs)):
-        assert np.array_equal(f.logits.view(np.uint32), p.logits.view(np.uint32)), i
+        assert np.array_equal(f.logits.view(np.uint32), p.logits.view(np.uint32)), (sorted(exact), i)
         for m, (hf, hp) in enumerate(zip(f.hashes, p.hashes)):
             bad = [k for k in hp if hf.get(k) != hp[k]]
             assert not bad, f"step {i} column {m}: {len(bad)} keys differ, first {sorted(bad, key=order_key)[0]}"

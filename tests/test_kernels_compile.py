@@ -613,12 +613,15 @@ def test_graph_without_the_logits_event_when_refused(monkeypatch):
     assert lib.calls.count("cuStreamBeginCapture_v2") == 2 and list(out.hashes[0]) == token_keys(0, 2, False)
 
 
-@pytest.mark.parametrize("fuse", [True, False])
-def test_fused_launch_wiring(monkeypatch, fuse):
-    """Outside isolate mode a q4_0 / q8-KV MoE step launches kernels/fused.cu's kernels (a
-    layer: heads_fused, o_proj + post-attention norm, router + top-k, gate/up + silu, down +
-    expert sum + the next norm, the last one the final norm's) and none of the ops they
-    replace; isolate mode, and fuse=False (KESTREL_CUDA_FUSE=0), launch every op on its own."""
+@pytest.mark.parametrize("fuse,folds", [(True, None), (True, "norm,combine"), (True, "norm"), (True, ""),
+                                         (False, None)])
+def test_fused_launch_wiring(monkeypatch, fuse, folds):
+    """Outside isolate mode a q4_0 / q8-KV MoE step launches kernels/fused.cu's kernels and none
+    of the ops they replace: heads_fused a layer; with the norm fold the q/k/v and router GEMVs
+    normalize their own input (no RMSNorm launch in a layer), with the combine fold the down
+    GEMV adds the expert sum, without them the expert sum goes with the next norm
+    (combine_rmsnorm). Isolate mode, and fuse=False (KESTREL_CUDA_FUSE=0), launch every op on
+    its own."""
     from kestrel_tui.backends import cuda as cuda_pkg
     from kestrel_tui.backends.base import NumpyBackend
     from kestrel_tui.backends.cuda import backend as be
@@ -627,8 +630,13 @@ def test_fused_launch_wiring(monkeypatch, fuse):
     fake = _FakeRuntime()
     monkeypatch.setattr(be, "runtime", lambda: fake)
     monkeypatch.setenv("KESTREL_CUDA_FUSE", "1" if fuse else "0")
-    n_layers = 3
-    model = synthetic_model(default_config().with_layers(n_layers), "q4_0")
+    if folds is None:  # the default
+        monkeypatch.delenv("KESTREL_CUDA_FOLD", raising=False)
+        folds = "combine"
+    else:
+        monkeypatch.setenv("KESTREL_CUDA_FOLD", folds)
+    n = 3
+    model = synthetic_model(default_config().with_layers(n), "q4_0")
     sub = cuda_pkg.make_cuda_backend(model, graph=False)
     assert sub.fuse is fuse
     ref = NumpyBackend(model)
@@ -639,27 +647,32 @@ def test_fused_launch_wiring(monkeypatch, fuse):
         return {name: k.calls for name, k in fake.kernels.items()}
 
     def launched(before: dict[str, int]) -> dict[str, int]:
-        return {n: c - before.get(n, 0) for n, c in calls().items() if c - before.get(n, 0)}
+        return {k: c - before.get(k, 0) for k, c in calls().items() if c - before.get(k, 0)}
 
-    separate = {"qknorm_fast", "rope_fast", "kvquant_fast", "combine_fast", "quantize_q8_0_fast", "router_fast",
-                "silu_mul_fast", "gemv_q4_experts_fast"}
-    fused = {"heads_fused", "gemv_rmsnorm_fast", "gemv_router_fast", "experts_silu_fast",
-             "experts_combine_rmsnorm_fast"}
+    separate = {"qknorm_fast", "rope_fast", "kvquant_fast", "combine_fast", "quantize_q8_0_fast"}
+    fused_only = {"heads_fused", "combine_rmsnorm_fast", "norm_x3_fast", "norm_router_fast", "down_combine_fast"}
     c0 = calls()
     sub.step(np.array([5, 9, 11]), 0)
     plain = launched(c0)
     if fuse:
-        assert all(plain[k] == n_layers for k in fused), plain
-        assert plain["rmsnorm_fast"] == 1 and plain["gemv_q4_fast"] == 1  # layer 0's input norm, lm_head
-        assert not (separate | {"combine_rmsnorm_fast"}) & set(plain), plain
+        norm, comb = "norm" in folds, "combine" in folds
+        want = {"heads_fused": n, "norm_x3_fast": n if norm else 0, "norm_router_fast": n if norm else 0,
+                "gemv_q4_x3_fast": 0 if norm else n, "down_combine_fast": n if comb else 0,
+                "gemv_q4_experts_fast": n if comb else 2 * n, "combine_fast": n if norm and not comb else 0,
+                "combine_rmsnorm_fast": 0 if norm or comb else n,
+                # the final norm; without the norm fold each layer's post-attention norm, and its
+                # input norm where no expert sum goes with it (layer 0, or every one with the combine fold)
+                "rmsnorm_fast": 1 if norm else (2 * n + 1 if comb else n + 1)}
+        assert {k: plain.get(k, 0) for k in want} == want, plain
+        assert not (separate - {"combine_fast"}) & set(plain), plain
     else:
-        assert not (fused | {"combine_rmsnorm_fast"}) & set(plain), plain
-        assert all(plain[k] == n_layers for k in separate - {"gemv_q4_experts_fast"}), plain
+        assert not fused_only & set(plain), plain
+        assert all(plain[k] == n for k in separate), plain
     c1 = calls()
     sub.step(np.array([7]), 3, feed=ref.step(np.array([7]), 3).raw)
     iso = launched(c1)
-    assert not (fused | {"combine_rmsnorm_fast"}) & set(iso), iso
-    assert all(iso[k] == n_layers for k in ("qknorm_fast", "rope_fast", "kvquant_fast", "combine_fast")), iso
+    assert not fused_only & set(iso), iso
+    assert all(iso[k] == n for k in ("qknorm_fast", "rope_fast", "kvquant_fast", "combine_fast")), iso
 
 
 @pytest.mark.parametrize("head_dim,fused", [(64, True), (128, True), (256, True), (192, False)])

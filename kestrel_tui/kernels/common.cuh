@@ -66,24 +66,6 @@ __device__ __forceinline__ void pdl_wait() {
 #endif
 }
 
-// Last block done: every block of a grid calls it once, after its last global write; it
-// returns true in exactly one block, the last to arrive, which then sees every other block's
-// writes (it must read them through L2, __ldcg, not the non-coherent read-only path). fused.cu
-// runs the op behind a GEMV that needs the whole output there, instead of in a launch of its
-// own. The counter goes back to 0 for the next launch (a graph replays the same one).
-__device__ __forceinline__ bool last_block_done(unsigned int *ticket) {
-  __shared__ bool last;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    last = atomicAdd(ticket, 1u) == gridDim.x * gridDim.y * gridDim.z - 1;
-    if (last) atomicExch(ticket, 0u);
-  }
-  __syncthreads();
-  if (last) __threadfence();
-  return last;
-}
-
 #define FULL_MASK 0xffffffffu
 #define QK 32  // q4_0 / q8_0 block size
 

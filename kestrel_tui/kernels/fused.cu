@@ -98,11 +98,11 @@ extern "C" __global__ void heads_fused(const float *__restrict__ q, float *__res
 // y: [M, k, n] expert outputs, topw: [M, k], ores: [M, n] -> moe, x: [M, n] (column m); then
 // out = RMSNorm(x) * w with its q8_0 (quant as rmsnorm_*). grid M, block NORM_THREADS,
 // n <= FUSED_MAX_ROW. One block sums a whole row (k*n loads): with k <= COMBINE_MAX_K a
-// thread loads all its slots' values for PER elements before the first add. The norm
+// thread loads all its slots' values for NORM_PER elements before the first add. The norm
 // reads x from shared memory (the values just written).
 #define FUSED_MAX_ROW 4096
 #define COMBINE_MAX_K 8
-template <bool MOE_EXACT, int PER = NORM_PER>
+template <bool MOE_EXACT>
 __device__ __forceinline__ void combine_row(const float *__restrict__ y, const float *__restrict__ topw,
                                             const float *__restrict__ ores, float *__restrict__ moe,
                                             float *__restrict__ x, int n, int k, float *__restrict__ xs, int m) {
@@ -113,17 +113,17 @@ __device__ __forceinline__ void combine_row(const float *__restrict__ y, const f
   float wk[COMBINE_MAX_K];
 #pragma unroll
   for (int j = 0; j < COMBINE_MAX_K; j++) wk[j] = j < k ? topw[(size_t)m * k + j] : 0.0f;
-  for (int i0 = threadIdx.x; i0 < n; i0 += PER * NORM_THREADS) {
-    float yv[PER][COMBINE_MAX_K], rv[PER];
+  for (int i0 = threadIdx.x; i0 < n; i0 += NORM_PER * NORM_THREADS) {
+    float yv[NORM_PER][COMBINE_MAX_K], rv[NORM_PER];
 #pragma unroll
-    for (int e = 0; e < PER; e++) {
+    for (int e = 0; e < NORM_PER; e++) {
       const int i = i0 + e * NORM_THREADS;
       rv[e] = i < n ? ores[(size_t)m * n + i] : 0.0f;
 #pragma unroll
-      for (int j = 0; j < COMBINE_MAX_K; j++) yv[e][j] = i < n && j < k ? __ldcg(y + ((size_t)m * k + j) * n + i) : 0.0f;
+      for (int j = 0; j < COMBINE_MAX_K; j++) yv[e][j] = i < n && j < k ? y[((size_t)m * k + j) * n + i] : 0.0f;
     }
 #pragma unroll
-    for (int e = 0; e < PER; e++) {
+    for (int e = 0; e < NORM_PER; e++) {
       const int i = i0 + e * NORM_THREADS;
       if (i >= n) break;
       float acc = 0.0f;
@@ -157,155 +157,127 @@ __device__ __forceinline__ void combine_row(const float *__restrict__ y, const f
 COMBINE_RMSNORM_KERNEL(combine_rmsnorm_exact, true)
 COMBINE_RMSNORM_KERNEL(combine_rmsnorm_fast, false)
 
-// ------------------------------------------------------------ GEMVs with a tail
-// The op behind a GEMV that needs the GEMV's whole output (a norm over the row, the router's
-// top-k, the expert sum) runs in the GEMV's last block to finish (common.cuh
-// last_block_done), so the step saves a launch and the wait for one grid to drain and the
-// next to start. `ticket`: a zeroed counter of its own (backend.py). The GEMV is gemv.cuh's,
-// with the gemm toggle's version (the kernel name); the tail's versions are arguments.
-
-// y = res + W x (o_proj), then out = RMSNorm(y) * nw of every column with its q8_0 into
-// oq/od (the GEMV's own input buffers: every block has read them by then).
-// grid (ceil(out/(GEMV_MAX_WARPS/ks)), ceil(M/GEMV_MC)), block NORM_THREADS; out <= FUSED_MAX_ROW.
+// ------------------------------------------------------------ GEMVs that normalize their own input
+// An RMSNorm is one block a column (its sum runs over the whole row), a launch whose latency
+// chain the step waits for. Instead every block of the GEMV behind it normalizes its own
+// columns (a row of hidden floats, from L2) into shared memory with the q8_0 of the result and
+// reads that; the blocks with blockIdx.x == 0 also write the norm's output (a key) — and, for
+// the router, the q8_0 the expert GEMVs read next. The norm is norm.cuh's, the GEMV gemv.cuh's:
+// the bits are the separate launches'. Block NORM_THREADS (the norm's); out <= FUSED_MAX_ROW.
 static_assert(NORM_THREADS == 32 * GEMV_MAX_WARPS, "the GEMV takes the norm's block");
-template <bool EXACT>
-__device__ __forceinline__ void gemv_rmsnorm(const uint4 *W, const __half *D, const signed char *xq,
-                                             const float *xd, const float *res, float *y, int out, int nb, int M,
-                                             unsigned int *ticket, const float *nw, float *nout, float eps,
-                                             signed char *oq, float *od, int quant, int norm_exact) {
-  gemv_q4<EXACT>(W, D, xq, xd, res, y, out, nb, M, blockIdx.x);
-  if (!last_block_done(ticket)) return;
-  __shared__ float xs[FUSED_MAX_ROW];
-  for (int m = 0; m < M; m++) {
-    __syncthreads();
-    for (int i = threadIdx.x; i < out; i += blockDim.x) xs[i] = __ldcg(y + (size_t)m * out + i);
-    __syncthreads();
+
+// Columns m0 .. m0+ncols-1 of x [M, h] normalized by nw: q8_0 into xq_s/xd_s (column c at
+// c*h), the f32 result into nrm [M, h] from the blocks with blockIdx.x == 0.
+__device__ __forceinline__ void norm_columns(const float *__restrict__ x, const float *__restrict__ nw,
+                                             float *__restrict__ nrm, int h, float eps, int norm_exact, int quant,
+                                             int m0, int ncols, signed char *xq_s, float *xd_s) {
+  for (int c = 0; c < ncols; c++) {
+    const float *xr = x + (size_t)(m0 + c) * h;
+    float *yr = blockIdx.x == 0 ? nrm + (size_t)(m0 + c) * h : nullptr;
     if (norm_exact)
-      rmsnorm_row<true>(xs, nw, nout + (size_t)m * out, out, eps, oq, od, quant, m);
+      rmsnorm_row<true>(xr, nw, yr, h, eps, xq_s, xd_s, quant, c);
     else
-      rmsnorm_row<false>(xs, nw, nout + (size_t)m * out, out, eps, oq, od, quant, m);
-  }
-}
-
-// logits = W x (the router), then top-k of every column (moe.cuh router). grid as gemv_q4's,
-// block = E rounded up to a multiple of 128 (at most GEMV_MAX_WARPS warps).
-template <bool EXACT>
-__device__ __forceinline__ void gemv_router(const uint4 *W, const __half *D, const signed char *xq, const float *xd,
-                                            float *logits, int E, int nb, int M, unsigned int *ticket, int *topk,
-                                            float *topw, int k, int norm, int exact_exp, int moe_exact) {
-  gemv_q4<EXACT>(W, D, xq, xd, nullptr, logits, E, nb, M, blockIdx.x);
-  if (!last_block_done(ticket)) return;
-  for (int m = 0; m < M; m++) {
+      rmsnorm_row<false>(xr, nw, yr, h, eps, xq_s, xd_s, quant, c);
     __syncthreads();
-    if (moe_exact)
-      router<true>(logits, topk, topw, E, k, norm, exact_exp, m);
-    else
-      router<false>(logits, topk, topw, E, k, norm, exact_exp, m);
   }
 }
 
-// Gate and up rows of the selected experts together, then a = silu(g)*u and its q8_0 (no
-// tail: a block's 32 rows are one q8_0 block). grid (F/32, P), block 256 (8 warps x
-// EXPERT_ROWS rows); F a multiple of 32. Pair p reads column p / x_div.
-#define SILU_ROWS (GEMV_MAX_WARPS * EXPERT_ROWS)
-static_assert(SILU_ROWS == QK, "a block's rows are one q8_0 block of a");
+#define NORM_GEMV_SHARED                                                                               \
+  __shared__ __align__(16) signed char xq_s[GEMV_MC * FUSED_MAX_ROW];                                  \
+  __shared__ float xd_s[GEMV_MC * FUSED_MAX_ROW / QK];                                                 \
+  const int m0 = blockIdx.y * GEMV_MC, ncols = min(GEMV_MC, M - m0), h = nb * QK;
+
+// The input norm (x -> nrm, norm toggle: norm_exact) and q, k, v of it (gemv_q4_x3, grid as
+// its with warps = GEMV_MAX_WARPS).
 template <bool EXACT>
-__device__ __forceinline__ void experts_silu(const uint4 *Wg, const __half *Dg, float *g, const uint4 *Wu,
-                                             const __half *Du, float *u, const int *eidx, const signed char *xq,
-                                             const float *xd, int x_div, int F, int nb, float *a,
-                                             signed char *aq, float *ad, int exact_exp, int moe_exact, int quant) {
-  __shared__ float as[SILU_ROWS];
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, pair = blockIdx.y, xc = pair / x_div;
-  const int row0 = blockIdx.x * SILU_ROWS + warp * EXPERT_ROWS;
-  const uint4 *const W[2] = {Wg, Wu};
-  const __half *const D[2] = {Dg, Du};
-  float acc[2][EXPERT_ROWS];
-  q4_expert_rows<EXACT, 2>(W, D, eidx[pair], row0, F, nb, xq + (size_t)xc * nb * QK, xd + (size_t)xc * nb, acc);
+__device__ __forceinline__ void norm_x3(const float *x, const float *nw, float *nrm, float eps, int norm_exact,
+                                        int quant, const uint4 *W0, const __half *D0, float *y0, int out0,
+                                        const uint4 *W1, const __half *D1, float *y1, int out1, const uint4 *W2,
+                                        const __half *D2, float *y2, int out2, int nb, int M) {
+  NORM_GEMV_SHARED
+  norm_columns(x, nw, nrm, h, eps, norm_exact, quant, m0, ncols, xq_s, xd_s);
+  gemv_q4_x3<EXACT>(W0, D0, y0, out0, W1, D1, y1, out1, W2, D2, y2, out2, xq_s, xd_s, nb, M);
+}
+
+// The post-attention norm (ores -> pnrm, and its q8_0 to xq/xd for the expert GEMVs) and the
+// router logits of it (gemv_q4, grid as its with warps = GEMV_MAX_WARPS).
+template <bool EXACT>
+__device__ __forceinline__ void norm_router(const float *x, const float *nw, float *nrm, float eps, int norm_exact,
+                                            int quant, signed char *xq, float *xd, const uint4 *W, const __half *D,
+                                            float *logits, int E, int nb, int M) {
+  NORM_GEMV_SHARED
+  norm_columns(x, nw, nrm, h, eps, norm_exact, quant, m0, ncols, xq_s, xd_s);
+  if (blockIdx.x == 0) {
+    const int nq = ncols * h / 16;
+    for (int i = threadIdx.x; i < nq; i += blockDim.x)
+      ((int4 *)(xq + (size_t)m0 * h))[i] = ((const int4 *)xq_s)[i];
+    for (int i = threadIdx.x; i < ncols * nb; i += blockDim.x) xd[(size_t)m0 * nb + i] = xd_s[i];
+  }
+  gemv_q4<EXACT>(W, D, xq_s, xd_s, nullptr, logits, E, nb, M, blockIdx.x);
+}
+
+#define NORM_GEMV_KERNELS(SUFFIX, EXACT)                                                                \
+  extern "C" __global__ void __launch_bounds__(NORM_THREADS, 5) norm_x3_##SUFFIX(                       \
+      const float *x, const float *nw, float *nrm, float eps, int norm_exact, int quant, const uint4 *W0, \
+      const __half *D0, float *y0, int out0, const uint4 *W1, const __half *D1, float *y1, int out1,     \
+      const uint4 *W2, const __half *D2, float *y2, int out2, int nb, int M) {                          \
+    pdl_wait();                                                                                        \
+    norm_x3<EXACT>(x, nw, nrm, eps, norm_exact, quant, W0, D0, y0, out0, W1, D1, y1, out1, W2, D2, y2, out2, nb, M); \
+  }                                                                                                    \
+  extern "C" __global__ void norm_router_##SUFFIX(const float *x, const float *nw, float *nrm, float eps, \
+                                                  int norm_exact, int quant, signed char *xq, float *xd, \
+                                                  const uint4 *W, const __half *D, float *logits, int E, \
+                                                  int nb, int M) {                                     \
+    pdl_wait();                                                                                        \
+    norm_router<EXACT>(x, nw, nrm, eps, norm_exact, quant, xq, xd, W, D, logits, E, nb, M);            \
+  }
+
+NORM_GEMV_KERNELS(exact, true)
+NORM_GEMV_KERNELS(fast, false)
+
+// ------------------------------------------------------------ down projection + expert sum
+// The down rows of all k slots of a column in one block (warp j = slot j, EXPERT_ROWS rows),
+// so the block holds every term of its rows' expert sums and adds them in rank order
+// (moe.cuh, moe toggle: moe_exact): x = ores + sum_j w_j*y_j, with no launch of its own.
+// grid (ceil(n/EXPERT_ROWS), M), block 32*k (k <= COMBINE_MAX_K); y: [M*k, n].
+template <bool EXACT>
+__device__ __forceinline__ void down_combine(const uint4 *W, const __half *D, float *y, const int *eidx,
+                                             const signed char *aq, const float *ad, int n, int nb, int k,
+                                             const float *topw, const float *ores, float *moe, float *x,
+                                             int moe_exact) {
+  __shared__ float ys[COMBINE_MAX_K][EXPERT_ROWS];
+  const int j = threadIdx.x >> 5, m = blockIdx.y, pair = m * k + j, row0 = blockIdx.x * EXPERT_ROWS;
+  const uint4 *const Wm[1] = {W};
+  const __half *const Dm[1] = {D};
+  float acc[1][EXPERT_ROWS];
+  q4_expert_rows<EXACT, 1>(Wm, Dm, eidx[pair], row0, n, nb, aq + (size_t)pair * nb * QK, ad + (size_t)pair * nb, acc);
+  if ((threadIdx.x & 31) == 0)
 #pragma unroll
-  for (int r = 0; r < EXPERT_ROWS; r++) {
-    const float av = moe_exact ? silu_mul_value<true>(acc[0][r], acc[1][r], exact_exp)
-                               : silu_mul_value<false>(acc[0][r], acc[1][r], exact_exp);
-    if (lane == 0) {
-      const size_t o = (size_t)pair * F + row0 + r;
-      g[o] = acc[0][r];
-      u[o] = acc[1][r];
-      a[o] = av;
-      as[warp * EXPERT_ROWS + r] = av;
+    for (int r = 0; r < EXPERT_ROWS; r++) {
+      ys[j][r] = acc[0][r];
+      if (row0 + r < n) y[(size_t)pair * n + row0 + r] = acc[0][r];
     }
-  }
   __syncthreads();
-  if (warp == 0) q8_0_warp(as[lane], (size_t)pair * F + blockIdx.x * SILU_ROWS + lane, aq, ad, quant);
-}
-
-// Down rows of the selected experts (y: [P, n], pair p reads column p of aq/ad), then the
-// expert sum of every column and the RMSNorm behind it (combine_rmsnorm_*'s work) into out
-// with its q8_0. grid (ceil(n/SILU_ROWS), P), block NORM_THREADS; n <= FUSED_MAX_ROW.
-template <bool EXACT>
-__device__ __forceinline__ void experts_combine_rmsnorm(const uint4 *W, const __half *D, float *y, const int *eidx,
-                                                        const signed char *aq, const float *ad, int n, int nb,
-                                                        int M, unsigned int *ticket, const float *topw,
-                                                        const float *ores, float *moe, float *x, int k,
-                                                        int moe_exact, const float *nw, float *out, float eps,
-                                                        signed char *xq, float *xd, int quant, int norm_exact) {
-  const int warp = threadIdx.x >> 5, pair = blockIdx.y;
-  const int row0 = blockIdx.x * SILU_ROWS + warp * EXPERT_ROWS;
-  if (row0 < n) {
-    const uint4 *const Wm[1] = {W};
-    const __half *const Dm[1] = {D};
-    float acc[1][EXPERT_ROWS];
-    q4_expert_rows<EXACT, 1>(Wm, Dm, eidx[pair], row0, n, nb, aq + (size_t)pair * nb * QK, ad + (size_t)pair * nb,
-                             acc);
-    if ((threadIdx.x & 31) == 0)
-#pragma unroll
-      for (int r = 0; r < EXPERT_ROWS; r++)
-        if (row0 + r < n) y[(size_t)pair * n + row0 + r] = acc[0][r];
-  }
-  if (!last_block_done(ticket)) return;
-  __shared__ float xs[FUSED_MAX_ROW];
-  for (int m = 0; m < M; m++) {
-    __syncthreads();
-    if (moe_exact)
-      combine_row<true, 2>(y, topw, ores, moe, x, n, k, xs, m);
-    else
-      combine_row<false, 2>(y, topw, ores, moe, x, n, k, xs, m);
-    __syncthreads();
-    if (norm_exact)
-      rmsnorm_row<true>(xs, nw, out + (size_t)m * n, n, eps, xq, xd, quant, m);
-    else
-      rmsnorm_row<false>(xs, nw, out + (size_t)m * n, n, eps, xq, xd, quant, m);
+  const int r = threadIdx.x, i = row0 + r;
+  if (r < EXPERT_ROWS && i < n) {
+    float s = 0.0f;
+    for (int jj = 0; jj < k; jj++)
+      s = moe_exact ? moe_sum_step<true>(s, topw[(size_t)m * k + jj], ys[jj][r])
+                    : moe_sum_step<false>(s, topw[(size_t)m * k + jj], ys[jj][r]);
+    const size_t o = (size_t)m * n + i;
+    moe[o] = s;
+    x[o] = moe_exact ? moe_residual<true>(ores[o], s) : moe_residual<false>(ores[o], s);
   }
 }
 
-#define TAIL_KERNELS(SUFFIX, EXACT)                                                                     \
-  extern "C" __global__ void gemv_rmsnorm_##SUFFIX(                                                     \
-      const uint4 *W, const __half *D, const signed char *xq, const float *xd, const float *res, float *y, \
-      int out, int nb, int M, unsigned int *ticket, const float *nw, float *nout, float eps,            \
-      signed char *oq, float *od, int quant, int norm_exact) {                                         \
+#define DOWN_COMBINE_KERNEL(SUFFIX, EXACT)                                                              \
+  extern "C" __global__ void __launch_bounds__(256, 4) down_combine_##SUFFIX(const uint4 *W, const __half *D, float *y, const int *eidx, \
+                                                   const signed char *aq, const float *ad, int n, int nb, \
+                                                   int k, const float *topw, const float *ores, float *moe, \
+                                                   float *x, int moe_exact) {                          \
     pdl_wait();                                                                                        \
-    gemv_rmsnorm<EXACT>(W, D, xq, xd, res, y, out, nb, M, ticket, nw, nout, eps, oq, od, quant, norm_exact); \
-  }                                                                                                    \
-  extern "C" __global__ void gemv_router_##SUFFIX(                                                      \
-      const uint4 *W, const __half *D, const signed char *xq, const float *xd, float *logits, int E, int nb, \
-      int M, unsigned int *ticket, int *topk, float *topw, int k, int norm, int exact_exp, int moe_exact) { \
-    pdl_wait();                                                                                        \
-    gemv_router<EXACT>(W, D, xq, xd, logits, E, nb, M, ticket, topk, topw, k, norm, exact_exp, moe_exact); \
-  }                                                                                                    \
-  extern "C" __global__ void __launch_bounds__(256, 2) experts_silu_##SUFFIX(                           \
-      const uint4 *Wg, const __half *Dg, float *g, const uint4 *Wu, const __half *Du, float *u,         \
-      const int *eidx, const signed char *xq, const float *xd, int x_div, int F, int nb, float *a,      \
-      signed char *aq, float *ad, int exact_exp, int moe_exact, int quant) {                           \
-    pdl_wait();                                                                                        \
-    experts_silu<EXACT>(Wg, Dg, g, Wu, Du, u, eidx, xq, xd, x_div, F, nb, a, aq, ad, exact_exp, moe_exact, quant); \
-  }                                                                                                    \
-  extern "C" __global__ void __launch_bounds__(256, 4) experts_combine_rmsnorm_##SUFFIX(                \
-      const uint4 *W, const __half *D, float *y, const int *eidx, const signed char *aq, const float *ad, \
-      int n, int nb, int M, unsigned int *ticket, const float *topw, const float *ores, float *moe,     \
-      float *x, int k, int moe_exact, const float *nw, float *out, float eps, signed char *xq, float *xd, \
-      int quant, int norm_exact) {                                                                     \
-    pdl_wait();                                                                                        \
-    experts_combine_rmsnorm<EXACT>(W, D, y, eidx, aq, ad, n, nb, M, ticket, topw, ores, moe, x, k, moe_exact, nw, \
-                                   out, eps, xq, xd, quant, norm_exact);                               \
+    down_combine<EXACT>(W, D, y, eidx, aq, ad, n, nb, k, topw, ores, moe, x, moe_exact);               \
   }
 
-TAIL_KERNELS(exact, true)
-TAIL_KERNELS(fast, false)
+DOWN_COMBINE_KERNEL(exact, true)
+DOWN_COMBINE_KERNEL(fast, false)

@@ -71,29 +71,14 @@ extern "C" __global__ void quantize_q8_0_fast(const float *__restrict__ x, signe
 extern "C" __global__ void gemv_q4_exact(const uint4 *W, const __half *D, const signed char *xq, const float *xd,
                                          const float *res, float *y, int out, int nb, int M) {
   pdl_wait();
-  gemv_q4<true>(W, D, xq, xd, res, y, out, nb, M, blockIdx.x);
+  const size_t m0 = (size_t)blockIdx.y * GEMV_MC;
+  gemv_q4<true>(W, D, xq + m0 * nb * QK, xd + m0 * nb, res, y, out, nb, M, blockIdx.x);
 }
 extern "C" __global__ void gemv_q4_fast(const uint4 *W, const __half *D, const signed char *xq, const float *xd,
                                         const float *res, float *y, int out, int nb, int M) {
   pdl_wait();
-  gemv_q4<false>(W, D, xq, xd, res, y, out, nb, M, blockIdx.x);
-}
-
-// Three projections of one input in one launch (q, k and v): the row blocks of the three
-// matrices one after the other along grid.x (no idle blocks for the short k and v); each row
-// is computed exactly as by gemv_q4 (same lane order, same rounding). grid
-// (sum over the matrices of ceil(out/(GEMV_WARPS/ks)), ceil(M/GEMV_MC)).
-template <bool EXACT>
-__device__ __forceinline__ void gemv_q4_x3(const uint4 *W0, const __half *D0, float *y0, int out0, const uint4 *W1,
-                                           const __half *D1, float *y1, int out1, const uint4 *W2,
-                                           const __half *D2, float *y2, int out2, const signed char *xq,
-                                           const float *xd, int nb, int M) {
-  const int rpb = GEMV_WARPS / (EXACT ? 1 : gemv_split(M));
-  const int n0 = (out0 + rpb - 1) / rpb, n1 = (out1 + rpb - 1) / rpb;
-  const int bx = blockIdx.x, z = bx < n0 ? 0 : (bx < n0 + n1 ? 1 : 2);
-  gemv_q4<EXACT>(z == 0 ? W0 : (z == 1 ? W1 : W2), z == 0 ? D0 : (z == 1 ? D1 : D2), xq, xd, nullptr,
-                 z == 0 ? y0 : (z == 1 ? y1 : y2), z == 0 ? out0 : (z == 1 ? out1 : out2), nb, M,
-                 bx - (z == 0 ? 0 : (z == 1 ? n0 : n0 + n1)));
+  const size_t m0 = (size_t)blockIdx.y * GEMV_MC;
+  gemv_q4<false>(W, D, xq + m0 * nb * QK, xd + m0 * nb, res, y, out, nb, M, blockIdx.x);
 }
 
 extern "C" __global__ void gemv_q4_x3_exact(const uint4 *W0, const __half *D0, float *y0, int out0, const uint4 *W1,
@@ -101,14 +86,16 @@ extern "C" __global__ void gemv_q4_x3_exact(const uint4 *W0, const __half *D0, f
                                             const __half *D2, float *y2, int out2, const signed char *xq,
                                             const float *xd, int nb, int M) {
   pdl_wait();
-  gemv_q4_x3<true>(W0, D0, y0, out0, W1, D1, y1, out1, W2, D2, y2, out2, xq, xd, nb, M);
+  const size_t m0 = (size_t)blockIdx.y * GEMV_MC;
+  gemv_q4_x3<true>(W0, D0, y0, out0, W1, D1, y1, out1, W2, D2, y2, out2, xq + m0 * nb * QK, xd + m0 * nb, nb, M);
 }
 extern "C" __global__ void gemv_q4_x3_fast(const uint4 *W0, const __half *D0, float *y0, int out0, const uint4 *W1,
                                            const __half *D1, float *y1, int out1, const uint4 *W2,
                                            const __half *D2, float *y2, int out2, const signed char *xq,
                                            const float *xd, int nb, int M) {
   pdl_wait();
-  gemv_q4_x3<false>(W0, D0, y0, out0, W1, D1, y1, out1, W2, D2, y2, out2, xq, xd, nb, M);
+  const size_t m0 = (size_t)blockIdx.y * GEMV_MC;
+  gemv_q4_x3<false>(W0, D0, y0, out0, W1, D1, y1, out1, W2, D2, y2, out2, xq + m0 * nb * QK, xd + m0 * nb, nb, M);
 }
 
 extern "C" __global__ void gemv_q4_experts_exact(const uint4 *W0, const __half *D0, float *y0, const uint4 *W1,

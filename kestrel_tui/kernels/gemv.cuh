@@ -97,10 +97,11 @@ __device__ __forceinline__ float warp_sum_fast_rev(float v) {
 // order). Host mirror: backends/cuda/backend.py gemv_split() (warps a row).
 __device__ __forceinline__ int gemv_split(int M) { return M == 1 ? 1 : (M <= 4 ? 2 : 1); }
 
-// W: [out, nb] uint4, D: [out, nb] f16; xq: [M, nb*32]; xd: [M, nb]; res, y: [M, out].
-// grid (ceil(out/(warps/ks)), ceil(M/GEMV_MC)), block 32*warps (GEMV_WARPS, or up to
-// GEMV_MAX_WARPS for fused.cu's launches that need a bigger block after the GEMV); ks = 1
-// (exact) or gemv_split(M). A row's arithmetic does not depend on the block size.
+// W: [out, nb] uint4, D: [out, nb] f16; res, y: [M, out]; xq: [ncols, nb*32] and xd: [ncols, nb],
+// the q8_0 of columns m0 = blockIdx.y*GEMV_MC .. m0+ncols-1 (global memory, or fused.cu's
+// shared copy). grid (ceil(out/(warps/ks)), ceil(M/GEMV_MC)), block 32*warps (GEMV_WARPS, or
+// up to GEMV_MAX_WARPS where fused.cu needs a bigger block); ks = 1 (exact) or
+// gemv_split(M). A row's arithmetic does not depend on the block size.
 #define GEMV_MAX_WARPS 8
 template <bool EXACT>
 __device__ __forceinline__ void gemv_q4(const uint4 *__restrict__ W, const __half *__restrict__ D,
@@ -138,8 +139,7 @@ __device__ __forceinline__ void gemv_q4(const uint4 *__restrict__ W, const __hal
         }
       }
     } else if (ks == 1) {
-      q4_lane_dot<EXACT, GEMV_MC>(W + (size_t)row * nb, D + (size_t)row * nb, nb, xq + (size_t)m0 * nb * QK,
-                                  xd + (size_t)m0 * nb, ncols, acc);
+      q4_lane_dot<EXACT, GEMV_MC>(W + (size_t)row * nb, D + (size_t)row * nb, nb, xq, xd, ncols, acc);
     } else {  // fast only: this warp's contiguous share of the row's blocks, lanes strided in it
       const uint4 *wr = W + (size_t)row * nb;
       const __half *dr = D + (size_t)row * nb;
@@ -150,8 +150,8 @@ __device__ __forceinline__ void gemv_q4(const uint4 *__restrict__ W, const __hal
 #pragma unroll
         for (int c = 0; c < GEMV_MC; c++) {
           if (c < ncols) {
-            const int isum = q4_q8_block_isum(wv, (const int4 *)(xq + ((size_t)(m0 + c) * nb + b) * QK));
-            acc[c] = fmaf(__int2float_rn(isum), dw * xd[(size_t)(m0 + c) * nb + b], acc[c]);
+            const int isum = q4_q8_block_isum(wv, (const int4 *)(xq + ((size_t)c * nb + b) * QK));
+            acc[c] = fmaf(__int2float_rn(isum), dw * xd[(size_t)c * nb + b], acc[c]);
           }
         }
       }
@@ -180,6 +180,23 @@ __device__ __forceinline__ void gemv_q4(const uint4 *__restrict__ W, const __hal
       y[o] = res ? (EXACT ? FADD(res[o], acc[c]) : res[o] + acc[c]) : acc[c];
     }
   }
+}
+
+// Three projections of one input in one launch (q, k and v): the row blocks of the three
+// matrices one after the other along grid.x (no idle blocks for the short k and v); each row
+// is computed exactly as by gemv_q4 (same lane order, same rounding). grid
+// (sum over the matrices of ceil(out/(warps/ks)), ceil(M/GEMV_MC)); xq/xd as gemv_q4's.
+template <bool EXACT>
+__device__ __forceinline__ void gemv_q4_x3(const uint4 *W0, const __half *D0, float *y0, int out0, const uint4 *W1,
+                                           const __half *D1, float *y1, int out1, const uint4 *W2,
+                                           const __half *D2, float *y2, int out2, const signed char *xq,
+                                           const float *xd, int nb, int M) {
+  const int rpb = (int)(blockDim.x >> 5) / (EXACT ? 1 : gemv_split(M));
+  const int n0 = (out0 + rpb - 1) / rpb, n1 = (out1 + rpb - 1) / rpb;
+  const int bx = blockIdx.x, z = bx < n0 ? 0 : (bx < n0 + n1 ? 1 : 2);
+  gemv_q4<EXACT>(z == 0 ? W0 : (z == 1 ? W1 : W2), z == 0 ? D0 : (z == 1 ? D1 : D2), xq, xd, nullptr,
+                 z == 0 ? y0 : (z == 1 ? y1 : y2), z == 0 ? out0 : (z == 1 ? out1 : out2), nb, M,
+                 bx - (z == 0 ? 0 : (z == 1 ? n0 : n0 + n1)));
 }
 
 // Stacked experts W*: [E, out, nb]. EXPERT_ROWS rows of expert e from row0 (rows past out

@@ -15,14 +15,13 @@ __device__ __forceinline__ float moe_residual(float res, float acc) {
   return EXACT ? FADD(res, acc) : res + acc;
 }
 
-// x[m, i] = res[m, i] + sum_j w[m, j] * y[m, j, i]. Returns x; writes moe and x. y is read
-// through L2: fused.cu runs this in the last block of the GEMV that wrote it.
+// x[m, i] = res[m, i] + sum_j w[m, j] * y[m, j, i]. Returns x; writes moe and x.
 template <bool EXACT>
-__device__ __forceinline__ float moe_combine(const float *y, const float *__restrict__ w,
+__device__ __forceinline__ float moe_combine(const float *__restrict__ y, const float *__restrict__ w,
                                              const float *__restrict__ res, float *__restrict__ moe,
                                              float *__restrict__ x, int n, int k, int m, int i) {
   float acc = 0.0f;
-  for (int j = 0; j < k; j++) acc = moe_sum_step<EXACT>(acc, w[(size_t)m * k + j], __ldcg(y + ((size_t)m * k + j) * n + i));
+  for (int j = 0; j < k; j++) acc = moe_sum_step<EXACT>(acc, w[(size_t)m * k + j], y[((size_t)m * k + j) * n + i]);
   const float xv = moe_residual<EXACT>(res[(size_t)m * n + i], acc);
   moe[(size_t)m * n + i] = acc;
   x[(size_t)m * n + i] = xv;
@@ -40,18 +39,17 @@ __device__ __forceinline__ float silu_mul_value(float g, float u, int exact_exp)
 #define MOE_MAX_EXPERTS 1024
 #define MOE_MAX_TOPK 64
 
-// Column m: logits: [M, E]; topk: [M, k] int32; topw: [M, k]. A block of at least E threads
-// (warps past E add exact zeros). The logits are read through L2 (__ldcg): fused.cu runs this
-// in the last block of the GEMV that wrote them.
+// Column m: logits: [M, E]; topk: [M, k] int32; topw: [M, k]. A block of E threads rounded
+// up to a warp.
 template <bool EXACT>
-__device__ __forceinline__ void router(const float *logits, int *__restrict__ topk, float *__restrict__ topw, int E,
-                                       int k, int norm, int exact_exp, int m) {
+__device__ __forceinline__ void router(const float *__restrict__ logits, int *__restrict__ topk,
+                                       float *__restrict__ topw, int E, int k, int norm, int exact_exp, int m) {
   __shared__ __align__(16) float sp[MOE_MAX_EXPERTS];
   __shared__ float selp[MOE_MAX_TOPK];
   __shared__ float red[32];
   __shared__ float bc;
   const int i = threadIdx.x, lane = i & 31, warp = i >> 5, nw = blockDim.x >> 5;
-  const float r = i < E ? __ldcg(logits + (size_t)m * E + i) : -INFINITY;
+  const float r = i < E ? logits[(size_t)m * E + i] : -INFINITY;
   float mx = warp_max(r);
   if (lane == 0) red[warp] = mx;
   __syncthreads();

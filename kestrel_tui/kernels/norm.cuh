@@ -43,19 +43,19 @@ __device__ __forceinline__ void norm_store(const float *__restrict__ xr, const f
     const int j = threadIdx.x + k * NORM_THREADS;
     if (j < n) {
       const float v = norm_apply<EXACT>(r.x[k], r.w[k], rms);
-      yr[j] = v;
+      if (yr) yr[j] = v;
       q8_0_warp(v, row0 + j, xq, xd, quant);
     }
   }
   for (int j = threadIdx.x + NORM_PER * NORM_THREADS; j < n; j += NORM_THREADS) {
     const float v = norm_apply<EXACT>(xr[j], w[j], rms);
-    yr[j] = v;
+    if (yr) yr[j] = v;
     q8_0_warp(v, row0 + j, xq, xd, quant);
   }
 }
 
 // One row (xr -> yr, the q8_0 of yr to xq/xd when quant != 0) by a block of NORM_THREADS;
-// row: its index in xq/xd. Contract step 1 (exact) or the engines' version.
+// row: its index in xq/xd. yr may be null (fused.cu: only the q8_0 is wanted). Contract step 1 (exact) or the engines' version.
 __device__ __forceinline__ void rmsnorm_row_exact(const float *__restrict__ xr, const float *__restrict__ w,
                                                   float *__restrict__ yr, int n, float eps,
                                                   signed char *__restrict__ xq, float *__restrict__ xd, int quant,

@@ -49,10 +49,9 @@ ATT_SPLIT_TILE = 256  # kernels/attention.cu ATT_SPLIT_TILE (the exact scores' t
 ATT_FAST_TILE = 64  # kernels/attention.cu ATT_FAST_TILE (the fast flash-decoding tiles)
 ATT_PV_THREADS = 32 + 128  # kernels/attention.cu ATT_PV_THREADS (attn_exact_pv_q8's block)
 EXPERT_ROWS = 4  # kernels/gemv.cuh EXPERT_ROWS (rows a warp of gemv_q4_experts_*)
-GEMV_MAX_WARPS = 8  # kernels/gemv.cuh GEMV_MAX_WARPS (the block of fused.cu's GEMVs with a tail)
-FUSED_MAX_ROW = 4096  # kernels/fused.cu FUSED_MAX_ROW (combine_rmsnorm_* and the tails: hidden sizes up to)
-SILU_ROWS = 32  # kernels/fused.cu SILU_ROWS (rows a block of experts_silu_*)
-TICKETS = 3  # last-block counters a layer (fused.cu's tails): o_proj, router, down
+GEMV_MAX_WARPS = 8  # kernels/gemv.cuh GEMV_MAX_WARPS (the block of fused.cu's norm_x3 / norm_router)
+FUSED_MAX_ROW = 4096  # kernels/fused.cu FUSED_MAX_ROW (combine_rmsnorm_*, norm_*: hidden sizes up to)
+COMBINE_MAX_K = 8  # kernels/fused.cu COMBINE_MAX_K (down_combine_*: a warp a slot)
 # fields whose reference buffer replaces the subject's as the next op's input (isolate mode)
 FED = frozenset({"emb", "x", "nrm", "kraw", "knorm", "kpre", "qrope", "attn", "ores", *KV_FIELDS})
 
@@ -133,15 +132,16 @@ class CudaBackend(Backend):
         # fused launches (kernels/fused.cu) outside isolate mode; KESTREL_CUDA_FUSE=0: every op
         # its own launch. Same bits either way (tests/test_cuda.py); set before the first step
         self.fuse = os.environ.get("KESTREL_CUDA_FUSE", "1") != "0"
-        # which of fused.cu's GEMV tails to use (benchmark A/B; same bits either way)
-        self.tails = frozenset(os.environ.get("KESTREL_CUDA_TAILS", "norm,router,silu,down").split(","))
+        # which fused.cu folds to use (A/B benchmarks, scripts/gpu_ab.py; same bits either way):
+        # norm = each GEMV block normalizes its own input, combine = down + expert sum
+        self.folds = frozenset(os.environ.get("KESTREL_CUDA_FOLD", "combine").split(","))
         self.rt = runtime()
         self.name = f"cuda ({describe(self.exact)})"
         self.device_name = self.rt.name  # shown by the app's header
         with self.rt.active():
             self.dm = device_model(self.rt, model)
         self._layouts: dict[int, Layout] = {}
-        self._arena = self._feed = self._scores = self._tickets = None
+        self._arena = self._feed = self._scores = None
         self._arena_size = self._feed_size = self._scores_size = 0
         self._hash_bufs: dict[int, dict] = {}
         self._feed_host: dict[int, np.ndarray] = {}
@@ -164,13 +164,10 @@ class CudaBackend(Backend):
         self.graph_steps = 0  # steps served by a graph replay
         with self.rt.active():
             self._kernels()
-            # fused.cu's last-block counters, TICKETS a layer; each kernel leaves its own at 0
-            self._tickets = self.rt.cuda.mem_alloc(4 * TICKETS * cfg.n_layers)
-            self.rt.cuda.memset_d32(self._tickets, 0, TICKETS * cfg.n_layers)
 
     def __del__(self):
         try:
-            objs = [*self._graphs.values(), self._tickets, self._arena, self._feed, self._scores, self._tokens, self._cache, self._copy_stream,
+            objs = [*self._graphs.values(), self._arena, self._feed, self._scores, self._tokens, self._cache, self._copy_stream,
                     self._fwd_done, self._hash_done, self._logits_done, self._logits_host, self._hash_host, self._hash_stream,
                     self._body_ready, self._body_done, *self._feed_host.values()]
             for hb in self._hash_bufs.values():
@@ -220,11 +217,10 @@ class CudaBackend(Backend):
         self.exp_exact = int("expf" in ex)
         self.quant_exact = int("gemm" in ex)
         self.k_heads = k("fused", "heads_fused")
-        if q4:  # GEMVs whose last block runs the op behind them (fused.cu)
-            self.k_gemv_rms = k("fused", f"gemv_rmsnorm_{g}")
-            self.k_gemv_router = k("fused", f"gemv_router_{g}")
-            self.k_exp_silu = k("fused", f"experts_silu_{g}")
-            self.k_exp_comb_rms = k("fused", f"experts_combine_rmsnorm_{g}")
+        if q4:
+            self.k_norm_x3 = k("fused", f"norm_x3_{g}")
+            self.k_norm_router = k("fused", f"norm_router_{g}")
+            self.k_down_comb = k("fused", f"down_combine_{g}")
         self.norm_exact = int("norm" in ex)
         self.k_comb_rms = k("fused", f"combine_rmsnorm_{pick('norm')}")
         self.heads_flags = (1 if "norm" in ex else 0) | (2 if "rope" in ex else 0) | (4 if "kvquant" in ex else 0)
@@ -482,28 +478,17 @@ class CudaBackend(Backend):
         # reference's inputs
         fused = self.fuse and feed is None
         fuse_heads = fused and self.kv == "q8" and hd in (64, 128, 256)  # fused.cu rope_regs: hd/64 in 1, 2, 4
-        fuse_combine = fused and cfg.is_moe and h <= FUSED_MAX_ROW
-        # GEMVs whose last block runs the op behind them (fused.cu "GEMVs with a tail")
-        can_tail = fused and fuse_all and h <= FUSED_MAX_ROW
-        tails = can_tail and "norm" in self.tails
-        fuse_router = can_tail and "router" in self.tails and cfg.is_moe and cfg.n_experts <= 32 * GEMV_MAX_WARPS
-        fuse_silu = can_tail and "silu" in self.tails and cfg.is_moe and cfg.ffn_dim % SILU_ROWS == 0
-        fuse_down = can_tail and "down" in self.tails and fuse_combine
+        # fused.cu folds: every q/k/v and router GEMV block normalizes its own input (no RMSNorm
+        # launch in a layer); the down GEMV adds the expert sum (no combine launch)
+        fold_norm = fused and fuse_all and h <= FUSED_MAX_ROW and "norm" in self.folds
+        fold_combine = fused and fuse_all and cfg.is_moe and cfg.top_k <= COMBINE_MAX_K and "combine" in self.folds
+        fuse_combine = fused and cfg.is_moe and h <= FUSED_MAX_ROW and not fold_norm and not fold_combine
         pending = None  # a MoE layer's expert sum, left to the norm behind it (fuse_combine)
-
-        def ticket(li: int, j: int) -> int:
-            return int(self._tickets) + 4 * (TICKETS * li + j)
 
         def norm(x: int, w: int, out: int, quant_args: tuple) -> None:
             """RMSNorm of x (or of the pending expert sum) into out, with its q8_0 if asked."""
             nonlocal pending
-            if pending is not None and pending[0] == "down":  # the down GEMV's tail does both
-                _, ld, y, eidx, P, li_, topw, res, moe, xo, k = pending
-                launch(self.k_exp_comb_rms, (_blocks(h, SILU_ROWS), P, 1), (256, 1, 1), self.stream, ld.w, ld.d, y,
-                       eidx, A("aq"), A("ad"), h, ld.nb, M, ticket(li_, 2), topw, res, moe, xo, k, self.moe_exact,
-                       w, out, eps, *quant_args, self.norm_exact)
-                pending = None
-            elif pending is not None:
+            if pending is not None:
                 y, topw, res, moe, xo, k = pending
                 launch(self.k_comb_rms, (M, 1, 1), (256, 1, 1), self.stream, y, topw, res, moe, xo, k,
                        self.moe_exact, w, out, h, eps, *quant_args)
@@ -514,22 +499,29 @@ class CudaBackend(Backend):
         for li, W in enumerate(dm.layers):
             x_in = In("emb") if li == 0 else In("x", li - 1)
             nrm = In("nrm", li)
-            if fuse_q:  # the norm writes the q8_0 of its output too
-                norm(x_in, W["input_layernorm"], A("nrm", li), (xq, xd, qmode))
-            else:  # isolate: the GEMVs quantize the reference's nrm
-                norm(x_in, W["input_layernorm"], A("nrm", li), (0, 0, 0))
-                quant(nrm, M, h)
-            if q4:  # q, k and v in one launch
+            if fold_norm:  # the input norm in every block of the q/k/v GEMV
                 lq, lk, lv = W["q_proj"], W["k_proj"], W["v_proj"]
-                ks = gemv_split(M, bool(self.quant_exact))
-                rpb = 4 // ks  # rows a block
-                launch(self.k_gemv3, (sum(_blocks(lin.out, rpb) for lin in (lq, lk, lv)), _blocks(M, 4), 1), (128, 1, 1),
-                       self.stream, lq.w, lq.d, A("q"), lq.out, lk.w, lk.d, A("kraw", li), lk.out, lv.w, lv.d,
-                       A("vraw"), lv.out, xq, xd, lq.nb, M)
+                rpb = GEMV_MAX_WARPS // gemv_split(M, bool(self.quant_exact))
+                launch(self.k_norm_x3, (sum(_blocks(lin.out, rpb) for lin in (lq, lk, lv)), _blocks(M, 4), 1),
+                       (256, 1, 1), self.stream, x_in, W["input_layernorm"], A("nrm", li), eps, self.norm_exact,
+                       qmode, lq.w, lq.d, A("q"), lq.out, lk.w, lk.d, A("kraw", li), lk.out, lv.w, lv.d,
+                       A("vraw"), lv.out, lq.nb, M)
             else:
-                gemv(W["q_proj"], nrm, A("q"))
-                gemv(W["k_proj"], nrm, A("kraw", li))
-                gemv(W["v_proj"], nrm, A("vraw"))
+                if fuse_q:  # the norm writes the q8_0 of its output too
+                    norm(x_in, W["input_layernorm"], A("nrm", li), (xq, xd, qmode))
+                else:  # isolate: the GEMVs quantize the reference's nrm
+                    norm(x_in, W["input_layernorm"], A("nrm", li), (0, 0, 0))
+                    quant(nrm, M, h)
+                if q4:  # q, k and v in one launch
+                    lq, lk, lv = W["q_proj"], W["k_proj"], W["v_proj"]
+                    rpb = 4 // gemv_split(M, bool(self.quant_exact))  # rows a block
+                    launch(self.k_gemv3, (sum(_blocks(lin.out, rpb) for lin in (lq, lk, lv)), _blocks(M, 4), 1),
+                           (128, 1, 1), self.stream, lq.w, lq.d, A("q"), lq.out, lk.w, lk.d, A("kraw", li), lk.out,
+                           lv.w, lv.d, A("vraw"), lv.out, xq, xd, lq.nb, M)
+                else:
+                    gemv(W["q_proj"], nrm, A("q"))
+                    gemv(W["k_proj"], nrm, A("kraw", li))
+                    gemv(W["v_proj"], nrm, A("vraw"))
             c = self.cache[li]
             cache_ptrs = (0, 0, 0, 0) if isolate else (c["k"], c["ks"], c["v"], c["vs"])
             if fuse_heads:  # QK-norm, RoPE and the KV rows in one launch
@@ -555,44 +547,35 @@ class CudaBackend(Backend):
             else:
                 self.attention(In("qrope", li), A("attn", li), li, pos0, M)
                 quant(attn, M, nh * hd)
+            gemv(W["o_proj"], attn, A("ores", li), res=x_in)
+            ores = In("ores", li)
             pnrm = A("pnrm", li)
-            ks = gemv_split(M, bool(self.quant_exact))
-            if tails:  # o_proj, then the post-attention norm in its last block
-                lo = W["o_proj"]
-                launch(self.k_gemv_rms, (_blocks(lo.out, GEMV_MAX_WARPS // ks), _blocks(M, 4), 1), (256, 1, 1),
-                       self.stream, lo.w, lo.d, xq, xd, x_in, A("ores", li), lo.out, lo.nb, M, ticket(li, 0),
-                       W["post_attention_layernorm"], pnrm, eps, xq, xd, qmode, self.norm_exact)
+            F = cfg.ffn_dim
+            if cfg.is_moe and fold_norm:  # the post-attention norm in every block of the router GEMV
+                lr = W["gate"]
+                rpb = GEMV_MAX_WARPS // gemv_split(M, bool(self.quant_exact))
+                launch(self.k_norm_router, (_blocks(lr.out, rpb), _blocks(M, 4), 1), (256, 1, 1), self.stream, ores,
+                       W["post_attention_layernorm"], pnrm, eps, self.norm_exact, qmode, xq, xd, lr.w, lr.d,
+                       A("router", li), lr.out, lr.nb, M)
             else:
-                gemv(W["o_proj"], attn, A("ores", li), res=x_in)
-                norm(In("ores", li), W["post_attention_layernorm"], pnrm, (xq, xd, qmode) if fuse_all else (0, 0, 0))
+                norm(ores, W["post_attention_layernorm"], pnrm, (xq, xd, qmode) if fuse_all else (0, 0, 0))
                 if not fuse_all:
                     quant(pnrm, M, h)
-            ores = In("ores", li)
-            F = cfg.ffn_dim
             if cfg.is_moe:
                 k, E = cfg.top_k, cfg.n_experts
-                if fuse_router:  # the router GEMV, then top-k in its last block
-                    lr, nt = W["gate"], _blocks(E, 128) * 128
-                    launch(self.k_gemv_router, (_blocks(E, nt // 32 // ks), _blocks(M, 4), 1), (nt, 1, 1),
-                           self.stream, lr.w, lr.d, xq, xd, A("router", li), E, lr.nb, M, ticket(li, 1),
-                           A("topk", li), A("topw", li), k, int(cfg.norm_topk_prob), self.exp_exact, self.moe_exact)
-                else:
+                if not fold_norm:
                     gemv(W["gate"], pnrm, A("router", li))
-                    launch(self.k_router, (M, 1, 1), (_blocks(E, 32) * 32, 1, 1), self.stream, A("router", li),
-                                                A("topk", li), A("topw", li), E, k, int(cfg.norm_topk_prob),
-                                                self.exp_exact)
+                launch(self.k_router, (M, 1, 1), (_blocks(E, 32) * 32, 1, 1), self.stream, A("router", li),
+                                            A("topk", li), A("topw", li), E, k, int(cfg.norm_topk_prob),
+                                            self.exp_exact)
                 P = M * k
-                if fuse_silu:  # gate and up rows together, silu*up and its q8_0 behind them
-                    lg, lu = W["gate_proj"], W["up_proj"]
-                    launch(self.k_exp_silu, (F // SILU_ROWS, P, 1), (256, 1, 1), self.stream, lg.w, lg.d, A("g"),
-                           lu.w, lu.d, A("u"), A("topk", li), xq, xd, k, F, lg.nb, A("a"), A("aq"), A("ad"),
-                           self.exp_exact, self.moe_exact, qmode)
-                else:
-                    gemv_experts(W["gate_proj"], A("g"), W["up_proj"], A("u"), A("topk", li), pnrm, xq, xd, k, P)
-                    self._silu(A("g"), A("u"), A("a"), A("aq") if q4 else 0, A("ad") if q4 else 0, P * F)
-                if fuse_down:  # the down GEMV, its last block the expert sum + next norm
-                    pending = ("down", W["down_proj"], A("y"), A("topk", li), P, li, A("topw", li), ores,
-                               A("moe", li), A("x", li), k)
+                gemv_experts(W["gate_proj"], A("g"), W["up_proj"], A("u"), A("topk", li), pnrm, xq, xd, k, P)
+                self._silu(A("g"), A("u"), A("a"), A("aq") if q4 else 0, A("ad") if q4 else 0, P * F)
+                if fold_combine:  # a block takes its rows of all k slots and adds them up
+                    ld = W["down_proj"]
+                    launch(self.k_down_comb, (_blocks(h, EXPERT_ROWS), M, 1), (32 * k, 1, 1), self.stream, ld.w, ld.d,
+                           A("y"), A("topk", li), A("aq"), A("ad"), h, ld.nb, k, A("topw", li), ores, A("moe", li),
+                           A("x", li), self.moe_exact)
                     continue
                 gemv_experts(W["down_proj"], A("y"), None, 0, A("topk", li), A("a"), A("aq"), A("ad"), 1, P)
                 if fuse_combine:  # done by the norm behind it

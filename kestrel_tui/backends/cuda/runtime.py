@@ -60,10 +60,9 @@ SIGNATURES = {
     # fused.cu
     "heads_fused": "PPPPPPPPPPPPPPPPPPPiiifiPi", "combine_rmsnorm_exact": "PPPPPiiPPifPPi",
     "combine_rmsnorm_fast": "PPPPPiiPPifPPi",
-    **{f"gemv_rmsnorm_{v}": "PPPPPPiiiPPPfPPii" for v in ("exact", "fast")},
-    **{f"gemv_router_{v}": "PPPPPiiiPPPiiii" for v in ("exact", "fast")},
-    **{f"experts_silu_{v}": "PPPPPPPPPiiiPPPiii" for v in ("exact", "fast")},
-    **{f"experts_combine_rmsnorm_{v}": "PPPPPPiiiPPPPPiiPPfPPii" for v in ("exact", "fast")},
+    **{f"norm_x3_{v}": "PPPfiiPPPiPPPiPPPiii" for v in ("exact", "fast")},
+    **{f"norm_router_{v}": "PPPfiiPPPPPiii" for v in ("exact", "fast")},
+    **{f"down_combine_{v}": "PPPPPPiiiPPPPi" for v in ("exact", "fast")},
     # hash.cu
     "fnv1a64_keys": "PPPPPPPPPP", "fnv_states": "PPPPPPPPPP", "fnv_chunks": "PPPPPPPPPPi",
     # transcend.cu
