@@ -613,15 +613,13 @@ def test_graph_without_the_logits_event_when_refused(monkeypatch):
     assert lib.calls.count("cuStreamBeginCapture_v2") == 2 and list(out.hashes[0]) == token_keys(0, 2, False)
 
 
-@pytest.mark.parametrize("fuse,folds", [(True, None), (True, "norm,combine"), (True, "norm"), (True, ""),
-                                         (False, None)])
+@pytest.mark.parametrize("fuse,folds", [(True, None), (True, ""), (False, None)])
 def test_fused_launch_wiring(monkeypatch, fuse, folds):
     """Outside isolate mode a q4_0 / q8-KV MoE step launches kernels/fused.cu's kernels and none
-    of the ops they replace: heads_fused a layer; with the norm fold the q/k/v and router GEMVs
-    normalize their own input (no RMSNorm launch in a layer), with the combine fold the down
-    GEMV adds the expert sum, without them the expert sum goes with the next norm
-    (combine_rmsnorm). Isolate mode, and fuse=False (KESTREL_CUDA_FUSE=0), launch every op on
-    its own."""
+    of the ops they replace: heads_fused a layer; with the combine fold (the default) the down
+    GEMV adds the expert sum, without it (KESTREL_CUDA_FOLD=) the expert sum goes with the next
+    norm (combine_rmsnorm). Isolate mode, and fuse=False (KESTREL_CUDA_FUSE=0), launch every op
+    on its own."""
     from kestrel_tui.backends import cuda as cuda_pkg
     from kestrel_tui.backends.base import NumpyBackend
     from kestrel_tui.backends.cuda import backend as be
@@ -650,21 +648,19 @@ def test_fused_launch_wiring(monkeypatch, fuse, folds):
         return {k: c - before.get(k, 0) for k, c in calls().items() if c - before.get(k, 0)}
 
     separate = {"qknorm_fast", "rope_fast", "kvquant_fast", "combine_fast", "quantize_q8_0_fast"}
-    fused_only = {"heads_fused", "combine_rmsnorm_fast", "norm_x3_fast", "norm_router_fast", "down_combine_fast"}
+    fused_only = {"heads_fused", "combine_rmsnorm_fast", "down_combine_fast"}
     c0 = calls()
     sub.step(np.array([5, 9, 11]), 0)
     plain = launched(c0)
     if fuse:
-        norm, comb = "norm" in folds, "combine" in folds
-        want = {"heads_fused": n, "norm_x3_fast": n if norm else 0, "norm_router_fast": n if norm else 0,
-                "gemv_q4_x3_fast": 0 if norm else n, "down_combine_fast": n if comb else 0,
-                "gemv_q4_experts_fast": n if comb else 2 * n, "combine_fast": n if norm and not comb else 0,
-                "combine_rmsnorm_fast": 0 if norm or comb else n,
-                # the final norm; without the norm fold each layer's post-attention norm, and its
-                # input norm where no expert sum goes with it (layer 0, or every one with the combine fold)
-                "rmsnorm_fast": 1 if norm else (2 * n + 1 if comb else n + 1)}
+        comb = "combine" in folds
+        want = {"heads_fused": n, "gemv_q4_x3_fast": n, "down_combine_fast": n if comb else 0,
+                "gemv_q4_experts_fast": n if comb else 2 * n, "combine_rmsnorm_fast": 0 if comb else n,
+                # the final norm and each layer's post-attention norm, and its input norm where no
+                # expert sum goes with it (layer 0, or every one with the combine fold)
+                "rmsnorm_fast": 2 * n + 1 if comb else n + 1}
         assert {k: plain.get(k, 0) for k in want} == want, plain
-        assert not (separate - {"combine_fast"}) & set(plain), plain
+        assert not separate & set(plain), plain
     else:
         assert not fused_only & set(plain), plain
         assert all(plain[k] == n for k in separate), plain

@@ -48,7 +48,9 @@
 #define FSQRT(a) __fsqrt_rn(a)
 
 // Programmatic dependent launch (sm_90+; backends/cuda/pdl.py launches the decode graph's
-// kernels with it): every kernel calls pdl_wait() first, before it reads or writes anything.
+// kernels with it): every kernel calls pdl_wait() before it reads or writes anything a kernel
+// before it may write — first thing, except the dense GEMVs (gemv.cuh gemv_q4), which issue
+// their first weight loads ahead of it (weights are never written by a step).
 // It waits until every kernel before it has finished and its writes are visible — the
 // dependency a plain launch has — so a kernel scheduled early (once all blocks of the one
 // before it have exited, ahead of that grid's teardown) computes exactly what it computes

@@ -1,7 +1,7 @@
 // fused.cu — launches of the decode step that string together ops of several
 // families, so a 48-layer step has fewer kernels waiting on each other. Every op
 // inside is the device function its own kernel calls (norm.cuh, rope.cuh,
-// kvquant.cuh, moe.cuh), with the same per-op fast/exact choice, so a fused step
+// kvquant.cuh, moe.cuh, gemv.cuh), with the same per-op fast/exact choice, so a fused step
 // gives the bits of the separate launches (tests/test_cuda.py compares every key,
 // fused vs not, over toggle sets). The backend uses them outside isolate mode only:
 // there each op must read the reference's inputs, which a fused launch would skip.
@@ -15,6 +15,16 @@
 //   combine_rmsnorm_*    the MoE expert sum of layer l (moe exact or fast: an
 //                        argument) and the RMSNorm that follows it (the next
 //                        layer's input norm, or the final norm) with its q8_0.
+//   down_combine_*       the down projection of all k selected experts of a
+//                        column in one block (a warp a slot; gemm toggle: the
+//                        name) and the expert sum of its rows (moe: an
+//                        argument), so the sum needs no launch (the default;
+//                        combine_rmsnorm_* without it, KESTREL_CUDA_FOLD=).
+//
+// Tried and measured slower on the H200 (results/gpu-h200-issue6.md, session 4;
+// the code is in git history): a GEMV's last block running the op behind it
+// (commit dc0d99c), and every q/k/v or router GEMV block normalizing its own
+// input instead of an RMSNorm launch (commit 20634be).
 #include "gemv.cuh"
 #include "kvquant.cuh"
 #include "moe.cuh"
@@ -156,84 +166,6 @@ __device__ __forceinline__ void combine_row(const float *__restrict__ y, const f
 
 COMBINE_RMSNORM_KERNEL(combine_rmsnorm_exact, true)
 COMBINE_RMSNORM_KERNEL(combine_rmsnorm_fast, false)
-
-// ------------------------------------------------------------ GEMVs that normalize their own input
-// An RMSNorm is one block a column (its sum runs over the whole row), a launch whose latency
-// chain the step waits for. Instead every block of the GEMV behind it normalizes its own
-// columns (a row of hidden floats, from L2) into shared memory with the q8_0 of the result and
-// reads that; the blocks with blockIdx.x == 0 also write the norm's output (a key) — and, for
-// the router, the q8_0 the expert GEMVs read next. The norm is norm.cuh's, the GEMV gemv.cuh's:
-// the bits are the separate launches'. Block NORM_THREADS (the norm's); out <= FUSED_MAX_ROW.
-static_assert(NORM_THREADS == 32 * GEMV_MAX_WARPS, "the GEMV takes the norm's block");
-
-// Columns m0 .. m0+ncols-1 of x [M, h] normalized by nw: q8_0 into xq_s/xd_s (column c at
-// c*h), the f32 result into nrm [M, h] from the blocks with blockIdx.x == 0.
-__device__ __forceinline__ void norm_columns(const float *__restrict__ x, const float *__restrict__ nw,
-                                             float *__restrict__ nrm, int h, float eps, int norm_exact, int quant,
-                                             int m0, int ncols, signed char *xq_s, float *xd_s) {
-  for (int c = 0; c < ncols; c++) {
-    const float *xr = x + (size_t)(m0 + c) * h;
-    float *yr = blockIdx.x == 0 ? nrm + (size_t)(m0 + c) * h : nullptr;
-    if (norm_exact)
-      rmsnorm_row<true>(xr, nw, yr, h, eps, xq_s, xd_s, quant, c);
-    else
-      rmsnorm_row<false>(xr, nw, yr, h, eps, xq_s, xd_s, quant, c);
-    __syncthreads();
-  }
-}
-
-#define NORM_GEMV_SHARED                                                                               \
-  __shared__ __align__(16) signed char xq_s[GEMV_MC * FUSED_MAX_ROW];                                  \
-  __shared__ float xd_s[GEMV_MC * FUSED_MAX_ROW / QK];                                                 \
-  const int m0 = blockIdx.y * GEMV_MC, ncols = min(GEMV_MC, M - m0), h = nb * QK;
-
-// The input norm (x -> nrm, norm toggle: norm_exact) and q, k, v of it (gemv_q4_x3, grid as
-// its with warps = GEMV_MAX_WARPS).
-template <bool EXACT>
-__device__ __forceinline__ void norm_x3(const float *x, const float *nw, float *nrm, float eps, int norm_exact,
-                                        int quant, const uint4 *W0, const __half *D0, float *y0, int out0,
-                                        const uint4 *W1, const __half *D1, float *y1, int out1, const uint4 *W2,
-                                        const __half *D2, float *y2, int out2, int nb, int M) {
-  NORM_GEMV_SHARED
-  norm_columns(x, nw, nrm, h, eps, norm_exact, quant, m0, ncols, xq_s, xd_s);
-  gemv_q4_x3<EXACT>(W0, D0, y0, out0, W1, D1, y1, out1, W2, D2, y2, out2, xq_s, xd_s, nb, M);
-}
-
-// The post-attention norm (ores -> pnrm, and its q8_0 to xq/xd for the expert GEMVs) and the
-// router logits of it (gemv_q4, grid as its with warps = GEMV_MAX_WARPS).
-template <bool EXACT>
-__device__ __forceinline__ void norm_router(const float *x, const float *nw, float *nrm, float eps, int norm_exact,
-                                            int quant, signed char *xq, float *xd, const uint4 *W, const __half *D,
-                                            float *logits, int E, int nb, int M) {
-  NORM_GEMV_SHARED
-  norm_columns(x, nw, nrm, h, eps, norm_exact, quant, m0, ncols, xq_s, xd_s);
-  if (blockIdx.x == 0) {
-    const int nq = ncols * h / 16;
-    for (int i = threadIdx.x; i < nq; i += blockDim.x)
-      ((int4 *)(xq + (size_t)m0 * h))[i] = ((const int4 *)xq_s)[i];
-    for (int i = threadIdx.x; i < ncols * nb; i += blockDim.x) xd[(size_t)m0 * nb + i] = xd_s[i];
-  }
-  gemv_q4<EXACT>(W, D, xq_s, xd_s, nullptr, logits, E, nb, M, blockIdx.x);
-}
-
-#define NORM_GEMV_KERNELS(SUFFIX, EXACT)                                                                \
-  extern "C" __global__ void __launch_bounds__(NORM_THREADS, 5) norm_x3_##SUFFIX(                       \
-      const float *x, const float *nw, float *nrm, float eps, int norm_exact, int quant, const uint4 *W0, \
-      const __half *D0, float *y0, int out0, const uint4 *W1, const __half *D1, float *y1, int out1,     \
-      const uint4 *W2, const __half *D2, float *y2, int out2, int nb, int M) {                          \
-    pdl_wait();                                                                                        \
-    norm_x3<EXACT>(x, nw, nrm, eps, norm_exact, quant, W0, D0, y0, out0, W1, D1, y1, out1, W2, D2, y2, out2, nb, M); \
-  }                                                                                                    \
-  extern "C" __global__ void norm_router_##SUFFIX(const float *x, const float *nw, float *nrm, float eps, \
-                                                  int norm_exact, int quant, signed char *xq, float *xd, \
-                                                  const uint4 *W, const __half *D, float *logits, int E, \
-                                                  int nb, int M) {                                     \
-    pdl_wait();                                                                                        \
-    norm_router<EXACT>(x, nw, nrm, eps, norm_exact, quant, xq, xd, W, D, logits, E, nb, M);            \
-  }
-
-NORM_GEMV_KERNELS(exact, true)
-NORM_GEMV_KERNELS(fast, false)
 
 // ------------------------------------------------------------ down projection + expert sum
 // The down rows of all k slots of a column in one block (warp j = slot j, EXPERT_ROWS rows),

@@ -70,13 +70,16 @@ extern "C" __global__ void quantize_q8_0_fast(const float *__restrict__ x, signe
 
 extern "C" __global__ void gemv_q4_exact(const uint4 *W, const __half *D, const signed char *xq, const float *xd,
                                          const float *res, float *y, int out, int nb, int M) {
-  pdl_wait();
+  // pdl_wait(): inside gemv_q4, behind the first weight loads
   const size_t m0 = (size_t)blockIdx.y * GEMV_MC;
   gemv_q4<true>(W, D, xq + m0 * nb * QK, xd + m0 * nb, res, y, out, nb, M, blockIdx.x);
 }
-extern "C" __global__ void gemv_q4_fast(const uint4 *W, const __half *D, const signed char *xq, const float *xd,
-                                        const float *res, float *y, int out, int nb, int M) {
-  pdl_wait();
+// (fast: launch bounds keep the multi-column loop in the registers of 6 blocks an SM, so a
+// decode layer's GEMV blocks fit in one wave)
+extern "C" __global__ void __launch_bounds__(128, 6)
+    gemv_q4_fast(const uint4 *W, const __half *D, const signed char *xq, const float *xd, const float *res, float *y,
+                 int out, int nb, int M) {
+  // pdl_wait(): inside gemv_q4, behind the first weight loads
   const size_t m0 = (size_t)blockIdx.y * GEMV_MC;
   gemv_q4<false>(W, D, xq + m0 * nb * QK, xd + m0 * nb, res, y, out, nb, M, blockIdx.x);
 }
@@ -85,15 +88,15 @@ extern "C" __global__ void gemv_q4_x3_exact(const uint4 *W0, const __half *D0, f
                                             const __half *D1, float *y1, int out1, const uint4 *W2,
                                             const __half *D2, float *y2, int out2, const signed char *xq,
                                             const float *xd, int nb, int M) {
-  pdl_wait();
+  // pdl_wait(): inside gemv_q4, behind the first weight loads
   const size_t m0 = (size_t)blockIdx.y * GEMV_MC;
   gemv_q4_x3<true>(W0, D0, y0, out0, W1, D1, y1, out1, W2, D2, y2, out2, xq + m0 * nb * QK, xd + m0 * nb, nb, M);
 }
-extern "C" __global__ void gemv_q4_x3_fast(const uint4 *W0, const __half *D0, float *y0, int out0, const uint4 *W1,
-                                           const __half *D1, float *y1, int out1, const uint4 *W2,
-                                           const __half *D2, float *y2, int out2, const signed char *xq,
-                                           const float *xd, int nb, int M) {
-  pdl_wait();
+extern "C" __global__ void __launch_bounds__(128, 6)
+    gemv_q4_x3_fast(const uint4 *W0, const __half *D0, float *y0, int out0, const uint4 *W1, const __half *D1,
+                    float *y1, int out1, const uint4 *W2, const __half *D2, float *y2, int out2,
+                    const signed char *xq, const float *xd, int nb, int M) {
+  // pdl_wait(): inside gemv_q4, behind the first weight loads
   const size_t m0 = (size_t)blockIdx.y * GEMV_MC;
   gemv_q4_x3<false>(W0, D0, y0, out0, W1, D1, y1, out1, W2, D2, y2, out2, xq + m0 * nb * QK, xd + m0 * nb, nb, M);
 }

@@ -35,43 +35,7 @@ __device__ __forceinline__ int q4_q8_block_isum(const uint4 wv, const int4 *__re
   return su - 8 * sx;
 }
 
-// One lane's share of a row against up to MC activation columns: blocks lane, lane+32, ...
-// in that order. A GEMV row is a few blocks a lane, so a lane's weight loads are issued
-// GEMV_PF at a time before their first use (decode GEMVs wait on memory latency, not
-// bandwidth); the adds keep their order.
-#define GEMV_PF 4
-template <bool EXACT, int MC>
-__device__ __forceinline__ void q4_lane_dot(const uint4 *__restrict__ wrow, const __half *__restrict__ drow, int nb,
-                                            const signed char *__restrict__ xq, const float *__restrict__ xd,
-                                            int ncols, float (&acc)[MC]) {
-  const int lane = threadIdx.x & 31;
-  for (int b0 = lane; b0 < nb; b0 += 32 * GEMV_PF) {
-    uint4 wv[GEMV_PF];
-    float dw[GEMV_PF];
-#pragma unroll
-    for (int u = 0; u < GEMV_PF; u++) {
-      const int b = b0 + 32 * u;
-      wv[u] = b < nb ? wrow[b] : make_uint4(0, 0, 0, 0);
-      dw[u] = b < nb ? __half2float(drow[b]) : 0.0f;
-    }
-#pragma unroll
-    for (int u = 0; u < GEMV_PF; u++) {
-      const int b = b0 + 32 * u;
-      if (b >= nb) break;
-#pragma unroll
-      for (int c = 0; c < MC; c++) {
-        if (c < ncols) {
-          const float fsum = __int2float_rn(q4_q8_block_isum(wv[u], (const int4 *)(xq + ((size_t)c * nb + b) * QK)));
-          const float dx = xd[(size_t)c * nb + b];
-          if (EXACT)
-            acc[c] = FADD(acc[c], FMUL(fsum, FMUL(dw[u], dx)));
-          else
-            acc[c] = fmaf(fsum, dw[u] * dx, acc[c]);
-        }
-      }
-    }
-  }
-}
+#define GEMV_PF 4  // weight blocks a lane loads before its first dot (a decode GEMV row is a few a lane)
 
 template <bool EXACT>
 __device__ __forceinline__ float lane_reduce(float v) {
@@ -100,9 +64,60 @@ __device__ __forceinline__ int gemv_split(int M) { return M == 1 ? 1 : (M <= 4 ?
 // W: [out, nb] uint4, D: [out, nb] f16; res, y: [M, out]; xq: [ncols, nb*32] and xd: [ncols, nb],
 // the q8_0 of columns m0 = blockIdx.y*GEMV_MC .. m0+ncols-1 (global memory, or fused.cu's
 // shared copy). grid (ceil(out/(warps/ks)), ceil(M/GEMV_MC)), block 32*warps (GEMV_WARPS, or
-// up to GEMV_MAX_WARPS where fused.cu needs a bigger block); ks = 1 (exact) or
-// gemv_split(M). A row's arithmetic does not depend on the block size.
+// up to GEMV_MAX_WARPS); ks = 1 (exact) or gemv_split(M). A row's arithmetic does not depend
+// on the block size.
+//
+// The kernel's pdl_wait() is in here, after the lane's first GEMV_PF weight blocks are in
+// flight: weights are never written by a step, so their loads may go ahead of the wait, and
+// with an early trigger (KESTREL_PDL_TRIGGER) they overlap the kernel in front. (Measured on
+// the H200 the trigger does not pay; results/gpu-h200-issue6.md, session 4.)
+// A lane's blocks: M = 1 fast, a contiguous run [lane*per, (lane+1)*per); split, its warp's
+// share strided by 32 from lane; else lane, lane+32, ... Every lane adds its terms in that
+// order, each term as the version says.
 #define GEMV_MAX_WARPS 8
+// One lane's terms of a row against up to MC columns (acc[0..MC), the rest 0): its blocks
+// b_first, b_first + b_step, ... below b_end, GEMV_PF weight blocks loaded ahead of their dots;
+// the kernel's pdl_wait() once the first ones are in flight (gemv_q4).
+template <bool EXACT, int MC>
+__device__ __forceinline__ void q4_lane_terms(const uint4 *__restrict__ wr, const __half *__restrict__ dr, int b_first,
+                                              int b_step, int b_end, const signed char *__restrict__ xq,
+                                              const float *__restrict__ xd, int nb, int ncols,
+                                              float (&acc)[GEMV_MC]) {
+  uint4 wv[GEMV_PF];
+  float dw[GEMV_PF];
+  auto load = [&](int b0) {
+#pragma unroll
+    for (int u = 0; u < GEMV_PF; u++) {
+      const int b = b0 + u * b_step;
+      wv[u] = b < b_end ? wr[b] : make_uint4(0, 0, 0, 0);
+      dw[u] = b < b_end ? __half2float(dr[b]) : 0.0f;
+    }
+  };
+  load(b_first);
+  pdl_wait();
+#pragma unroll
+  for (int c = 0; c < GEMV_MC; c++) acc[c] = 0.0f;
+  for (int b0 = b_first; b0 < b_end; b0 += GEMV_PF * b_step) {
+    if (b0 != b_first) load(b0);
+#pragma unroll
+    for (int u = 0; u < GEMV_PF; u++) {
+      const int b = b0 + u * b_step;
+      if (b >= b_end) break;
+#pragma unroll
+      for (int c = 0; c < MC; c++) {
+        if (c < ncols) {
+          const float fsum = __int2float_rn(q4_q8_block_isum(wv[u], (const int4 *)(xq + ((size_t)c * nb + b) * QK)));
+          const float dx = xd[(size_t)c * nb + b];
+          if (EXACT)
+            acc[c] = FADD(acc[c], FMUL(fsum, FMUL(dw[u], dx)));
+          else
+            acc[c] = fmaf(fsum, dw[u] * dx, acc[c]);
+        }
+      }
+    }
+  }
+}
+
 template <bool EXACT>
 __device__ __forceinline__ void gemv_q4(const uint4 *__restrict__ W, const __half *__restrict__ D,
                                         const signed char *__restrict__ xq, const float *__restrict__ xd,
@@ -115,48 +130,24 @@ __device__ __forceinline__ void gemv_q4(const uint4 *__restrict__ W, const __hal
   const bool live = row < out;  // warp-uniform; no early return (the block syncs when split)
   const int m0 = blockIdx.y * GEMV_MC;
   const int ncols = min(GEMV_MC, M - m0);
-  float acc[GEMV_MC];
-#pragma unroll
-  for (int c = 0; c < GEMV_MC; c++) acc[c] = 0.0f;
-  if (live) {
-    if (!EXACT && M == 1) {  // fast decode: lane l takes blocks [l*per, (l+1)*per)
-      const uint4 *wr = W + (size_t)row * nb;
-      const __half *dr = D + (size_t)row * nb;
-      const int per = (nb + 31) / 32, b_end = min(nb, (lane + 1) * per);
-      for (int b0 = lane * per; b0 < b_end; b0 += GEMV_PF) {  // loads first, as in q4_lane_dot
-        uint4 wv[GEMV_PF];
-        float dw[GEMV_PF];
-#pragma unroll
-        for (int u = 0; u < GEMV_PF; u++) {
-          wv[u] = b0 + u < b_end ? wr[b0 + u] : make_uint4(0, 0, 0, 0);
-          dw[u] = b0 + u < b_end ? __half2float(dr[b0 + u]) : 0.0f;
-        }
-#pragma unroll
-        for (int u = 0; u < GEMV_PF; u++) {
-          if (b0 + u >= b_end) break;
-          const int isum = q4_q8_block_isum(wv[u], (const int4 *)(xq + (size_t)(b0 + u) * QK));
-          acc[0] = fmaf(__int2float_rn(isum), dw[u] * xd[b0 + u], acc[0]);
-        }
-      }
-    } else if (ks == 1) {
-      q4_lane_dot<EXACT, GEMV_MC>(W + (size_t)row * nb, D + (size_t)row * nb, nb, xq, xd, ncols, acc);
-    } else {  // fast only: this warp's contiguous share of the row's blocks, lanes strided in it
-      const uint4 *wr = W + (size_t)row * nb;
-      const __half *dr = D + (size_t)row * nb;
-      const int per = (nb + ks - 1) / ks, b_end = min(nb, (k + 1) * per);
-      for (int b = k * per + lane; b < b_end; b += 32) {
-        const uint4 wv = wr[b];
-        const float dw = __half2float(dr[b]);
-#pragma unroll
-        for (int c = 0; c < GEMV_MC; c++) {
-          if (c < ncols) {
-            const int isum = q4_q8_block_isum(wv, (const int4 *)(xq + ((size_t)c * nb + b) * QK));
-            acc[c] = fmaf(__int2float_rn(isum), dw * xd[(size_t)c * nb + b], acc[c]);
-          }
-        }
-      }
-    }
+  int b_first, b_step, b_end;
+  if (!EXACT && M == 1) {  // fast decode: 16-byte loads back to back
+    const int per = (nb + 31) / 32;
+    b_first = lane * per, b_step = 1, b_end = min(nb, (lane + 1) * per);
+  } else if (ks == 1) {
+    b_first = lane, b_step = 32, b_end = nb;
+  } else {  // fast only: this warp's contiguous share of the row's blocks, lanes strided in it
+    const int per = (nb + ks - 1) / ks;
+    b_first = k * per + lane, b_step = 32, b_end = min(nb, (k + 1) * per);
   }
+  if (!live) b_end = b_first;
+  const uint4 *wr = W + (size_t)min(row, out - 1) * nb;
+  const __half *dr = D + (size_t)min(row, out - 1) * nb;
+  float acc[GEMV_MC];
+  if (!EXACT && M == 1)  // one column: a loop the compiler keeps in fewer registers
+    q4_lane_terms<EXACT, 1>(wr, dr, b_first, b_step, b_end, xq, xd, nb, ncols, acc);
+  else
+    q4_lane_terms<EXACT, GEMV_MC>(wr, dr, b_first, b_step, b_end, xq, xd, nb, ncols, acc);
 #pragma unroll
   for (int c = 0; c < GEMV_MC; c++) acc[c] = !EXACT && M == 1 ? warp_sum_fast_rev(acc[c]) : lane_reduce<EXACT>(acc[c]);
   if (ks > 1) {  // fast only: add the warps' partial sums of each row

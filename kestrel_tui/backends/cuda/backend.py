@@ -49,8 +49,7 @@ ATT_SPLIT_TILE = 256  # kernels/attention.cu ATT_SPLIT_TILE (the exact scores' t
 ATT_FAST_TILE = 64  # kernels/attention.cu ATT_FAST_TILE (the fast flash-decoding tiles)
 ATT_PV_THREADS = 32 + 128  # kernels/attention.cu ATT_PV_THREADS (attn_exact_pv_q8's block)
 EXPERT_ROWS = 4  # kernels/gemv.cuh EXPERT_ROWS (rows a warp of gemv_q4_experts_*)
-GEMV_MAX_WARPS = 8  # kernels/gemv.cuh GEMV_MAX_WARPS (the block of fused.cu's norm_x3 / norm_router)
-FUSED_MAX_ROW = 4096  # kernels/fused.cu FUSED_MAX_ROW (combine_rmsnorm_*, norm_*: hidden sizes up to)
+FUSED_MAX_ROW = 4096  # kernels/fused.cu FUSED_MAX_ROW (combine_rmsnorm_*: hidden sizes up to)
 COMBINE_MAX_K = 8  # kernels/fused.cu COMBINE_MAX_K (down_combine_*: a warp a slot)
 # fields whose reference buffer replaces the subject's as the next op's input (isolate mode)
 FED = frozenset({"emb", "x", "nrm", "kraw", "knorm", "kpre", "qrope", "attn", "ores", *KV_FIELDS})
@@ -133,7 +132,7 @@ class CudaBackend(Backend):
         # its own launch. Same bits either way (tests/test_cuda.py); set before the first step
         self.fuse = os.environ.get("KESTREL_CUDA_FUSE", "1") != "0"
         # which fused.cu folds to use (A/B benchmarks, scripts/gpu_ab.py; same bits either way):
-        # norm = each GEMV block normalizes its own input, combine = down + expert sum
+        # combine = the down GEMV adds the expert sum; KESTREL_CUDA_FOLD= for none
         self.folds = frozenset(os.environ.get("KESTREL_CUDA_FOLD", "combine").split(","))
         self.rt = runtime()
         self.name = f"cuda ({describe(self.exact)})"
@@ -218,10 +217,7 @@ class CudaBackend(Backend):
         self.quant_exact = int("gemm" in ex)
         self.k_heads = k("fused", "heads_fused")
         if q4:
-            self.k_norm_x3 = k("fused", f"norm_x3_{g}")
-            self.k_norm_router = k("fused", f"norm_router_{g}")
             self.k_down_comb = k("fused", f"down_combine_{g}")
-        self.norm_exact = int("norm" in ex)
         self.k_comb_rms = k("fused", f"combine_rmsnorm_{pick('norm')}")
         self.heads_flags = (1 if "norm" in ex else 0) | (2 if "rope" in ex else 0) | (4 if "kvquant" in ex else 0)
         self.moe_exact = int("moe" in ex)
@@ -478,11 +474,10 @@ class CudaBackend(Backend):
         # reference's inputs
         fused = self.fuse and feed is None
         fuse_heads = fused and self.kv == "q8" and hd in (64, 128, 256)  # fused.cu rope_regs: hd/64 in 1, 2, 4
-        # fused.cu folds: every q/k/v and router GEMV block normalizes its own input (no RMSNorm
-        # launch in a layer); the down GEMV adds the expert sum (no combine launch)
-        fold_norm = fused and fuse_all and h <= FUSED_MAX_ROW and "norm" in self.folds
+        # the down GEMV adds the expert sum (fused.cu down_combine_*); else the sum goes with the
+        # norm behind it (combine_rmsnorm_*)
         fold_combine = fused and fuse_all and cfg.is_moe and cfg.top_k <= COMBINE_MAX_K and "combine" in self.folds
-        fuse_combine = fused and cfg.is_moe and h <= FUSED_MAX_ROW and not fold_norm and not fold_combine
+        fuse_combine = fused and cfg.is_moe and h <= FUSED_MAX_ROW and not fold_combine
         pending = None  # a MoE layer's expert sum, left to the norm behind it (fuse_combine)
 
         def norm(x: int, w: int, out: int, quant_args: tuple) -> None:
@@ -499,29 +494,21 @@ class CudaBackend(Backend):
         for li, W in enumerate(dm.layers):
             x_in = In("emb") if li == 0 else In("x", li - 1)
             nrm = In("nrm", li)
-            if fold_norm:  # the input norm in every block of the q/k/v GEMV
+            if fuse_q:  # the norm writes the q8_0 of its output too
+                norm(x_in, W["input_layernorm"], A("nrm", li), (xq, xd, qmode))
+            else:  # isolate: the GEMVs quantize the reference's nrm
+                norm(x_in, W["input_layernorm"], A("nrm", li), (0, 0, 0))
+                quant(nrm, M, h)
+            if q4:  # q, k and v in one launch
                 lq, lk, lv = W["q_proj"], W["k_proj"], W["v_proj"]
-                rpb = GEMV_MAX_WARPS // gemv_split(M, bool(self.quant_exact))
-                launch(self.k_norm_x3, (sum(_blocks(lin.out, rpb) for lin in (lq, lk, lv)), _blocks(M, 4), 1),
-                       (256, 1, 1), self.stream, x_in, W["input_layernorm"], A("nrm", li), eps, self.norm_exact,
-                       qmode, lq.w, lq.d, A("q"), lq.out, lk.w, lk.d, A("kraw", li), lk.out, lv.w, lv.d,
-                       A("vraw"), lv.out, lq.nb, M)
+                rpb = 4 // gemv_split(M, bool(self.quant_exact))  # rows a block
+                launch(self.k_gemv3, (sum(_blocks(lin.out, rpb) for lin in (lq, lk, lv)), _blocks(M, 4), 1),
+                       (128, 1, 1), self.stream, lq.w, lq.d, A("q"), lq.out, lk.w, lk.d, A("kraw", li), lk.out,
+                       lv.w, lv.d, A("vraw"), lv.out, xq, xd, lq.nb, M)
             else:
-                if fuse_q:  # the norm writes the q8_0 of its output too
-                    norm(x_in, W["input_layernorm"], A("nrm", li), (xq, xd, qmode))
-                else:  # isolate: the GEMVs quantize the reference's nrm
-                    norm(x_in, W["input_layernorm"], A("nrm", li), (0, 0, 0))
-                    quant(nrm, M, h)
-                if q4:  # q, k and v in one launch
-                    lq, lk, lv = W["q_proj"], W["k_proj"], W["v_proj"]
-                    rpb = 4 // gemv_split(M, bool(self.quant_exact))  # rows a block
-                    launch(self.k_gemv3, (sum(_blocks(lin.out, rpb) for lin in (lq, lk, lv)), _blocks(M, 4), 1),
-                           (128, 1, 1), self.stream, lq.w, lq.d, A("q"), lq.out, lk.w, lk.d, A("kraw", li), lk.out,
-                           lv.w, lv.d, A("vraw"), lv.out, xq, xd, lq.nb, M)
-                else:
-                    gemv(W["q_proj"], nrm, A("q"))
-                    gemv(W["k_proj"], nrm, A("kraw", li))
-                    gemv(W["v_proj"], nrm, A("vraw"))
+                gemv(W["q_proj"], nrm, A("q"))
+                gemv(W["k_proj"], nrm, A("kraw", li))
+                gemv(W["v_proj"], nrm, A("vraw"))
             c = self.cache[li]
             cache_ptrs = (0, 0, 0, 0) if isolate else (c["k"], c["ks"], c["v"], c["vs"])
             if fuse_heads:  # QK-norm, RoPE and the KV rows in one launch
@@ -551,20 +538,12 @@ class CudaBackend(Backend):
             ores = In("ores", li)
             pnrm = A("pnrm", li)
             F = cfg.ffn_dim
-            if cfg.is_moe and fold_norm:  # the post-attention norm in every block of the router GEMV
-                lr = W["gate"]
-                rpb = GEMV_MAX_WARPS // gemv_split(M, bool(self.quant_exact))
-                launch(self.k_norm_router, (_blocks(lr.out, rpb), _blocks(M, 4), 1), (256, 1, 1), self.stream, ores,
-                       W["post_attention_layernorm"], pnrm, eps, self.norm_exact, qmode, xq, xd, lr.w, lr.d,
-                       A("router", li), lr.out, lr.nb, M)
-            else:
-                norm(ores, W["post_attention_layernorm"], pnrm, (xq, xd, qmode) if fuse_all else (0, 0, 0))
-                if not fuse_all:
-                    quant(pnrm, M, h)
+            norm(ores, W["post_attention_layernorm"], pnrm, (xq, xd, qmode) if fuse_all else (0, 0, 0))
+            if not fuse_all:
+                quant(pnrm, M, h)
             if cfg.is_moe:
                 k, E = cfg.top_k, cfg.n_experts
-                if not fold_norm:
-                    gemv(W["gate"], pnrm, A("router", li))
+                gemv(W["gate"], pnrm, A("router", li))
                 launch(self.k_router, (M, 1, 1), (_blocks(E, 32) * 32, 1, 1), self.stream, A("router", li),
                                             A("topk", li), A("topw", li), E, k, int(cfg.norm_topk_prob),
                                             self.exp_exact)

@@ -60,8 +60,6 @@ SIGNATURES = {
     # fused.cu
     "heads_fused": "PPPPPPPPPPPPPPPPPPPiiifiPi", "combine_rmsnorm_exact": "PPPPPiiPPifPPi",
     "combine_rmsnorm_fast": "PPPPPiiPPifPPi",
-    **{f"norm_x3_{v}": "PPPfiiPPPiPPPiPPPiii" for v in ("exact", "fast")},
-    **{f"norm_router_{v}": "PPPfiiPPPPPiii" for v in ("exact", "fast")},
     **{f"down_combine_{v}": "PPPPPPiiiPPPPi" for v in ("exact", "fast")},
     # hash.cu
     "fnv1a64_keys": "PPPPPPPPPP", "fnv_states": "PPPPPPPPPP", "fnv_chunks": "PPPPPPPPPPi",
