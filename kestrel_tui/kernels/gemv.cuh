@@ -62,18 +62,17 @@ __device__ __forceinline__ float warp_sum_fast_rev(float v) {
 __device__ __forceinline__ int gemv_split(int M) { return M == 1 ? 1 : (M <= 4 ? 2 : 1); }
 
 // W: [out, nb] uint4, D: [out, nb] f16; res, y: [M, out]; xq: [ncols, nb*32] and xd: [ncols, nb],
-// the q8_0 of columns m0 = blockIdx.y*GEMV_MC .. m0+ncols-1 (global memory, or fused.cu's
-// shared copy). grid (ceil(out/(warps/ks)), ceil(M/GEMV_MC)), block 32*warps (GEMV_WARPS, or
-// up to GEMV_MAX_WARPS); ks = 1 (exact) or gemv_split(M). A row's arithmetic does not depend
-// on the block size.
+// the q8_0 of columns m0 = blockIdx.y*GEMV_MC .. m0+ncols-1. grid (ceil(out/rows a block),
+// ceil(M/GEMV_MC)), block 32*warps (warps <= GEMV_MAX_WARPS); rows a block: warps*GEMV_ROWS1
+// at M = 1 (gemv_q4_m1), else warps/ks with ks = 1 (exact) or gemv_split(M). A row's
+// arithmetic does not depend on the block size.
 //
-// The kernel's pdl_wait() is in here, after the lane's first GEMV_PF weight blocks are in
-// flight: weights are never written by a step, so their loads may go ahead of the wait, and
-// with an early trigger (KESTREL_PDL_TRIGGER) they overlap the kernel in front. (Measured on
-// the H200 the trigger does not pay; results/gpu-h200-issue6.md, session 4.)
-// A lane's blocks: M = 1 fast, a contiguous run [lane*per, (lane+1)*per); split, its warp's
-// share strided by 32 from lane; else lane, lane+32, ... Every lane adds its terms in that
-// order, each term as the version says.
+// The kernel's pdl_wait() is in here, after the lane's first weight blocks are in flight:
+// weights are never written by a step, so their loads may go ahead of the wait, and with an
+// early trigger (KESTREL_PDL_TRIGGER) they overlap the kernel in front. (Measured on the H200
+// the trigger does not pay; results/gpu-h200-issue6.md, session 4.)
+// A lane's blocks at M > 1: split, its warp's share strided by 32 from lane; else lane,
+// lane+32, ... Every lane adds its terms in that order, each term as the version says.
 #define GEMV_MAX_WARPS 8
 // One lane's terms of a row against up to MC columns (acc[0..MC), the rest 0): its blocks
 // b_first, b_first + b_step, ... below b_end, GEMV_PF weight blocks loaded ahead of their dots;
@@ -118,11 +117,77 @@ __device__ __forceinline__ void q4_lane_terms(const uint4 *__restrict__ wr, cons
   }
 }
 
+// M = 1 (decode): GEMV_ROWS1 rows a warp (rows (bx*warps + warp)*GEMV_ROWS1 ..), every row's
+// first weight loads issued together, so a layer's GEMV is a fraction of a wave of blocks that
+// each wait on memory once, not waves of one-row warps. A row's terms and their order are
+// gemv_q4's: fast, lane l takes the contiguous run [l*per, (l+1)*per) and the reversed tree;
+// exact, blocks l, l+32, ... and the contract's lane sum.
+#define GEMV_ROWS1 4
+template <bool EXACT>
+__device__ __forceinline__ void gemv_q4_m1(const uint4 *__restrict__ W, const __half *__restrict__ D,
+                                           const signed char *__restrict__ xq, const float *__restrict__ xd,
+                                           const float *__restrict__ res, float *__restrict__ y, int out, int nb,
+                                           int bx) {
+  constexpr int R = GEMV_ROWS1, PF = 2;
+  const int lane = threadIdx.x & 31;
+  const int row0 = (bx * (int)(blockDim.x >> 5) + (int)(threadIdx.x >> 5)) * R;
+  const int per = (nb + 31) / 32;
+  const int b_first = EXACT ? lane : lane * per, b_step = EXACT ? 32 : 1;
+  const int b_end = row0 < out ? (EXACT ? nb : min(nb, (lane + 1) * per)) : b_first;
+  uint4 wv[R][PF];
+  float dw[R][PF];
+  auto load = [&](int b0) {
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+      const size_t wrow = (size_t)min(row0 + r, out - 1) * nb;
+#pragma unroll
+      for (int u = 0; u < PF; u++) {
+        const int b = b0 + u * b_step;
+        wv[r][u] = b < b_end ? W[wrow + b] : make_uint4(0, 0, 0, 0);
+        dw[r][u] = b < b_end ? __half2float(D[wrow + b]) : 0.0f;
+      }
+    }
+  };
+  load(b_first);
+  pdl_wait();
+  float acc[R];
+#pragma unroll
+  for (int r = 0; r < R; r++) acc[r] = 0.0f;
+  for (int b0 = b_first; b0 < b_end; b0 += PF * b_step) {
+    if (b0 != b_first) load(b0);
+#pragma unroll
+    for (int u = 0; u < PF; u++) {
+      const int b = b0 + u * b_step;
+      if (b >= b_end) break;
+      const int4 *xp = (const int4 *)(xq + (size_t)b * QK);
+      const float dx = xd[b];
+#pragma unroll
+      for (int r = 0; r < R; r++) {
+        const float fsum = __int2float_rn(q4_q8_block_isum(wv[r][u], xp));
+        if (EXACT)
+          acc[r] = FADD(acc[r], FMUL(fsum, FMUL(dw[r][u], dx)));
+        else
+          acc[r] = fmaf(fsum, dw[r][u] * dx, acc[r]);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; r++) {
+    const float v = EXACT ? lane_reduce<true>(acc[r]) : warp_sum_fast_rev(acc[r]);
+    const int row = row0 + r;
+    if (lane == 0 && row < out) y[row] = res ? (EXACT ? FADD(res[row], v) : res[row] + v) : v;
+  }
+}
+
 template <bool EXACT>
 __device__ __forceinline__ void gemv_q4(const uint4 *__restrict__ W, const __half *__restrict__ D,
                                         const signed char *__restrict__ xq, const float *__restrict__ xd,
                                         const float *__restrict__ res, float *__restrict__ y, int out, int nb,
                                         int M, int bx) {
+  if (M == 1) {
+    gemv_q4_m1<EXACT>(W, D, xq, xd, res, y, out, nb, bx);
+    return;
+  }
   __shared__ float part[GEMV_MAX_WARPS][GEMV_MC];
   const int ks = EXACT ? 1 : gemv_split(M);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -131,10 +196,7 @@ __device__ __forceinline__ void gemv_q4(const uint4 *__restrict__ W, const __hal
   const int m0 = blockIdx.y * GEMV_MC;
   const int ncols = min(GEMV_MC, M - m0);
   int b_first, b_step, b_end;
-  if (!EXACT && M == 1) {  // fast decode: 16-byte loads back to back
-    const int per = (nb + 31) / 32;
-    b_first = lane * per, b_step = 1, b_end = min(nb, (lane + 1) * per);
-  } else if (ks == 1) {
+  if (ks == 1) {
     b_first = lane, b_step = 32, b_end = nb;
   } else {  // fast only: this warp's contiguous share of the row's blocks, lanes strided in it
     const int per = (nb + ks - 1) / ks;
@@ -144,12 +206,9 @@ __device__ __forceinline__ void gemv_q4(const uint4 *__restrict__ W, const __hal
   const uint4 *wr = W + (size_t)min(row, out - 1) * nb;
   const __half *dr = D + (size_t)min(row, out - 1) * nb;
   float acc[GEMV_MC];
-  if (!EXACT && M == 1)  // one column: a loop the compiler keeps in fewer registers
-    q4_lane_terms<EXACT, 1>(wr, dr, b_first, b_step, b_end, xq, xd, nb, ncols, acc);
-  else
-    q4_lane_terms<EXACT, GEMV_MC>(wr, dr, b_first, b_step, b_end, xq, xd, nb, ncols, acc);
+  q4_lane_terms<EXACT, GEMV_MC>(wr, dr, b_first, b_step, b_end, xq, xd, nb, ncols, acc);
 #pragma unroll
-  for (int c = 0; c < GEMV_MC; c++) acc[c] = !EXACT && M == 1 ? warp_sum_fast_rev(acc[c]) : lane_reduce<EXACT>(acc[c]);
+  for (int c = 0; c < GEMV_MC; c++) acc[c] = lane_reduce<EXACT>(acc[c]);
   if (ks > 1) {  // fast only: add the warps' partial sums of each row
     if (lane == 0) {
 #pragma unroll
@@ -182,7 +241,7 @@ __device__ __forceinline__ void gemv_q4_x3(const uint4 *W0, const __half *D0, fl
                                            const __half *D1, float *y1, int out1, const uint4 *W2,
                                            const __half *D2, float *y2, int out2, const signed char *xq,
                                            const float *xd, int nb, int M) {
-  const int rpb = (int)(blockDim.x >> 5) / (EXACT ? 1 : gemv_split(M));
+  const int warps = blockDim.x >> 5, rpb = M == 1 ? warps * GEMV_ROWS1 : warps / (EXACT ? 1 : gemv_split(M));
   const int n0 = (out0 + rpb - 1) / rpb, n1 = (out1 + rpb - 1) / rpb;
   const int bx = blockIdx.x, z = bx < n0 ? 0 : (bx < n0 + n1 ? 1 : 2);
   gemv_q4<EXACT>(z == 0 ? W0 : (z == 1 ? W1 : W2), z == 0 ? D0 : (z == 1 ? D1 : D2), xq, xd, nullptr,

@@ -49,6 +49,7 @@ ATT_SPLIT_TILE = 256  # kernels/attention.cu ATT_SPLIT_TILE (the exact scores' t
 ATT_FAST_TILE = 64  # kernels/attention.cu ATT_FAST_TILE (the fast flash-decoding tiles)
 ATT_PV_THREADS = 32 + 128  # kernels/attention.cu ATT_PV_THREADS (attn_exact_pv_q8's block)
 EXPERT_ROWS = 4  # kernels/gemv.cuh EXPERT_ROWS (rows a warp of gemv_q4_experts_*)
+GEMV_ROWS1 = 4  # kernels/gemv.cuh GEMV_ROWS1 (rows a warp of the q4_0 dense GEMVs at M = 1)
 FUSED_MAX_ROW = 4096  # kernels/fused.cu FUSED_MAX_ROW (combine_rmsnorm_*: hidden sizes up to)
 COMBINE_MAX_K = 8  # kernels/fused.cu COMBINE_MAX_K (down_combine_*: a warp a slot)
 # fields whose reference buffer replaces the subject's as the next op's input (isolate mode)
@@ -99,6 +100,12 @@ def gemv_split(M: int, exact: bool) -> int:
     the fast kernel splits K over 2 warps at M = 2..4 (and orders its lanes differently at
     M = 1 and from M = 5) like a tiled engine; the exact one never splits."""
     return 1 if exact else (2 if 2 <= M <= 4 else 1)
+
+
+def q4_rows_a_block(M: int, exact: bool) -> int:
+    """Output rows a 4-warp block of the q4_0 dense GEMVs takes (kernels/gemv.cuh gemv_q4):
+    GEMV_ROWS1 a warp at M = 1, else 4 / gemv_split."""
+    return 4 * GEMV_ROWS1 if M == 1 else 4 // gemv_split(M, exact)
 
 
 def launch_hash(rt, hb: dict, base: int, stream=None) -> None:
@@ -443,8 +450,7 @@ class CudaBackend(Backend):
 
         def gemv(lin: DeviceLinear, x: int, y: int, res: int = 0, x_q: int = xq, x_d: int = xd) -> None:
             """y[M, out] = (res +) lin @ x; x: the f32 input (q4_0 reads its quantization x_q/x_d)."""
-            ks = gemv_split(M, bool(self.quant_exact)) if q4 else 1
-            grid = (_blocks(lin.out, 4 // ks), _blocks(M, 4), 1)
+            grid = (_blocks(lin.out, q4_rows_a_block(M, bool(self.quant_exact)) if q4 else 4), _blocks(M, 4), 1)
             if q4:
                 launch(self.k_gemv, grid, (128, 1, 1), self.stream, lin.w, lin.d, x_q, x_d, res, y, lin.out, lin.nb, M)
             else:
@@ -501,7 +507,7 @@ class CudaBackend(Backend):
                 quant(nrm, M, h)
             if q4:  # q, k and v in one launch
                 lq, lk, lv = W["q_proj"], W["k_proj"], W["v_proj"]
-                rpb = 4 // gemv_split(M, bool(self.quant_exact))  # rows a block
+                rpb = q4_rows_a_block(M, bool(self.quant_exact))
                 launch(self.k_gemv3, (sum(_blocks(lin.out, rpb) for lin in (lq, lk, lv)), _blocks(M, 4), 1),
                        (128, 1, 1), self.stream, lq.w, lq.d, A("q"), lq.out, lk.w, lk.d, A("kraw", li), lk.out,
                        lv.w, lv.d, A("vraw"), lv.out, xq, xd, lq.nb, M)
