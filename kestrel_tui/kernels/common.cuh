@@ -340,10 +340,9 @@ __device__ __forceinline__ float serial_sum_shared(const float *a, int n) {
 // their output). quant 2: the exact rule, ggml quantize_row_q8_0_ref (d = amax/127,
 // q = roundf(x * (1/d)), 0 where 1/d is not finite); quant 1: the fast rule, ggml-cuda's
 // quantize_q8_1 (q = roundf(x / d)); quant 0: nothing. The scale is stored f16-rounded.
-__device__ __forceinline__ void q8_0_warp(float v, size_t i, signed char *__restrict__ xq, float *__restrict__ xd,
-                                          int quant) {
-  if (!quant) return;
-  const float amax = warp_max(fabsf(v));
+// q8_0_finish: the rest, given the block's amax (every lane holds it).
+__device__ __forceinline__ void q8_0_finish(float v, float amax, size_t i, signed char *__restrict__ xq,
+                                            float *__restrict__ xd, int quant) {
   float d, r;
   if (quant == 2) {
     d = FDIV(amax, 127.0f);
@@ -355,5 +354,29 @@ __device__ __forceinline__ void q8_0_warp(float v, size_t i, signed char *__rest
   }
   xq[i] = (signed char)r;
   if ((threadIdx.x & 31) == 0) xd[i / QK] = f16_round(d);
+}
+
+__device__ __forceinline__ void q8_0_warp(float v, size_t i, signed char *__restrict__ xq, float *__restrict__ xd,
+                                          int quant) {
+  if (quant) q8_0_finish(v, warp_max(fabsf(v)), i, xq, xd, quant);
+}
+
+// q8_0_warp of the N elements a lane holds, v[k] = element i0 + k*stride (whole warps, as
+// there; k < n_valid only), their N warp maxima computed side by side so that the shuffle
+// chains overlap instead of running one after another. The same bits as N q8_0_warp calls.
+template <int N>
+__device__ __forceinline__ void q8_0_warp_n(const float (&v)[N], size_t i0, int stride, int n_valid,
+                                            signed char *__restrict__ xq, float *__restrict__ xd, int quant) {
+  if (!quant) return;
+  float amax[N];
+#pragma unroll
+  for (int k = 0; k < N; k++) amax[k] = fabsf(v[k]);
+#pragma unroll
+  for (int off = 16; off >= 1; off >>= 1)
+#pragma unroll
+    for (int k = 0; k < N; k++) amax[k] = fmaxf(amax[k], __shfl_xor_sync(FULL_MASK, amax[k], off));
+#pragma unroll
+  for (int k = 0; k < N; k++)
+    if (k < n_valid) q8_0_finish(v[k], amax[k], i0 + (size_t)k * stride, xq, xd, quant);
 }
 #endif

@@ -73,7 +73,7 @@ extern "C" __global__ void heads_fused(const float *__restrict__ q, float *__res
     float *nrm = (is_q ? qn : knorm) + row, *rot = (is_q ? qrope : kpre) + row;
     const float *w = is_q ? q_w : k_w;
     head_load(x, hd, v);
-    const float rms = qk_rms(x, v, hd, eps, norm_exact);
+    const float rms = qk_rms(v, hd, eps, norm_exact);
 #pragma unroll
     for (int i = 0; i < HEAD_PER_LANE; i++) {
       const int j = lane + 32 * i;

@@ -50,7 +50,7 @@ extern "C" __global__ void rmsnorm_fast(const float *__restrict__ x, const float
     const float *w = is_q ? q_w : k_w;                                                               \
     float v[HEAD_PER_LANE];                                                                          \
     head_load(x, hd, v);                                                                             \
-    const float rms = qk_rms(x, v, hd, eps, EXACT);                                                  \
+    const float rms = qk_rms(v, hd, eps, EXACT);                                                  \
     for (int i = 0; i < HEAD_PER_LANE; i++) {                                                        \
       const int j = threadIdx.x + 32 * i;                                                            \
       if (j < hd) y[j] = qk_apply(v[i], rms, w[j], EXACT);                                           \

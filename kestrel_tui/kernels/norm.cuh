@@ -38,24 +38,27 @@ __device__ __forceinline__ void norm_store(const float *__restrict__ xr, const f
                                            signed char *__restrict__ xq, float *__restrict__ xd, int quant,
                                            int row) {
   const size_t row0 = (size_t)row * n;
+  float v[NORM_PER];
+  int n_valid = 0;  // whole warps: j < n is the same for a warp's lanes (n is a multiple of 32 when quant)
 #pragma unroll
   for (int k = 0; k < NORM_PER; k++) {
     const int j = threadIdx.x + k * NORM_THREADS;
+    v[k] = norm_apply<EXACT>(r.x[k], r.w[k], rms);
     if (j < n) {
-      const float v = norm_apply<EXACT>(r.x[k], r.w[k], rms);
-      if (yr) yr[j] = v;
-      q8_0_warp(v, row0 + j, xq, xd, quant);
+      yr[j] = v[k];
+      n_valid = k + 1;
     }
   }
+  q8_0_warp_n<NORM_PER>(v, row0 + threadIdx.x, NORM_THREADS, n_valid, xq, xd, quant);
   for (int j = threadIdx.x + NORM_PER * NORM_THREADS; j < n; j += NORM_THREADS) {
     const float v = norm_apply<EXACT>(xr[j], w[j], rms);
-    if (yr) yr[j] = v;
+    yr[j] = v;
     q8_0_warp(v, row0 + j, xq, xd, quant);
   }
 }
 
 // One row (xr -> yr, the q8_0 of yr to xq/xd when quant != 0) by a block of NORM_THREADS;
-// row: its index in xq/xd. yr may be null (fused.cu: only the q8_0 is wanted). Contract step 1 (exact) or the engines' version.
+// row: its index in xq/xd. Contract step 1 (exact) or the engines' version.
 __device__ __forceinline__ void rmsnorm_row_exact(const float *__restrict__ xr, const float *__restrict__ w,
                                                   float *__restrict__ yr, int n, float eps,
                                                   signed char *__restrict__ xq, float *__restrict__ xd, int quant,
@@ -116,17 +119,21 @@ __device__ __forceinline__ void rmsnorm_row(const float *__restrict__ xr, const 
     rmsnorm_row_fast(xr, w, yr, n, eps, xq, xd, quant, row);
 }
 
-// QK-norm of one head held by one warp, v[i] = x[lane + 32 i] (hd <= 32 * HEAD_PER_LANE):
-// returns rms. Exact: lane 0 sums x[j]*x[j] in order (from x in memory); fast: FMA partial
-// sums per lane in i order and the warp tree.
+// QK-norm of one head held by one warp (the block), v[i] = x[lane + 32 i] (hd <= 32 *
+// HEAD_PER_LANE, a multiple of 16): returns rms. Exact: the sequential sum of x[j]*x[j] (each
+// product rounded, then added in j order); fast: FMA partial sums per lane in i order and
+// the warp tree.
 #define HEAD_PER_LANE 8  // head_dim <= 256
-__device__ __forceinline__ float qk_rms(const float *__restrict__ x, const float (&v)[HEAD_PER_LANE], int hd,
+__device__ __forceinline__ float qk_rms(const float (&v)[HEAD_PER_LANE], int hd,
                                         float eps, bool exact) {
-  if (exact) {
-    float ss = 0.0f;
-    if ((threadIdx.x & 31) == 0) {
-      for (int j = 0; j < hd; j++) ss = FADD(ss, FMUL(x[j], x[j]));
-    }
+  if (exact) {  // the lanes form the products, lane 0 adds them in order from shared memory
+    __shared__ __align__(16) float sq[32 * HEAD_PER_LANE];
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int i = 0; i < HEAD_PER_LANE; i++)
+      if (lane + 32 * i < hd) sq[lane + 32 * i] = FMUL(v[i], v[i]);
+    __syncwarp();
+    float ss = lane == 0 ? serial_sum_shared(sq, hd) : 0.0f;
     ss = __shfl_sync(FULL_MASK, ss, 0);
     return FDIV(1.0f, FSQRT(FADD(FDIV(ss, (float)hd), eps)));
   }
