@@ -391,7 +391,7 @@ def test_device_synthetic_model_graph_and_bench_wiring(monkeypatch):
     the bench's bookkeeping."""
     from kestrel_tui.backends.cuda import backend as be
     from kestrel_tui.backends.cuda import graph as gr
-    from kestrel_tui.backends.cuda import make_cuda_backend, perf
+    from kestrel_tui.backends.cuda import launches, make_cuda_backend, perf
     from kestrel_tui.backends.cuda.weights import DeviceSyntheticModel
     from kestrel_tui.model.config import qwen3_30b_a3b_config
 
@@ -422,8 +422,8 @@ def test_device_synthetic_model_graph_and_bench_wiring(monkeypatch):
     assert perf.graph_equals_direct(model, frozenset(), n_pos=3)["key_diffs"] == 0
     fb = perf.active_bytes(qwen3_30b_a3b_config(48), 1024)
     assert 1.5e9 < fb["total"] < 2.0e9, fb
-    assert be.gemv_split(1, False) == 1 and be.gemv_split(3, False) == 2 and be.gemv_split(8, False) == 1
-    assert all(be.gemv_split(m, True) == 1 for m in range(1, 9))
+    assert launches.gemv_split(1, False) == 1 and launches.gemv_split(3, False) == 2 and launches.gemv_split(8, False) == 1
+    assert all(launches.gemv_split(m, True) == 1 for m in range(1, 9))
 
 
 def test_step_replays_graph_for_m1_and_falls_back(monkeypatch):

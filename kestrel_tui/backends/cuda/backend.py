@@ -21,11 +21,11 @@ capture that fails falls back to it silently, and `graph_status` says why.
 hashing=False (the benchmarks' baseline) runs the same step without the hash
 launches and returns no hashes.
 
-Kernel choice per toggle (kernels/*.cu, each file lists its versions):
-norm -> rmsnorm_*, qknorm_*; gemm -> quantize_q8_0_*, gemv_*; rope ->
-rope_table_*, rope_*; expf -> the exp inside attention, router and silu;
-attention -> attn_*; kvquant -> kvquant_*; moe -> router_*, silu_mul_*,
-combine_*.
+Which kernel each op runs and the launches of a step: launches.py. Kernel choice per toggle
+(kernels/*.cu, each file lists its versions): norm -> rmsnorm_*, qknorm_*; gemm ->
+quantize_q8_0_*, gemv_*; rope -> rope_table_*, rope_*; expf -> the exp inside attention,
+router and silu; attention -> attn_*; kvquant -> kvquant_*; moe -> router_*, silu_mul_*,
+combine_* (fused.cu's launches take each op's choice).
 """
 from __future__ import annotations
 
@@ -38,22 +38,14 @@ from ...model.weights import Model
 from ...trace.keys import token_keys
 from ..base import KV_FIELDS, Backend, StepOut, key_of
 from ..toggles import describe
-from . import pdl
+from . import launches
+from .launches import FED, _blocks, launch
 from .graph import DecodeGraph
 from .layout import HASH_CHUNK, HASH_PIECE, HashWork, Layout
 from .runtime import runtime
-from .weights import DeviceLinear, device_model
+from .weights import device_model
 
 F32 = np.float32
-ATT_SPLIT_TILE = 256  # kernels/attention.cu ATT_SPLIT_TILE (the exact scores' tiles)
-ATT_FAST_TILE = 64  # kernels/attention.cu ATT_FAST_TILE (the fast flash-decoding tiles)
-ATT_PV_THREADS = 32 + 128  # kernels/attention.cu ATT_PV_THREADS (attn_exact_pv_q8's block)
-EXPERT_ROWS = 4  # kernels/gemv.cuh EXPERT_ROWS (rows a warp of gemv_q4_experts_*)
-GEMV_ROWS1 = 4  # kernels/gemv.cuh GEMV_ROWS1 (rows a warp of the q4_0 dense GEMVs at M = 1)
-FUSED_MAX_ROW = 4096  # kernels/fused.cu FUSED_MAX_ROW (combine_rmsnorm_*: hidden sizes up to)
-COMBINE_MAX_K = 8  # kernels/fused.cu COMBINE_MAX_K (down_combine_*: a warp a slot)
-# fields whose reference buffer replaces the subject's as the next op's input (isolate mode)
-FED = frozenset({"emb", "x", "nrm", "kraw", "knorm", "kpre", "qrope", "attn", "ores", *KV_FIELDS})
 
 
 def graph_default() -> bool:
@@ -61,8 +53,6 @@ def graph_default() -> bool:
     return os.environ.get("KESTREL_CUDA_GRAPH", "1").strip().lower() not in ("0", "off", "false", "no")
 
 
-def _blocks(n: int, per: int) -> int:
-    return -(-n // per)
 
 
 def device_hash_work(cuda, work: HashWork, onepass: bool = False, out: int | None = None) -> dict:
@@ -84,28 +74,10 @@ def device_hash_work(cuda, work: HashWork, onepass: bool = False, out: int | Non
     return hb
 
 
-def launch(k, grid, block, stream, *args) -> None:
-    """One kernel launch on `stream` (None: the default stream); with PDL while a decode graph
-    captures on it (pdl.py)."""
-    if pdl.route(k, grid, block, stream, args):
-        return
-    if stream is None:
-        k.prepared_call(grid, block, *args)
-    else:
-        k.prepared_async_call(grid, block, stream, *args)
 
 
-def gemv_split(M: int, exact: bool) -> int:
-    """Warps per output row of the q4_0 dense GEMV (mirror of kernels/gemv.cu gemv_split):
-    the fast kernel splits K over 2 warps at M = 2..4 (and orders its lanes differently at
-    M = 1 and from M = 5) like a tiled engine; the exact one never splits."""
-    return 1 if exact else (2 if 2 <= M <= 4 else 1)
 
 
-def q4_rows_a_block(M: int, exact: bool) -> int:
-    """Output rows a 4-warp block of the q4_0 dense GEMVs takes (kernels/gemv.cuh gemv_q4):
-    GEMV_ROWS1 a warp at M = 1, else 4 / gemv_split."""
-    return 4 * GEMV_ROWS1 if M == 1 else 4 // gemv_split(M, exact)
 
 
 def launch_hash(rt, hb: dict, base: int, stream=None) -> None:
@@ -185,49 +157,7 @@ class CudaBackend(Backend):
     # ------------------------------------------------------------ setup
 
     def _kernels(self) -> None:
-        ex, k = self.exact, self.rt.kernel
-
-        def pick(on: str) -> str:
-            return "exact" if on in ex else "fast"
-
-        q4 = self.model.fmt == "q4_0"
-        g = pick("gemm")
-        self.k_quant = k("gemv", f"quantize_q8_0_{g}")
-        self.k_gemv = k("gemv", f"gemv_q4_{g}") if q4 else k("gemv", f"gemv_f32_{g}")
-        self.k_gemv3 = k("gemv", f"gemv_q4_x3_{g}") if q4 else None
-        self.k_gemv_e = (k("gemv", f"gemv_q4_experts_{g}") if q4
-                         else k("gemv", f"gemv_f32_experts_{g}"))
-        self.k_embed = k("gemv", "embed_q4") if q4 else k("gemv", "embed_f32")
-        self.k_rms = k("norm", f"rmsnorm_{pick('norm')}")
-        self.k_qkn = k("norm", f"qknorm_{pick('norm')}")
-        self.k_rtab = k("rope", f"rope_table_{pick('rope')}")
-        self.k_rope = k("rope", f"rope_{pick('rope')}")
-        self.k_kv = (k("kvquant", f"kvquant_{pick('kvquant')}") if self.kv == "q8"
-                     else k("kvquant", "kv_rows_f32"))
-        kvt = "q8" if self.kv == "q8" else "f32"
-        self.attn_exact = "attention" in ex
-        self.k_attn = (k("attention", f"attn_exact_{kvt}") if self.attn_exact
-                       else k("attention", f"attn_fast_{kvt}"))
-        # the split attention kernels (q8 cache, head_dim a multiple of 32); KESTREL_ATTN_SPLIT=0: the
-        # single-kernel versions
-        hd = self.model.cfg.head_dim
-        self.attn_split = (self.kv == "q8" and hd % 32 == 0 and os.environ.get("KESTREL_ATTN_SPLIT", "1") != "0")
-        if self.attn_split:
-            if self.attn_exact:
-                self.k_att_a, self.k_att_b = k("attention", "attn_exact_scores_q8"), k("attention", "attn_exact_pv_q8")
-            else:
-                self.k_att_a, self.k_att_b = k("attention", "attn_fast_part_q8"), k("attention", "attn_fast_combine")
-        self.k_router = k("moe", f"router_{pick('moe')}")
-        self.k_silu = k("moe", f"silu_mul_{pick('moe')}")
-        self.k_combine = k("moe", f"combine_{pick('moe')}")
-        self.exp_exact = int("expf" in ex)
-        self.quant_exact = int("gemm" in ex)
-        self.k_heads = k("fused", "heads_fused")
-        if q4:
-            self.k_down_comb = k("fused", f"down_combine_{g}")
-        self.k_comb_rms = k("fused", f"combine_rmsnorm_{pick('norm')}")
-        self.heads_flags = (1 if "norm" in ex else 0) | (2 if "rope" in ex else 0) | (4 if "kvquant" in ex else 0)
-        self.moe_exact = int("moe" in ex)
+        launches.select_kernels(self)
 
     def describe(self) -> str:
         return f"{self.name} on {self.rt.name}"
@@ -416,222 +346,11 @@ class CudaBackend(Backend):
         return lay
 
     def forward(self, lay: Layout, pos0: int, isolate: bool = False, hash_body: bool = False) -> None:
-        """Launch the kernels of one step (inside rt.active()). hash_body: once the last layer is
-        queued, hash every key but the logits on a second stream, overlapping the final norm
-        and lm_head (hash() then adds the logits' hash and joins the streams)."""
-        cfg, dm, cuda = self.model.cfg, self.dm, self.rt.cuda
-        M = lay.M
-        h, hd, nh, nkv = cfg.hidden, cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
-        eps = float(np.float32(cfg.eps))
-        base = self.base
-        feed = self.feed_base if isolate else None
-
-        def A(name, layer=None):  # the subject's own buffer
-            return base + lay.offset(name, layer)
-
-        def In(name, layer=None):  # an op's input: the reference's buffer in isolate mode
-            if feed is not None and name in FED:
-                return feed + lay.offset(name, layer)
-            return A(name, layer)
-
-        q4 = dm.fmt == "q4_0"
-        xq, xd = A("xq"), A("xd")
-
-        # q4_0: the norms quantize their own output for the GEMV behind them (one launch less);
-        # in isolate mode the input norm's GEMVs read the reference's nrm, so it stays apart
-        fuse_all = q4 and h % 32 == 0
-        fuse_q = fuse_all and feed is None
-        qmode = 2 if self.quant_exact else 1
-
-        def quant(x: int, rows: int, n: int) -> None:
-            if q4:
-                total = rows * n
-                launch(self.k_quant, (_blocks(total, 256), 1, 1), (256, 1, 1), self.stream, x, xq, xd, total)
-
-        def gemv(lin: DeviceLinear, x: int, y: int, res: int = 0, x_q: int = xq, x_d: int = xd) -> None:
-            """y[M, out] = (res +) lin @ x; x: the f32 input (q4_0 reads its quantization x_q/x_d)."""
-            grid = (_blocks(lin.out, q4_rows_a_block(M, bool(self.quant_exact)) if q4 else 4), _blocks(M, 4), 1)
-            if q4:
-                launch(self.k_gemv, grid, (128, 1, 1), self.stream, lin.w, lin.d, x_q, x_d, res, y, lin.out, lin.nb, M)
-            else:
-                launch(self.k_gemv, grid, (128, 1, 1), self.stream, lin.w, x, res, y, lin.out, lin.inp, M)
-
-        def gemv_experts(l0: DeviceLinear, y0: int, l1: DeviceLinear | None, y1: int, eidx: int, x: int,
-                         x_q: int, x_d: int, x_div: int, pairs: int) -> None:
-            grid = (_blocks(l0.out, 4 * (EXPERT_ROWS if q4 else 1)), pairs, 2 if l1 is not None else 1)
-            if q4:
-                launch(self.k_gemv_e, grid, (128, 1, 1), self.stream, l0.w, l0.d, y0, l1.w if l1 else 0,
-                                            l1.d if l1 else 0, y1, eidx, x_q, x_d, x_div, l0.out, l0.nb)
-            else:
-                launch(self.k_gemv_e, grid, (128, 1, 1), self.stream, l0.w, y0, l1.w if l1 else 0, y1, eidx, x,
-                                            x_div, l0.out, l0.inp)
-
-        # embedding and the step's RoPE table
-        if q4:
-            launch(self.k_embed, (_blocks(h, 256), M, 1), (256, 1, 1), self.stream, dm.embed.w, dm.embed.d,
-                                       self.tokens_ptr, A("emb"), h // 32)
-        else:
-            launch(self.k_embed, (_blocks(h, 256), M, 1), (256, 1, 1), self.stream, dm.embed.w, self.tokens_ptr,
-                                       A("emb"), h)
-        half = hd // 2
-        launch(self.k_rtab, (_blocks(half, 64), M, 1), (64, 1, 1), self.stream, dm.inv_freq, A("cos"), A("sin"),
-                                  pos0, half, self.dpos)
-        # fused launches (kernels/fused.cu): never in isolate mode, where each op reads the
-        # reference's inputs
-        fused = self.fuse and feed is None
-        fuse_heads = fused and self.kv == "q8" and hd in (64, 128, 256)  # fused.cu rope_regs: hd/64 in 1, 2, 4
-        # the down GEMV adds the expert sum (fused.cu down_combine_*); else the sum goes with the
-        # norm behind it (combine_rmsnorm_*)
-        fold_combine = fused and fuse_all and cfg.is_moe and cfg.top_k <= COMBINE_MAX_K and "combine" in self.folds
-        fuse_combine = fused and cfg.is_moe and h <= FUSED_MAX_ROW and not fold_combine
-        pending = None  # a MoE layer's expert sum, left to the norm behind it (fuse_combine)
-
-        def norm(x: int, w: int, out: int, quant_args: tuple) -> None:
-            """RMSNorm of x (or of the pending expert sum) into out, with its q8_0 if asked."""
-            nonlocal pending
-            if pending is not None:
-                y, topw, res, moe, xo, k = pending
-                launch(self.k_comb_rms, (M, 1, 1), (256, 1, 1), self.stream, y, topw, res, moe, xo, k,
-                       self.moe_exact, w, out, h, eps, *quant_args)
-                pending = None
-            else:
-                launch(self.k_rms, (M, 1, 1), (256, 1, 1), self.stream, x, w, out, h, eps, *quant_args)
-
-        for li, W in enumerate(dm.layers):
-            x_in = In("emb") if li == 0 else In("x", li - 1)
-            nrm = In("nrm", li)
-            if fuse_q:  # the norm writes the q8_0 of its output too
-                norm(x_in, W["input_layernorm"], A("nrm", li), (xq, xd, qmode))
-            else:  # isolate: the GEMVs quantize the reference's nrm
-                norm(x_in, W["input_layernorm"], A("nrm", li), (0, 0, 0))
-                quant(nrm, M, h)
-            if q4:  # q, k and v in one launch
-                lq, lk, lv = W["q_proj"], W["k_proj"], W["v_proj"]
-                rpb = q4_rows_a_block(M, bool(self.quant_exact))
-                launch(self.k_gemv3, (sum(_blocks(lin.out, rpb) for lin in (lq, lk, lv)), _blocks(M, 4), 1),
-                       (128, 1, 1), self.stream, lq.w, lq.d, A("q"), lq.out, lk.w, lk.d, A("kraw", li), lk.out,
-                       lv.w, lv.d, A("vraw"), lv.out, xq, xd, lq.nb, M)
-            else:
-                gemv(W["q_proj"], nrm, A("q"))
-                gemv(W["k_proj"], nrm, A("kraw", li))
-                gemv(W["v_proj"], nrm, A("vraw"))
-            c = self.cache[li]
-            cache_ptrs = (0, 0, 0, 0) if isolate else (c["k"], c["ks"], c["v"], c["vs"])
-            if fuse_heads:  # QK-norm, RoPE and the KV rows in one launch
-                launch(self.k_heads, (nh + 2 * nkv, M, 1), (32, 1, 1), self.stream, A("q"), A("qn"), A("qrope", li),
-                       W["q_norm"], A("kraw", li), A("knorm", li), A("kpre", li), W["k_norm"], A("vraw"), A("k", li),
-                       A("ks", li), A("v", li), A("vs", li), *cache_ptrs, A("cos"), A("sin"), nh, nkv, hd, eps,
-                       pos0, self.dpos, self.heads_flags)
-            else:
-                launch(self.k_qkn, (nh + nkv, M, 1), (32, 1, 1), self.stream, A("q"), A("qn"), W["q_norm"],
-                       In("kraw", li), A("knorm", li), W["k_norm"], nh, nkv, hd, eps)
-                launch(self.k_rope, (nh + nkv, M, 1), (half, 1, 1), self.stream, A("qn"), A("qrope", li),
-                       In("knorm", li), A("kpre", li), A("cos"), A("sin"), nh, nkv, hd)
-                k_in = In("kpre", li) if self.deep else A("kpre", li)
-                launch(self.k_kv, (2 * nkv, M, 1), (32, 1, 1), self.stream, k_in, A("vraw"), A("k", li), A("ks", li),
-                       A("v", li), A("vs", li), *cache_ptrs, pos0, nkv, hd, self.dpos)
-            if isolate:  # the cache holds the reference's rows
-                for f in KV_FIELDS:
-                    rb = self._row_bytes[f]
-                    cuda.memcpy_dtod(c[f] + pos0 * rb, In(f, li), M * rb)
-            attn = In("attn", li)
-            if fused and q4 and self.attn_split:  # the attention kernels quantize their own output
-                self.attention(In("qrope", li), A("attn", li), li, pos0, M, xq, xd, qmode)
-            else:
-                self.attention(In("qrope", li), A("attn", li), li, pos0, M)
-                quant(attn, M, nh * hd)
-            gemv(W["o_proj"], attn, A("ores", li), res=x_in)
-            ores = In("ores", li)
-            pnrm = A("pnrm", li)
-            F = cfg.ffn_dim
-            norm(ores, W["post_attention_layernorm"], pnrm, (xq, xd, qmode) if fuse_all else (0, 0, 0))
-            if not fuse_all:
-                quant(pnrm, M, h)
-            if cfg.is_moe:
-                k, E = cfg.top_k, cfg.n_experts
-                gemv(W["gate"], pnrm, A("router", li))
-                launch(self.k_router, (M, 1, 1), (_blocks(E, 32) * 32, 1, 1), self.stream, A("router", li),
-                                            A("topk", li), A("topw", li), E, k, int(cfg.norm_topk_prob),
-                                            self.exp_exact)
-                P = M * k
-                gemv_experts(W["gate_proj"], A("g"), W["up_proj"], A("u"), A("topk", li), pnrm, xq, xd, k, P)
-                self._silu(A("g"), A("u"), A("a"), A("aq") if q4 else 0, A("ad") if q4 else 0, P * F)
-                if fold_combine:  # a block takes its rows of all k slots and adds them up
-                    ld = W["down_proj"]
-                    launch(self.k_down_comb, (_blocks(h, EXPERT_ROWS), M, 1), (32 * k, 1, 1), self.stream, ld.w, ld.d,
-                           A("y"), A("topk", li), A("aq"), A("ad"), h, ld.nb, k, A("topw", li), ores, A("moe", li),
-                           A("x", li), self.moe_exact)
-                    continue
-                gemv_experts(W["down_proj"], A("y"), None, 0, A("topk", li), A("a"), A("aq"), A("ad"), 1, P)
-                if fuse_combine:  # done by the norm behind it
-                    pending = (A("y"), A("topw", li), ores, A("moe", li), A("x", li), k)
-                else:
-                    launch(self.k_combine, (_blocks(h, 256), M, 1), (256, 1, 1), self.stream, A("y"), A("topw", li),
-                           ores, A("moe", li), A("x", li), h, k)
-            else:
-                gemv(W["gate_proj"], pnrm, A("g"))
-                gemv(W["up_proj"], pnrm, A("u"))
-                self._silu(A("g"), A("u"), A("a"), A("aq") if q4 else 0, A("ad") if q4 else 0, M * F)
-                # the down projection reads silu's own quantization of its output
-                gemv(W["down_proj"], A("a"), A("x", li), res=ores, x_q=A("aq"), x_d=A("ad"))
-        last_fused = pending is not None  # the last layer's x comes out of the final norm's launch
-        if hash_body and not last_fused:
-            self._launch_body_hash(lay)
-        x_last = In("x", cfg.n_layers - 1)
-        norm(x_last, dm.norm, A("fnrm"), (xq, xd, qmode) if fuse_all else (0, 0, 0))
-        if not fuse_all:
-            quant(A("fnrm"), M, h)
-        if hash_body and last_fused:
-            self._launch_body_hash(lay)
-        gemv(dm.lm_head, A("fnrm"), A("logits"))
+        """Launch the kernels of one step (inside rt.active()): launches.py."""
+        launches.forward(self, lay, pos0, isolate, hash_body)
 
     def scratch_bytes(self, M: int) -> int:
-        """The attention scratch (self._scores) an M-column step needs at any position of the cache."""
-        cfg, cap = self.model.cfg, max(1, self.capacity)
-        nh, hd = cfg.n_heads, cfg.head_dim
-        if self.attn_split:
-            return (2 * M * nh * cap * 4 if self.attn_exact  # S, I
-                    else M * nh * _blocks(cap, ATT_FAST_TILE) * (hd + 2) * 4)
-        return 4 if self.attn_exact else M * nh * cap * 4
-
-    def attention(self, q: int, out: int, layer: int, pos0: int, M: int, xq: int = 0, xd: int = 0,
-                  quant: int = 0) -> None:
-        """Attention of M columns at positions pos0.. over the layer's cache (q, out: [M, n_q*hd]).
-        quant (1 fast, 2 exact; split kernels only): also write out's q8_0 to xq/xd."""
-        cfg = self.model.cfg
-        c = self.cache[layer]
-        if self.attn_split:
-            nh, nkv, hd, cap = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, max(1, self.capacity)
-            scale = float(self.model.attn_scale)
-            # a graph (dpos set) replays at any position: its grid covers the whole cache
-            span = cap if self.dpos else pos0 + M
-            sc = int(self._scores)
-            if self.attn_exact:
-                tiles = _blocks(span, ATT_SPLIT_TILE)
-                S, I = sc, sc + M * nh * cap * 4
-                launch(self.k_att_a, (nh, M, tiles), (ATT_SPLIT_TILE, 1, 1), self.stream, q, c["k"], c["ks"], S, I,
-                       cap, pos0, nh, nkv, hd, scale, self.dpos)
-                launch(self.k_att_b, (nh, M, hd // 32), (ATT_PV_THREADS, 1, 1), self.stream, c["v"], c["vs"], S, I,
-                       out, cap, pos0, nh, nkv, hd, self.exp_exact, self.dpos, xq, xd, quant)
-            else:
-                tcap = _blocks(cap, ATT_FAST_TILE)
-                launch(self.k_att_a, (nh, M, _blocks(span, ATT_FAST_TILE)), (max(ATT_FAST_TILE, hd), 1, 1), self.stream,
-                       q, c["k"], c["ks"], c["v"],
-                       c["vs"], sc, tcap, pos0, nh, nkv, hd, scale, self.exp_exact, self.dpos)
-                launch(self.k_att_b, (nh, M, 1), (_blocks(hd, 32) * 32, 1, 1), self.stream, sc, out, tcap, pos0, nh,
-                       hd, self.exp_exact, self.dpos, xq, xd, quant)
-            return
-        args = (q, c["k"], c["ks"], c["v"], c["vs"], out)
-        tail = (pos0, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, float(self.model.attn_scale), self.exp_exact,
-                self.dpos)
-        if self.attn_exact:  # tiles of up to 256 positions for the parallel part
-            launch(self.k_attn, (cfg.n_heads, M, 1), (256, 1, 1), self.stream, *args, *tail)
-        else:
-            launch(self.k_attn, (cfg.n_heads, M, 1), (256, 1, 1), self.stream, *args, int(self._scores), self.cap_s or pos0 + M, *tail)
-
-    def _silu(self, g: int, u: int, a: int, aq: int, ad: int, n: int) -> None:
-        launch(self.k_silu, (_blocks(n, 256), 1, 1), (256, 1, 1), self.stream, g, u, a, aq, ad, n, self.exp_exact,
-                                  self.quant_exact)
+        return launches.scratch_bytes(self, M)
 
     def _launch_body_hash(self, lay: Layout) -> None:
         """Hash every key but the logits on the hash stream, after what the main stream has queued."""
