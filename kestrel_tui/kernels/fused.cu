@@ -157,11 +157,11 @@ __device__ __forceinline__ void combine_row(const float *__restrict__ y, const f
     pdl_wait();                                                                                        \
     __shared__ float xs[FUSED_MAX_ROW];                                                                \
     if (moe_exact)                                                                                     \
-      combine_row<true>(y, topw, ores, moe, x, n, k, xs, blockIdx.x);                                              \
+      combine_row<true>(y, topw, ores, moe, x, n, k, xs, blockIdx.x);                                    \
     else                                                                                               \
-      combine_row<false>(y, topw, ores, moe, x, n, k, xs, blockIdx.x);                                             \
+      combine_row<false>(y, topw, ores, moe, x, n, k, xs, blockIdx.x);                                   \
     __syncthreads();                                                                                   \
-    rmsnorm_row<NORM_EXACT>(xs, w, out + (size_t)blockIdx.x * n, n, eps, xq, xd, quant, blockIdx.x);               \
+    rmsnorm_row<NORM_EXACT>(xs, w, out + (size_t)blockIdx.x * n, n, eps, xq, xd, quant, blockIdx.x);     \
   }
 
 COMBINE_RMSNORM_KERNEL(combine_rmsnorm_exact, true)
@@ -203,10 +203,10 @@ __device__ __forceinline__ void down_combine(const uint4 *W, const __half *D, fl
 }
 
 #define DOWN_COMBINE_KERNEL(SUFFIX, EXACT)                                                              \
-  extern "C" __global__ void __launch_bounds__(256, 4) down_combine_##SUFFIX(const uint4 *W, const __half *D, float *y, const int *eidx, \
-                                                   const signed char *aq, const float *ad, int n, int nb, \
-                                                   int k, const float *topw, const float *ores, float *moe, \
-                                                   float *x, int moe_exact) {                          \
+  extern "C" __global__ void __launch_bounds__(256, 4)                                                 \
+      down_combine_##SUFFIX(const uint4 *W, const __half *D, float *y, const int *eidx, const signed char *aq, \
+                            const float *ad, int n, int nb, int k, const float *topw, const float *ores,      \
+                            float *moe, float *x, int moe_exact) {                                           \
     pdl_wait();                                                                                        \
     down_combine<EXACT>(W, D, y, eidx, aq, ad, n, nb, k, topw, ores, moe, x, moe_exact);               \
   }
