@@ -179,15 +179,13 @@ __device__ __forceinline__ void down_combine(const uint4 *W, const __half *D, fl
                                              int moe_exact) {
   __shared__ float ys[COMBINE_MAX_K][EXPERT_ROWS];
   const int j = threadIdx.x >> 5, m = blockIdx.y, pair = m * k + j, row0 = blockIdx.x * EXPERT_ROWS;
-  const uint4 *const Wm[1] = {W};
-  const __half *const Dm[1] = {D};
-  float acc[1][EXPERT_ROWS];
-  q4_expert_rows<EXACT, 1>(Wm, Dm, eidx[pair], row0, n, nb, aq + (size_t)pair * nb * QK, ad + (size_t)pair * nb, acc);
+  float acc[EXPERT_ROWS];
+  q4_expert_rows<EXACT>(W, D, eidx[pair], row0, n, nb, aq + (size_t)pair * nb * QK, ad + (size_t)pair * nb, acc);
   if ((threadIdx.x & 31) == 0)
 #pragma unroll
     for (int r = 0; r < EXPERT_ROWS; r++) {
-      ys[j][r] = acc[0][r];
-      if (row0 + r < n) y[(size_t)pair * n + row0 + r] = acc[0][r];
+      ys[j][r] = acc[r];
+      if (row0 + r < n) y[(size_t)pair * n + row0 + r] = acc[r];
     }
   __syncthreads();
   const int r = threadIdx.x, i = row0 + r;

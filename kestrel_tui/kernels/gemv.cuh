@@ -250,37 +250,33 @@ __device__ __forceinline__ void gemv_q4_x3(const uint4 *W0, const __half *D0, fl
 }
 
 // Stacked experts W*: [E, out, nb]. EXPERT_ROWS rows of expert e from row0 (rows past out
-// repeat the last one) against one activation column (xr, xdr), for NM matrices of the same
-// shape at once (gate and up); returns the rows' lane-reduced sums in acc. Every row's
-// weight loads are issued before the first dot: one row a warp needed 2-3 waves of blocks
-// for the top-8 experts of a 30B-A3B layer, each wave paying the full memory latency. Each
-// row is reduced exactly as one row of gemv_q4 (lane order, then the lane tree), whatever NM.
+// repeat the last one) against one activation column (xr, xdr); returns the rows'
+// lane-reduced sums in acc. Every row's weight loads are issued before the first dot: one row
+// a warp needed 2-3 waves of blocks for the top-8 experts of a 30B-A3B layer, each wave paying
+// the full memory latency. Each row is reduced exactly as one row of gemv_q4 (lane order,
+// then the lane tree).
 #define EXPERT_ROWS 4
-template <bool EXACT, int NM>
-__device__ __forceinline__ void q4_expert_rows(const uint4 *const (&W)[NM], const __half *const (&D)[NM], int e,
-                                               int row0, int out, int nb, const signed char *__restrict__ xr,
-                                               const float *__restrict__ xdr, float (&acc)[NM][EXPERT_ROWS]) {
+template <bool EXACT>
+__device__ __forceinline__ void q4_expert_rows(const uint4 *W, const __half *D, int e, int row0, int out, int nb,
+                                               const signed char *__restrict__ xr, const float *__restrict__ xdr,
+                                               float (&acc)[EXPERT_ROWS]) {
   const int lane = threadIdx.x & 31;
 #pragma unroll
-  for (int m = 0; m < NM; m++)
-#pragma unroll
-    for (int r = 0; r < EXPERT_ROWS; r++) acc[m][r] = 0.0f;
+  for (int r = 0; r < EXPERT_ROWS; r++) acc[r] = 0.0f;
   constexpr int PF = 2;  // blocks a lane loads ahead per row (a 2048-wide row is 2 a lane)
   for (int b0 = lane; b0 < nb; b0 += 32 * PF) {
-    uint4 wv[NM][EXPERT_ROWS][PF];
-    float dw[NM][EXPERT_ROWS][PF];
+    uint4 wv[EXPERT_ROWS][PF];
+    float dw[EXPERT_ROWS][PF];
 #pragma unroll
-    for (int m = 0; m < NM; m++)
+    for (int r = 0; r < EXPERT_ROWS; r++) {
+      const size_t wrow = ((size_t)e * out + min(row0 + r, out - 1)) * nb;
 #pragma unroll
-      for (int r = 0; r < EXPERT_ROWS; r++) {
-        const size_t wrow = ((size_t)e * out + min(row0 + r, out - 1)) * nb;
-#pragma unroll
-        for (int u = 0; u < PF; u++) {
-          const int b = b0 + 32 * u;
-          wv[m][r][u] = b < nb ? W[m][wrow + b] : make_uint4(0, 0, 0, 0);
-          dw[m][r][u] = b < nb ? __half2float(D[m][wrow + b]) : 0.0f;
-        }
+      for (int u = 0; u < PF; u++) {
+        const int b = b0 + 32 * u;
+        wv[r][u] = b < nb ? W[wrow + b] : make_uint4(0, 0, 0, 0);
+        dw[r][u] = b < nb ? __half2float(D[wrow + b]) : 0.0f;
       }
+    }
 #pragma unroll
     for (int u = 0; u < PF; u++) {
       const int b = b0 + 32 * u;
@@ -288,21 +284,17 @@ __device__ __forceinline__ void q4_expert_rows(const uint4 *const (&W)[NM], cons
       const int4 *xp = (const int4 *)(xr + (size_t)b * QK);
       const float dx = xdr[b];
 #pragma unroll
-      for (int m = 0; m < NM; m++)
-#pragma unroll
-        for (int r = 0; r < EXPERT_ROWS; r++) {
-          const float fsum = __int2float_rn(q4_q8_block_isum(wv[m][r][u], xp));
-          if (EXACT)
-            acc[m][r] = FADD(acc[m][r], FMUL(fsum, FMUL(dw[m][r][u], dx)));
-          else
-            acc[m][r] = fmaf(fsum, dw[m][r][u] * dx, acc[m][r]);
-        }
+      for (int r = 0; r < EXPERT_ROWS; r++) {
+        const float fsum = __int2float_rn(q4_q8_block_isum(wv[r][u], xp));
+        if (EXACT)
+          acc[r] = FADD(acc[r], FMUL(fsum, FMUL(dw[r][u], dx)));
+        else
+          acc[r] = fmaf(fsum, dw[r][u] * dx, acc[r]);
+      }
     }
   }
 #pragma unroll
-  for (int m = 0; m < NM; m++)
-#pragma unroll
-    for (int r = 0; r < EXPERT_ROWS; r++) acc[m][r] = lane_reduce<EXACT>(acc[m][r]);
+  for (int r = 0; r < EXPERT_ROWS; r++) acc[r] = lane_reduce<EXACT>(acc[r]);
 }
 
 // eidx: [P] expert of each pair; pair p reads activation column p / x_div (x_div = top_k
@@ -316,13 +308,12 @@ __device__ __forceinline__ void gemv_q4_experts(const uint4 *W0, const __half *D
   const int row0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * EXPERT_ROWS;
   if (row0 >= out) return;
   const int pair = blockIdx.y, xc = pair / x_div;
-  const uint4 *const W[1] = {blockIdx.z ? W1 : W0};
-  const __half *const D[1] = {blockIdx.z ? D1 : D0};
   float *y = blockIdx.z ? y1 : y0;
-  float acc[1][EXPERT_ROWS];
-  q4_expert_rows<EXACT, 1>(W, D, eidx[pair], row0, out, nb, xq + (size_t)xc * nb * QK, xd + (size_t)xc * nb, acc);
+  float acc[EXPERT_ROWS];
+  q4_expert_rows<EXACT>(blockIdx.z ? W1 : W0, blockIdx.z ? D1 : D0, eidx[pair], row0, out, nb,
+                        xq + (size_t)xc * nb * QK, xd + (size_t)xc * nb, acc);
   if ((threadIdx.x & 31) == 0)
 #pragma unroll
     for (int r = 0; r < EXPERT_ROWS; r++)
-      if (row0 + r < out) y[(size_t)pair * out + row0 + r] = acc[0][r];
+      if (row0 + r < out) y[(size_t)pair * out + row0 + r] = acc[r];
 }
