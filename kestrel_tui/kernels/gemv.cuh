@@ -74,10 +74,10 @@ __device__ __forceinline__ int gemv_split(int M) { return M == 1 ? 1 : (M <= 4 ?
 // A lane's blocks at M > 1: split, its warp's share strided by 32 from lane; else lane,
 // lane+32, ... Every lane adds its terms in that order, each term as the version says.
 #define GEMV_MAX_WARPS 8
-// One lane's terms of a row against up to MC columns (acc[0..MC), the rest 0): its blocks
+// One lane's terms of a row against up to GEMV_MC columns (ncols of them): its blocks
 // b_first, b_first + b_step, ... below b_end, GEMV_PF weight blocks loaded ahead of their dots;
 // the kernel's pdl_wait() once the first ones are in flight (gemv_q4).
-template <bool EXACT, int MC>
+template <bool EXACT>
 __device__ __forceinline__ void q4_lane_terms(const uint4 *__restrict__ wr, const __half *__restrict__ dr, int b_first,
                                               int b_step, int b_end, const signed char *__restrict__ xq,
                                               const float *__restrict__ xd, int nb, int ncols,
@@ -103,7 +103,7 @@ __device__ __forceinline__ void q4_lane_terms(const uint4 *__restrict__ wr, cons
       const int b = b0 + u * b_step;
       if (b >= b_end) break;
 #pragma unroll
-      for (int c = 0; c < MC; c++) {
+      for (int c = 0; c < GEMV_MC; c++) {
         if (c < ncols) {
           const float fsum = __int2float_rn(q4_q8_block_isum(wv[u], (const int4 *)(xq + ((size_t)c * nb + b) * QK)));
           const float dx = xd[(size_t)c * nb + b];
@@ -206,7 +206,7 @@ __device__ __forceinline__ void gemv_q4(const uint4 *__restrict__ W, const __hal
   const uint4 *wr = W + (size_t)min(row, out - 1) * nb;
   const __half *dr = D + (size_t)min(row, out - 1) * nb;
   float acc[GEMV_MC];
-  q4_lane_terms<EXACT, GEMV_MC>(wr, dr, b_first, b_step, b_end, xq, xd, nb, ncols, acc);
+  q4_lane_terms<EXACT>(wr, dr, b_first, b_step, b_end, xq, xd, nb, ncols, acc);
 #pragma unroll
   for (int c = 0; c < GEMV_MC; c++) acc[c] = lane_reduce<EXACT>(acc[c]);
   if (ks > 1) {  // fast only: add the warps' partial sums of each row
