@@ -20,16 +20,19 @@
 //                        xor butterfly. One warp per output row, up to GEMV_MC
 //                        columns per warp so a weight block is read once for
 //                        several columns; every column is still reduced on its
-//                        own, so batch columns equal M=1 decode.
+//                        own, so batch columns equal M=1 decode. At M = 1 a warp
+//                        takes GEMV_ROWS1 rows instead (gemv.cuh gemv_q4_m1:
+//                        the layer's rows in one wave of blocks).
 //   gemv_q4_fast         same loop with the term fused: acc = fma(float(isum),
 //                        dw*dx, acc) — what FMA contraction makes of it — and
 //                        the block order chosen by M (gemv_split below:
 //                        contiguous lane runs and a reversed lane tree at
 //                        M = 1, 2 warps a row at M = 2..4, strided lanes from
-//                        5), so its reduction
-//                        order, and its bits, change with the batch width.
+//                        5), so its reduction order, and its bits, change with
+//                        the batch width. (The fast kernels' launch bounds keep
+//                        their registers to 6 blocks an SM.)
 //   gemv_q4_x3_*         gemv_q4 of three matrices of one input in one launch
-//                        (q, k, v), grid.z picking the matrix.
+//                        (q, k, v), their row blocks one after the other.
 //   gemv_q4_experts_*    the same for stacked experts: grid.y = (column,
 //                        slot) pairs, each with its own expert id; grid.z picks
 //                        one of two matrices (gate and up in one launch).
