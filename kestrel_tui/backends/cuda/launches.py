@@ -246,13 +246,13 @@ def forward(b, lay: Layout, pos0: int, isolate: bool = False, hash_body: bool = 
                 launch(b.k_down_comb, (_blocks(h, EXPERT_ROWS), M, 1), (32 * k, 1, 1), b.stream, ld.w, ld.d,
                        A("y"), A("topk", li), A("aq"), A("ad"), h, ld.nb, k, A("topw", li), ores, A("moe", li),
                        A("x", li), b.moe_exact)
-                continue
-            gemv_experts(W["down_proj"], A("y"), None, 0, A("topk", li), A("a"), A("aq"), A("ad"), 1, P)
-            if fuse_combine:  # done by the norm behind it
-                pending = (A("y"), A("topw", li), ores, A("moe", li), A("x", li), k)
             else:
-                launch(b.k_combine, (_blocks(h, 256), M, 1), (256, 1, 1), b.stream, A("y"), A("topw", li),
-                       ores, A("moe", li), A("x", li), h, k)
+                gemv_experts(W["down_proj"], A("y"), None, 0, A("topk", li), A("a"), A("aq"), A("ad"), 1, P)
+                if fuse_combine:  # done by the norm behind it
+                    pending = (A("y"), A("topw", li), ores, A("moe", li), A("x", li), k)
+                else:
+                    launch(b.k_combine, (_blocks(h, 256), M, 1), (256, 1, 1), b.stream, A("y"), A("topw", li),
+                           ores, A("moe", li), A("x", li), h, k)
         else:
             gemv(W["gate_proj"], pnrm, A("g"))
             gemv(W["up_proj"], pnrm, A("u"))
