@@ -246,7 +246,6 @@ def kernel_profile(model, exact: frozenset, ctx: int = 1024, reps: int = 2) -> d
     prompt = np.random.default_rng(1).integers(0, cfg.vocab, ctx).astype(np.int32)
     prefill(b, prompt)
     cuda = b.rt.cuda
-    names = {id(fn): name for (_mod, name), fn in getattr(b.rt, "_prepared", {}).items()}
     orig = launches.launch  # the step's launches (launches.py) and the hash launches (backend.py)
     records: list = []
 
@@ -255,7 +254,7 @@ def kernel_profile(model, exact: frozenset, ctx: int = 1024, reps: int = 2) -> d
         e0.record(stream)
         orig(k, grid, block, stream, *args)
         e1.record(stream)
-        records.append((names.get(id(k)) or getattr(k, "name", "?"), e0, e1))
+        records.append((b.rt.kernel_names.get(id(k), ("", getattr(k, "name", "?")))[1], e0, e1))
 
     be.launch = launches.launch = timed
     try:
