@@ -210,15 +210,17 @@ def sec_bench(args) -> None:
 
 def _attention_only(b, ctx: int, reps: int = 50) -> float:
     """ms per launch of the layer-0 attention kernel alone at context ctx (CUDA events)."""
+    from kestrel_tui.backends.cuda.launches import attention
+
     cuda = b.rt.cuda
     with b.rt.active():
         lay = b.prepare(np.array([1], np.int32), ctx - 1, None)  # the arena and scratch of an M=1 step
         q, out = b.base + lay.offset("qrope", 0), b.base + lay.offset("attn", 0)
-        b.attention(q, out, 0, ctx - 1, 1)
+        attention(b, q, out, 0, ctx - 1, 1)
         e0, e1 = cuda.Event(), cuda.Event()
         e0.record()
         for _ in range(reps):
-            b.attention(q, out, 0, ctx - 1, 1)
+            attention(b, q, out, 0, ctx - 1, 1)
         e1.record()
         e1.synchronize()
         return e0.time_till(e1) / reps

@@ -67,6 +67,23 @@ def test_kernels_compile_and_match_launch_formats(ptx_dir):
         assert entries[kname] == fmt, f"{kname}: PTX params {entries[kname]} vs launch format {fmt}"
 
 
+def test_launch_constants_match_the_kernels():
+    """launches.py sizes grids, blocks and scratch from copies of the kernels' #defines; a copy
+    that drifts would launch a wrong grid without any compile error."""
+    from kestrel_tui.backends.cuda import launches
+
+    for file, names in (("attention.cu", ("ATT_SPLIT_TILE", "ATT_FAST_TILE", "ATT_FAST_WARPS")),
+                        ("gemv.cuh", ("EXPERT_ROWS", "GEMV_ROWS1")),
+                        ("fused.cu", ("FUSED_MAX_ROW", "COMBINE_MAX_K"))):
+        defines = dict(re.findall(r"^#define (\w+) (\d+)\b", (KERNEL_DIR / file).read_text(), flags=re.M))
+        for name in names:
+            assert int(defines[name]) == getattr(launches, name), f"{file} {name}"
+    src = (KERNEL_DIR / "attention.cu").read_text()
+    stage = re.search(r"^#define ATT_PV_STAGE (\d+)", src, flags=re.M)
+    threads = re.search(r"^#define ATT_PV_THREADS \((\d+) \+ ATT_PV_STAGE\)", src, flags=re.M)
+    assert launches.ATT_PV_THREADS == int(threads.group(1)) + int(stage.group(1))
+
+
 @pytest.fixture(scope="module")
 def host_replicas(tmp_path_factory):
     src = tmp_path_factory.mktemp("host") / "replicas.cu"

@@ -205,8 +205,8 @@ extern "C" __global__ void attn_exact_f32(const float *q, const float *kc, const
 
 // ------------------------------------------------------------ fast
 
-// f32 query . one int8 K row dequantized on the fly: four FMA chains (fast only;
-// the K scale is applied by the caller). hd: a multiple of 16.
+// f32 query (16-byte aligned) . one int8 K row dequantized on the fly: four FMA chains
+// (fast only; the K scale is applied by the caller). hd: a multiple of 16.
 __device__ __forceinline__ float q8_row_dot_fast(const float *__restrict__ qf, const int4 *__restrict__ krow, int hd) {
   float a4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll 4
@@ -215,11 +215,11 @@ __device__ __forceinline__ float q8_row_dot_fast(const float *__restrict__ qf, c
     const int w[4] = {kk.x, kk.y, kk.z, kk.w};
 #pragma unroll
     for (int c = 0; c < 4; c++) {
-      const float *qq = qf + 16 * i + 4 * c;
-      a4[c] = fmaf(qq[0], (float)(signed char)(w[c]), a4[c]);
-      a4[c] = fmaf(qq[1], (float)(signed char)(w[c] >> 8), a4[c]);
-      a4[c] = fmaf(qq[2], (float)(signed char)(w[c] >> 16), a4[c]);
-      a4[c] = fmaf(qq[3], (float)(signed char)(w[c] >> 24), a4[c]);
+      const float4 qq = ((const float4 *)qf)[4 * i + c];
+      a4[c] = fmaf(qq.x, (float)(signed char)(w[c]), a4[c]);
+      a4[c] = fmaf(qq.y, (float)(signed char)(w[c] >> 8), a4[c]);
+      a4[c] = fmaf(qq.z, (float)(signed char)(w[c] >> 16), a4[c]);
+      a4[c] = fmaf(qq.w, (float)(signed char)(w[c] >> 24), a4[c]);
     }
   }
   return (a4[0] + a4[1]) + (a4[2] + a4[3]);
@@ -233,7 +233,7 @@ __device__ __forceinline__ void attn_fast(const float *__restrict__ q, const voi
                                           float *__restrict__ scores, int cap_s, int pos0, int n_q, int n_kv,
                                           int hd, float scale, int exact_exp, const int *__restrict__ dpos) {
   if (dpos) pos0 = *dpos;
-  __shared__ float qf[ATT_MAX_HD];
+  __shared__ __align__(16) float qf[ATT_MAX_HD];
   __shared__ float part[ATT_MAX_THREADS], wt[ATT_MAX_THREADS];
   __shared__ float red[32];
   __shared__ __align__(16) signed char vt[ATT_VT_BYTES];
@@ -338,7 +338,8 @@ extern "C" __global__ void attn_fast_f32(const float *q, const float *kc, const 
 //       before its add), out = acc / l: the same operations in the same order
 //       as attn_exact_q8, so the same bits.
 //   attn_fast_part_q8 +   flash-decoding as engines do it: each tile of positions
-//   attn_fast_combine     gives (its max, its sum of exp, its P.V with FMAs), and
+//   attn_fast_combine     gives, per query head, (its max, its sum of exp, its P.V
+//       with FMAs; scores as int8 dots with the query in q8 blocks), and
 //       a second kernel rescales and adds the tiles, out = acc * (1/L).
 //
 // Scratch: exact S and I rows [M, n_q, cap_s] (cap_s >= pos0 + M); fast
@@ -346,7 +347,6 @@ extern "C" __global__ void attn_fast_f32(const float *q, const float *kc, const 
 // past a column's position exit at once, so a CUDA graph captures the grid for
 // the whole cache.
 #define ATT_SPLIT_TILE 256
-#define ATT_FAST_TILE 64
 #define ATT_SPLIT_COLS 32
 #define ATT_PV_BATCH 16  // positions whose operands attn_exact_pv_q8's serial warp loads at a time
 static_assert(ATT_SPLIT_COLS == QK, "a P.V block's 32 dims are one q8_0 block of its output");
@@ -496,106 +496,152 @@ attn_exact_pv_q8(const signed char *__restrict__ vc, const float *__restrict__ v
   }
 }
 
-// part: [M, n_q, tiles_cap, hd + 2] = (P.V[hd], max, sum) per tile. grid (n_q, M, tiles_cap), block 256.
-// grid (n_q, M, tiles of ATT_FAST_TILE), block max(ATT_FAST_TILE, hd) threads (a multiple of 32).
-// Small tiles so that one layer at context 1024 is n_q x 16 blocks, not n_q x 4: decode
-// attention is latency-bound, and the tile's V rows (16-byte loads from every thread) and
-// weights sit in shared memory for the P.V loop.
-extern "C" __global__ void attn_fast_part_q8(const float *__restrict__ q, const signed char *__restrict__ kc,
-                                             const float *__restrict__ ksc, const signed char *__restrict__ vc,
-                                             const float *__restrict__ vsc, float *__restrict__ part, int tiles_cap,
-                                             int pos0, int n_q, int n_kv, int hd, float scale, int exact_exp,
-                                             const int *__restrict__ dpos) {
+// part: [M, n_q, tiles_cap, hd + 2] = (P.V[hd], max, sum) per query head and tile.
+// grid (n_kv, M, tiles of ATT_FAST_TILE), block 32 * min(n_q/n_kv, ATT_FAST_WARPS).
+// A block stages its tile's K and V rows once for every query head that reads them (GQA:
+// n_q/n_kv heads, 8 for Qwen3-30B-A3B), then a warp takes a head: lane = position for the
+// scores (each lane a whole int8 dot over its row in shared memory, no shuffles), lane = 4 dims
+// for P.V. The first version gave a block one head and a thread one position's dot straight
+// from global memory with 4 warps a block: ~15k cycles a block, latency-bound (issue 6).
+#define ATT_FAST_TILE 32
+#define ATT_FAST_WARPS 8
+#define ATT_KROW_PAD 16  // bytes after a staged K row: rows 16 bytes apart in the banks, so the
+                         // lanes' 16-byte loads (a lane a row) do not conflict
+static_assert(ATT_FAST_TILE == 32, "the scores give a lane one position");
+extern "C" __global__ void __launch_bounds__(32 * ATT_FAST_WARPS)
+attn_fast_part_q8(const float *__restrict__ q, const signed char *__restrict__ kc, const float *__restrict__ ksc,
+                  const signed char *__restrict__ vc, const float *__restrict__ vsc, float *__restrict__ part,
+                  int tiles_cap, int pos0, int n_q, int n_kv, int hd, float scale, int exact_exp,
+                  const int *__restrict__ dpos) {
   pdl_wait();
   if (dpos) pos0 = *dpos;
-  __shared__ float qf[ATT_MAX_HD];
-  __shared__ float wt[ATT_FAST_TILE];
-  __shared__ float red[32];
-  __shared__ float grp[ATT_MAX_THREADS];
+  __shared__ __align__(16) signed char kt[ATT_FAST_TILE * (ATT_MAX_HD + ATT_KROW_PAD)];
   __shared__ __align__(16) signed char vt[ATT_FAST_TILE * ATT_MAX_HD];
-  const int h = blockIdx.x, m = blockIdx.y, tile = blockIdx.z, tid = threadIdx.x;
-  const int T = pos0 + m + 1;
-  const int p0 = tile * ATT_FAST_TILE;
-  if (p0 >= T) return;
-  const int kvh = h / (n_q / n_kv);
-  const int np = min(ATT_FAST_TILE, T - p0);
-  const float *qh = q + ((size_t)m * n_q + h) * hd;
-  for (int j = tid; j < hd; j += blockDim.x) qf[j] = qh[j];
-  stage_v_tile(vt, vc, p0, np, n_kv, kvh, hd);
-  __syncthreads();
-  float a = -INFINITY, vs = 0.0f;
+  __shared__ __align__(16) int qq[ATT_FAST_WARPS][ATT_MAX_HD / 4];  // a warp's query, q8 packed 4 a word
+  __shared__ float qd[ATT_FAST_WARPS][ATT_MAX_HD / QK];            // and its block scales
+  __shared__ float wt[ATT_FAST_WARPS][ATT_FAST_TILE];
+  __shared__ float s_ks[ATT_FAST_TILE], s_vs[ATT_FAST_TILE];
+  const int kvh = blockIdx.x, m = blockIdx.y, tile = blockIdx.z, tid = threadIdx.x;
+  const int lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
+  const int T = pos0 + m + 1, p0 = tile * ATT_FAST_TILE;
+  if (p0 >= T) return;  // block-uniform
+  const int np = min(ATT_FAST_TILE, T - p0), G = n_q / n_kv, krow = hd + ATT_KROW_PAD, per_row = hd / 16;
+  for (int i = tid; i < np * per_row; i += blockDim.x) {
+    const int r = i / per_row, c = i % per_row;
+    const size_t src = ((size_t)(p0 + r) * n_kv + kvh) * hd;
+    ((int4 *)(kt + r * krow))[c] = ((const int4 *)(kc + src))[c];
+    ((int4 *)(vt + r * hd))[c] = ((const int4 *)(vc + src))[c];
+  }
   if (tid < np) {
-    const size_t row = (size_t)(p0 + tid) * n_kv + kvh;
-    a = q8_row_dot_fast(qf, (const int4 *)(kc + row * hd), hd) * (ksc[row] * scale);
-    vs = vsc[row];
+    s_ks[tid] = ksc[(size_t)(p0 + tid) * n_kv + kvh] * scale;
+    s_vs[tid] = vsc[(size_t)(p0 + tid) * n_kv + kvh];
   }
-  const float mx = block_max(a, red);
-  const float e = tid < np ? (exact_exp ? expf_ucrt(a - mx) : __expf(a - mx)) : 0.0f;
-  if (tid < ATT_FAST_TILE) wt[tid] = e * vs;  // the V scale folded into the weight
-  const float L = block_sum_fast(e, red);     // (its barriers publish wt)
-  // P.V: G = blockDim/hd groups of hd threads, group g takes positions g, g+G, ...
-  const int G = blockDim.x / hd, g = tid / hd, j = tid % hd;
-  if (g < G) {
-    float accv = 0.0f;
-    for (int i = g; i < np; i += G) accv = fmaf(wt[i], (float)vt[i * hd + j], accv);
-    grp[tid] = accv;
-  }
-  __syncthreads();
-  float *dst = part + (((size_t)m * n_q + h) * tiles_cap + tile) * (hd + 2);
-  if (tid < hd) {
-    float t = grp[tid];
-    for (int g2 = 1; g2 < G; g2++) t += grp[g2 * hd + tid];
-    dst[tid] = t;
-  }
-  if (tid == 0) {
-    dst[hd] = mx;
-    dst[hd + 1] = L;
+  int *qqw = qq[warp];
+  float *qdw = qd[warp], *ww = wt[warp];
+  for (int h = kvh * G + warp, first = 1; h < (kvh + 1) * G; h += nw, first = 0) {
+    // the query in q8 blocks of 32, one scale a block, as llama.cpp's vector kernels quantize
+    // it for a q8_0 cache: a lane 4 elements, a block 8 lanes
+    const float *qh = q + ((size_t)m * n_q + h) * hd;
+    for (int c = 0; c < ATT_MAX_HD / 128; c++) {
+      const int j = 128 * c + 4 * lane;
+      if (128 * c >= hd) break;  // warp-uniform
+      const float4 v = j < hd ? *(const float4 *)(qh + j) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      float am = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+#pragma unroll
+      for (int off = 4; off >= 1; off >>= 1) am = fmaxf(am, __shfl_xor_sync(FULL_MASK, am, off));
+      const float id = am == 0.0f ? 0.0f : 127.0f / am;
+      if (j < hd) {
+        qqw[j / 4] = (__float2int_rn(v.x * id) & 0xff) | (__float2int_rn(v.y * id) & 0xff) << 8 |
+                     (__float2int_rn(v.z * id) & 0xff) << 16 | (__float2int_rn(v.w * id) & 0xff) << 24;
+        if ((lane & 7) == 0) qdw[j / QK] = am / 127.0f;
+      }
+    }
+    if (first) __syncthreads();  // the tile's rows (staged by every thread); block-uniform: nw <= G
+    __syncwarp();
+    float a = -INFINITY;
+    if (lane < np) {  // int8 dots a block of 32 (dp4a), scaled and summed with FMAs
+      const int4 *kr = (const int4 *)(kt + lane * krow), *q4 = (const int4 *)qqw;
+      float sacc = 0.0f;
+      for (int b = 0; b < hd / QK; b++) {
+        const int4 k0 = kr[2 * b], k1 = kr[2 * b + 1], x0 = q4[2 * b], x1 = q4[2 * b + 1];
+        int is = __dp4a(k0.x, x0.x, 0);
+        is = __dp4a(k0.y, x0.y, is);
+        is = __dp4a(k0.z, x0.z, is);
+        is = __dp4a(k0.w, x0.w, is);
+        is = __dp4a(k1.x, x1.x, is);
+        is = __dp4a(k1.y, x1.y, is);
+        is = __dp4a(k1.z, x1.z, is);
+        is = __dp4a(k1.w, x1.w, is);
+        sacc = fmaf((float)is, qdw[b], sacc);
+      }
+      a = sacc * s_ks[lane];
+    }
+    const float mx = warp_max(a);
+    const float e = lane < np ? (exact_exp ? expf_ucrt(a - mx) : __expf(a - mx)) : 0.0f;
+    const float L = warp_sum_fast(e);
+    ww[lane] = lane < np ? e * s_vs[lane] : 0.0f;  // the V scale folded into the weight
+    __syncwarp();
+    float acc[ATT_MAX_HD / 128][4] = {};
+    for (int i = 0; i < np; i++) {
+      const float w = ww[i];
+#pragma unroll
+      for (int c = 0; c < ATT_MAX_HD / 128; c++) {
+        const int j = 128 * c + 4 * lane;
+        if (j < hd) {
+          const int v4 = *(const int *)(vt + i * hd + j);
+#pragma unroll
+          for (int b = 0; b < 4; b++) acc[c][b] = fmaf(w, (float)(signed char)(v4 >> (8 * b)), acc[c][b]);
+        }
+      }
+    }
+    float *dst = part + (((size_t)m * n_q + h) * tiles_cap + tile) * (hd + 2);
+#pragma unroll
+    for (int c = 0; c < ATT_MAX_HD / 128; c++) {
+      const int j = 128 * c + 4 * lane;
+      if (j < hd)
+        for (int b = 0; b < 4; b++) dst[j + b] = acc[c][b];
+    }
+    if (lane == 0) {
+      dst[hd] = mx;
+      dst[hd + 1] = L;
+    }
+    __syncwarp();  // qw / ww are the warp's next head's
   }
 }
 
-// grid (n_q, M), block >= hd (a multiple of 32). The tiles' maxima, weights and sums are read
-// by all threads at once and their P.V rows in batches of ATT_COMBINE_BATCH loads, so the
-// kernel waits on memory a few times, not twice a tile; the adds run in tile order as ever.
+// grid (n_q, M), block >= hd (a multiple of 32). Tiles in batches of 32: lane u of every
+// warp loads tile t0+u's (max, sum) and computes its factor f = exp(max - running max), and
+// each thread loads its dim's P.V of all 32 tiles at once, so the kernel waits on memory
+// once a batch and needs no block barrier; the batch's factors reach the lanes by shuffles,
+// and the running max moves from batch to batch with one rescale (online softmax).
 // xq/xd (quant != 0): the q8_0 of out for o_proj (common.cuh q8_0_warp; a warp is 32
 // consecutive dims of one head), saving the quantize launch.
-#define ATT_COMBINE_CHUNK 128  // tiles staged in shared memory at a time
-#define ATT_COMBINE_BATCH 8
 extern "C" __global__ void attn_fast_combine(const float *__restrict__ part, float *__restrict__ out, int tiles_cap,
                                              int pos0, int n_q, int hd, int exact_exp, const int *__restrict__ dpos,
                                              signed char *__restrict__ xq, float *__restrict__ xd, int quant) {
   pdl_wait();
   if (dpos) pos0 = *dpos;
-  __shared__ float red[32];
-  __shared__ float s_f[ATT_COMBINE_CHUNK], s_l[ATT_COMBINE_CHUNK];
-  const int h = blockIdx.x, m = blockIdx.y, tid = threadIdx.x;
+  const int h = blockIdx.x, m = blockIdx.y, tid = threadIdx.x, lane = tid & 31;
   const int T = pos0 + m + 1;
   const int nt = (T + ATT_FAST_TILE - 1) / ATT_FAST_TILE;
-  const int stride = hd + 2;
+  const int stride = hd + 2, j = min(tid, hd - 1);
   const float *src = part + ((size_t)m * n_q + h) * tiles_cap * stride;
-  float gm = -INFINITY;
-  for (int t = tid; t < nt; t += blockDim.x) gm = fmaxf(gm, src[t * stride + hd]);
-  gm = block_max(gm, red);
-  float L = 0.0f, acc = 0.0f;
-  for (int t0 = 0; t0 < nt; t0 += ATT_COMBINE_CHUNK) {
-    const int nc = min(ATT_COMBINE_CHUNK, nt - t0);
-    __syncthreads();  // the previous chunk's s_f / s_l are read
-    for (int t = tid; t < nc; t += blockDim.x) {
-      const float *pt = src + (t0 + t) * stride;
-      s_f[t] = exact_exp ? expf_ucrt(pt[hd] - gm) : __expf(pt[hd] - gm);
-      s_l[t] = pt[hd + 1];
-    }
-    __syncthreads();
-    for (int t = 0; t < nc; t++) L = fmaf(s_l[t], s_f[t], L);
-    if (tid < hd) {
-      for (int tb = 0; tb < nc; tb += ATT_COMBINE_BATCH) {
-        float v[ATT_COMBINE_BATCH];
+  float gm = -INFINITY, L = 0.0f, acc = 0.0f;
+  for (int t0 = 0; t0 < nt; t0 += 32) {
+    const int nb = min(32, nt - t0);
+    const float *pl = src + (size_t)(t0 + min(lane, nb - 1)) * stride;
+    const float mt = lane < nb ? pl[hd] : -INFINITY, lt = lane < nb ? pl[hd + 1] : 0.0f;
+    float v[32];
 #pragma unroll
-        for (int u = 0; u < ATT_COMBINE_BATCH; u++) v[u] = tb + u < nc ? src[(t0 + tb + u) * stride + tid] : 0.0f;
+    for (int u = 0; u < 32; u++) v[u] = u < nb ? src[(size_t)(t0 + u) * stride + j] : 0.0f;
+    const float bm = fmaxf(gm, warp_max(mt));
+    const float f = lane < nb ? (exact_exp ? expf_ucrt(mt - bm) : __expf(mt - bm)) : 0.0f;
+    const float r = t0 == 0 ? 0.0f : (exact_exp ? expf_ucrt(gm - bm) : __expf(gm - bm));
+    gm = bm;
+    L = fmaf(L, r, warp_sum_fast(lt * f));
+    acc *= r;
 #pragma unroll
-        for (int u = 0; u < ATT_COMBINE_BATCH; u++)
-          if (tb + u < nc) acc = fmaf(v[u], s_f[tb + u], acc);
-      }
-    }
+    for (int u = 0; u < 32; u++) acc = fmaf(v[u], __shfl_sync(FULL_MASK, f, u), acc);
   }
   if (tid < hd) {
     const size_t o = ((size_t)m * n_q + h) * hd + tid;

@@ -19,7 +19,8 @@ from .layout import Layout
 from .weights import DeviceLinear
 
 ATT_SPLIT_TILE = 256  # kernels/attention.cu ATT_SPLIT_TILE (the exact scores' tiles)
-ATT_FAST_TILE = 64  # kernels/attention.cu ATT_FAST_TILE (the fast flash-decoding tiles)
+ATT_FAST_TILE = 32  # kernels/attention.cu ATT_FAST_TILE (the fast flash-decoding tiles)
+ATT_FAST_WARPS = 8  # kernels/attention.cu ATT_FAST_WARPS (query heads a part block works on at once)
 ATT_PV_THREADS = 32 + 128  # kernels/attention.cu ATT_PV_THREADS (attn_exact_pv_q8's block)
 EXPERT_ROWS = 4  # kernels/gemv.cuh EXPERT_ROWS (rows a warp of gemv_q4_experts_*)
 GEMV_ROWS1 = 4  # kernels/gemv.cuh GEMV_ROWS1 (rows a warp of the q4_0 dense GEMVs at M = 1)
@@ -302,7 +303,8 @@ def attention(b, q: int, out: int, layer: int, pos0: int, M: int, xq: int = 0, x
                    out, cap, pos0, nh, nkv, hd, b.exp_exact, b.dpos, xq, xd, quant)
         else:
             tcap = _blocks(cap, ATT_FAST_TILE)
-            launch(b.k_att_a, (nh, M, _blocks(span, ATT_FAST_TILE)), (max(ATT_FAST_TILE, hd), 1, 1), b.stream,
+            warps = min(nh // nkv, ATT_FAST_WARPS)  # a block: one kv head's query heads
+            launch(b.k_att_a, (nkv, M, _blocks(span, ATT_FAST_TILE)), (32 * warps, 1, 1), b.stream,
                    q, c["k"], c["ks"], c["v"],
                    c["vs"], sc, tcap, pos0, nh, nkv, hd, scale, b.exp_exact, b.dpos)
             launch(b.k_att_b, (nh, M, 1), (_blocks(hd, 32) * 32, 1, 1), b.stream, sc, out, tcap, pos0, nh,
