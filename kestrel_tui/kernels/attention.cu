@@ -605,7 +605,7 @@ attn_fast_part_q8(const float *__restrict__ q, const signed char *__restrict__ k
       dst[hd] = mx;
       dst[hd + 1] = L;
     }
-    __syncwarp();  // qw / ww are the warp's next head's
+    __syncwarp();  // qqw / qdw / ww are the warp's next head's
   }
 }
 
