@@ -205,8 +205,8 @@ extern "C" __global__ void attn_exact_f32(const float *q, const float *kc, const
 
 // ------------------------------------------------------------ fast
 
-// f32 query (16-byte aligned) . one int8 K row dequantized on the fly: four FMA chains
-// (fast only; the K scale is applied by the caller). hd: a multiple of 16.
+// f32 query . one int8 K row dequantized on the fly: four FMA chains (fast only;
+// the K scale is applied by the caller). hd: a multiple of 16.
 __device__ __forceinline__ float q8_row_dot_fast(const float *__restrict__ qf, const int4 *__restrict__ krow, int hd) {
   float a4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll 4
@@ -215,11 +215,11 @@ __device__ __forceinline__ float q8_row_dot_fast(const float *__restrict__ qf, c
     const int w[4] = {kk.x, kk.y, kk.z, kk.w};
 #pragma unroll
     for (int c = 0; c < 4; c++) {
-      const float4 qq = ((const float4 *)qf)[4 * i + c];
-      a4[c] = fmaf(qq.x, (float)(signed char)(w[c]), a4[c]);
-      a4[c] = fmaf(qq.y, (float)(signed char)(w[c] >> 8), a4[c]);
-      a4[c] = fmaf(qq.z, (float)(signed char)(w[c] >> 16), a4[c]);
-      a4[c] = fmaf(qq.w, (float)(signed char)(w[c] >> 24), a4[c]);
+      const float *qq = qf + 16 * i + 4 * c;
+      a4[c] = fmaf(qq[0], (float)(signed char)(w[c]), a4[c]);
+      a4[c] = fmaf(qq[1], (float)(signed char)(w[c] >> 8), a4[c]);
+      a4[c] = fmaf(qq[2], (float)(signed char)(w[c] >> 16), a4[c]);
+      a4[c] = fmaf(qq[3], (float)(signed char)(w[c] >> 24), a4[c]);
     }
   }
   return (a4[0] + a4[1]) + (a4[2] + a4[3]);
@@ -233,7 +233,7 @@ __device__ __forceinline__ void attn_fast(const float *__restrict__ q, const voi
                                           float *__restrict__ scores, int cap_s, int pos0, int n_q, int n_kv,
                                           int hd, float scale, int exact_exp, const int *__restrict__ dpos) {
   if (dpos) pos0 = *dpos;
-  __shared__ __align__(16) float qf[ATT_MAX_HD];
+  __shared__ float qf[ATT_MAX_HD];
   __shared__ float part[ATT_MAX_THREADS], wt[ATT_MAX_THREADS];
   __shared__ float red[32];
   __shared__ __align__(16) signed char vt[ATT_VT_BYTES];
