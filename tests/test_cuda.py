@@ -208,15 +208,21 @@ def test_f32_weights_and_kv_exact(rt):
     assert res.all_ok, f"first DIFF {res.first_diff}: {res.stats(res.first_diff)}"
 
 
-def test_fast_ops_close_to_reference_in_isolate(rt, small_model):
+@pytest.mark.parametrize("head_dim", [64, 80])
+def test_fast_ops_close_to_reference_in_isolate(rt, small_model, head_dim):
     """Fast kernels may differ in bits but not in meaning: fed the reference's inputs (isolate),
     every fast op's output lands near the reference's — f32 buffers within 2 % of the buffer's
     largest magnitude, int8 KV rows within one step — at a context long enough for several
-    fast-attention tiles."""
+    fast-attention tiles. head_dim 80 (not a multiple of 32) takes the single-kernel attention
+    and whole-warp RoPE blocks with lanes over."""
+    from dataclasses import replace
+
     from kestrel_tui.backends.base import NumpyBackend
     from kestrel_tui.backends.cuda import make_cuda_backend
+    from kestrel_tui.model.weights import synthetic_model
 
-    model = small_model
+    model = small_model if head_dim == small_model.cfg.head_dim else synthetic_model(
+        replace(small_model.cfg, head_dim=head_dim), "q4_0")
     ref, sub = NumpyBackend(model), make_cuda_backend(model, exact=frozenset())
     ctx = 150  # > 2 x ATT_FAST_TILE, not a multiple of it
     for b in (ref, sub):
@@ -239,12 +245,13 @@ def test_fast_ops_close_to_reference_in_isolate(rt, small_model):
     assert worst and max(worst.values()) < 0.02, worst
 
 
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("head_dim", [64, 80, 128, 256])
 @pytest.mark.parametrize("prefill", ["subject", "reference"])
 def test_all_exact_equals_cpu_over_several_attention_tiles(rt, head_dim, prefill):
     """Contexts past one 256-position tile (the exact attention carries its running max from
     tile to tile and loads each P.V chunk's operands a chunk ahead), ending off a tile boundary,
-    at every head_dim the split kernels take: every key equals the cpu reference."""
+    at every head_dim the split kernels take and at 80, which takes the single-kernel version:
+    every key equals the cpu reference."""
     from dataclasses import replace
 
     from kestrel_tui.model.config import default_config

@@ -688,7 +688,7 @@ def test_fused_launch_wiring(monkeypatch, fuse, folds):
     assert all(iso[k] == n for k in ("qknorm_fast", "rope_fast", "kvquant_fast", "combine_fast")), iso
 
 
-@pytest.mark.parametrize("head_dim,fused", [(64, True), (128, True), (256, True), (192, False)])
+@pytest.mark.parametrize("head_dim,fused", [(64, True), (80, False), (128, True), (256, True), (192, False)])
 def test_heads_fused_only_where_a_lane_holds_its_rope_pairs(monkeypatch, head_dim, fused):
     """heads_fused pairs register i with i + hd/64 (rope_regs<1|2|4>): other head_dims take the
     separate kernels."""

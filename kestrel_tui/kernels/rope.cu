@@ -11,7 +11,7 @@
 //
 // The cos/sin table [M, hd/2] is built once per step and shared by every layer,
 // like the reference. The rope kernels rotate the q heads and the k heads of M
-// columns in one launch: grid (n_q + n_kv, M), block hd/2.
+// columns in one launch: grid (n_q + n_kv, M), block hd/2 rounded up to whole warps.
 #include "rope.cuh"
 
 // cos_t, sin_t: [M, half]; grid (ceil(half/64), M), block 64. dpos: null, or a device int
@@ -49,6 +49,7 @@ extern "C" __global__ void rope_table_fast(const float *__restrict__ inv_freq, f
                                   int n_q, int n_kv, int hd) {                                       \
     pdl_wait();                                                                                      \
     const int h = blockIdx.x, m = blockIdx.y, i = threadIdx.x, half = hd / 2;                        \
+    if (i >= half) return; /* the block is whole warps: head_dims such as 80 leave lanes over */     \
     const bool is_q = h < n_q;                                                                       \
     const size_t row = is_q ? ((size_t)m * n_q + h) * hd : ((size_t)m * n_kv + (h - n_q)) * hd;      \
     const float *x = (is_q ? q_in : k_in) + row;                                                     \

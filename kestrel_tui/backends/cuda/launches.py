@@ -212,7 +212,7 @@ def forward(b, lay: Layout, pos0: int, isolate: bool = False, hash_body: bool = 
         else:
             launch(b.k_qkn, (nh + nkv, M, 1), (32, 1, 1), b.stream, A("q"), A("qn"), W["q_norm"],
                    In("kraw", li), A("knorm", li), W["k_norm"], nh, nkv, hd, eps)
-            launch(b.k_rope, (nh + nkv, M, 1), (half, 1, 1), b.stream, A("qn"), A("qrope", li),
+            launch(b.k_rope, (nh + nkv, M, 1), (_blocks(half, 32) * 32, 1, 1), b.stream, A("qn"), A("qrope", li),
                    In("knorm", li), A("kpre", li), A("cos"), A("sin"), nh, nkv, hd)
             k_in = In("kpre", li) if b.deep else A("kpre", li)
             launch(b.k_kv, (2 * nkv, M, 1), (32, 1, 1), b.stream, k_in, A("vraw"), A("k", li), A("ks", li),
