@@ -688,6 +688,30 @@ def test_fused_launch_wiring(monkeypatch, fuse, folds):
     assert all(iso[k] == n for k in ("qknorm_fast", "rope_fast", "kvquant_fast", "combine_fast")), iso
 
 
+@pytest.mark.parametrize("head_dim", range(16, 257, 16))
+def test_every_accepted_head_dim_launches_whole_warps_inside_allocations(monkeypatch, head_dim):
+    """The backend takes any head_dim that is a multiple of 16 up to 256 (split or single-kernel
+    attention, fused or separate heads); past one 256-position exact-attention tile, fast and
+    exact, every launch stays inside live allocations with whole-warp blocks (the fake driver
+    checks both)."""
+    from dataclasses import replace
+
+    from kestrel_tui.backends import cuda as cuda_pkg
+    from kestrel_tui.backends.cuda import backend as be
+    from kestrel_tui.backends.toggles import TOGGLES
+    from kestrel_tui.model.weights import synthetic_model
+
+    model = synthetic_model(replace(default_config().with_layers(1), head_dim=head_dim), "q4_0")
+    for exact in (frozenset(), frozenset(TOGGLES)):
+        fake = _FakeRuntime()
+        monkeypatch.setattr(be, "runtime", lambda fake=fake: fake)
+        sub = cuda_pkg.make_cuda_backend(model, graph=False, exact=exact)
+        sub.reset(264)
+        sub.step(np.arange(260) % 50 + 1, 0)
+        sub.step(np.array([3]), 260)
+        assert any(k.calls for n, k in fake.kernels.items() if n.startswith("attn_")), head_dim
+
+
 @pytest.mark.parametrize("head_dim,fused", [(64, True), (80, False), (128, True), (256, True), (192, False)])
 def test_heads_fused_only_where_a_lane_holds_its_rope_pairs(monkeypatch, head_dim, fused):
     """heads_fused pairs register i with i + hd/64 (rope_regs<1|2|4>): other head_dims take the
