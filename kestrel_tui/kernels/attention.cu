@@ -71,11 +71,13 @@ __device__ __forceinline__ float block_sum_fast(float v, float *red) {
 
 // int8 query (packed 4 a word in shared memory) . one int8 K row: an exact int32
 // dot, the whole row in flight at once (16-byte loads). hd: a multiple of 16.
-__device__ __forceinline__ int q8_row_isum(const int *__restrict__ qq4, const int4 *__restrict__ krow, int hd) {
-  int4 kk[ATT_MAX_HD / 16];
+__device__ __forceinline__ void q8_row_load(const int4 *__restrict__ krow, int hd, int4 (&kk)[ATT_MAX_HD / 16]) {
 #pragma unroll
   for (int i = 0; i < ATT_MAX_HD / 16; i++)
     if (i < hd / 16) kk[i] = krow[i];
+}
+
+__device__ __forceinline__ int q8_row_dot(const int *__restrict__ qq4, const int4 (&kk)[ATT_MAX_HD / 16], int hd) {
   int isum = 0;
 #pragma unroll
   for (int i = 0; i < ATT_MAX_HD / 16; i++) {
@@ -87,6 +89,12 @@ __device__ __forceinline__ int q8_row_isum(const int *__restrict__ qq4, const in
     }
   }
   return isum;
+}
+
+__device__ __forceinline__ int q8_row_isum(const int *__restrict__ qq4, const int4 *__restrict__ krow, int hd) {
+  int4 kk[ATT_MAX_HD / 16];
+  q8_row_load(krow, hd, kk);
+  return q8_row_dot(qq4, kk, hd);
 }
 
 // q: [M, n_q, hd]; kc/vc: the layer cache [cap, n_kv, hd] (int8 or f32);
@@ -365,6 +373,15 @@ extern "C" __global__ void attn_exact_scores_q8(const float *__restrict__ q, con
   if (p0 >= T) return;  // block-uniform
   const int kvh = h / (n_q / n_kv);
   const float *qh = q + ((size_t)m * n_q + h) * hd;
+  const int np = min(ATT_SPLIT_TILE, T - p0);
+  const int p = p0 + tid;
+  const size_t row = (size_t)p * n_kv + kvh;
+  int4 kk[ATT_MAX_HD / 16];  // the position's K row, in flight while the query is quantized
+  float dk = 0.0f;
+  if (tid < np) {
+    q8_row_load((const int4 *)(kc + row * hd), hd, kk);
+    dk = ksc[row];
+  }
   {  // query q8 (as attn_exact_q8)
     const float v = tid < hd ? qh[tid] : 0.0f;
     const float amax = block_max(fabsf(v), red);
@@ -375,14 +392,8 @@ extern "C" __global__ void attn_exact_scores_q8(const float *__restrict__ q, con
   }
   __syncthreads();
   const float dq = red[31];
-  const int np = min(ATT_SPLIT_TILE, T - p0);
-  const int p = p0 + tid;
   float s = -INFINITY;
-  if (tid < np) {
-    const size_t row = (size_t)p * n_kv + kvh;
-    const int isum = q8_row_isum(qq4, (const int4 *)(kc + row * hd), hd);
-    s = FMUL(FMUL(__int2float_rn(isum), FMUL(dq, ksc[row])), scale);
-  }
+  if (tid < np) s = FMUL(FMUL(__int2float_rn(q8_row_dot(qq4, kk, hd)), FMUL(dq, dk)), scale);
   float incl = s;  // tile-local inclusive prefix max
 #pragma unroll
   for (int off = 1; off < 32; off <<= 1) {
@@ -406,6 +417,9 @@ extern "C" __global__ void attn_exact_scores_q8(const float *__restrict__ q, con
 // block's 32 dims, stored [dim][position] so that a lane reads its dim's next four with one
 // 16-byte load. The serial warp then does only the chain's multiply-add pairs (acc and l).
 // Positions past T are padded with c = 1, w = -0, t = -0: steps that change no bit.
+// Measured no faster on the H200 (results/gpu-h200-issue6.md, session 6): operands staged
+// by cp.async two stages ahead, adds only over batches whose every c is 1, 2 or 4 producers a
+// position, the serial warp loading a batch ahead, the serial warp alone on its scheduler.
 #define ATT_PV_STAGE 128
 #define ATT_PV_THREADS (32 + ATT_PV_STAGE)
 #define ATT_PV_TROW (ATT_PV_STAGE + 4)  // floats a dim's row: +4 spreads the lanes' 16-byte loads over the banks

@@ -72,9 +72,9 @@ _lock = threading.Lock()
 _runtime: "Runtime | None" = None
 
 
-def module_source(name: str) -> str:
-    """The .cu text with its kernels/*.cuh headers inlined, each once (what PyCUDA compiles
-    and caches on)."""
+def module_source(name: str, text: str | None = None) -> str:
+    """The .cu text (kernels/<name>.cu, or `text` in its place) with its kernels/*.cuh headers
+    inlined, each once (what PyCUDA compiles and caches on)."""
     seen: set[str] = set()
 
     def inline(text: str) -> str:
@@ -85,7 +85,7 @@ def module_source(name: str) -> str:
             return inline((KERNEL_DIR / m.group(1)).read_text().replace("#pragma once\n", ""))
         return re.sub(r'#include "([\w.]+\.cuh)"\n?', header, text)
 
-    return inline((KERNEL_DIR / f"{name}.cu").read_text())
+    return inline(text if text is not None else (KERNEL_DIR / f"{name}.cu").read_text())
 
 
 class Runtime:

@@ -1,0 +1,107 @@
+"""The attention kernels of several attention.cu versions on one q8 KV cache: device time per
+launch and whether every version's output is bit-identical to the first's. For trying a
+kernel change on the H200 without a full decode (one process, one cache, the sizes of a
+Qwen3-30B-A3B layer by default).
+
+    python3 scripts/gpu_attn_bench.py old=path/to/attention.cu new=kestrel_tui/kernels/attention.cu
+
+A version is an attention.cu with the committed kernels' names and arguments; its
+attn_exact_pv_q8 block size is read from its own #defines (ATT_PV_THREADS). The times are
+back-to-back launches of one kernel (events around --reps launches), so compare versions
+within one run; the exact kernels run with the exact expf and the exact q8_0 of the output.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def define(src: str, name: str) -> int:
+    """An integer #define of src, its macros expanded (ATT_PV_THREADS = (32 + ATT_PV_PRODUCERS)...)."""
+    defs: dict[str, str] = {}
+    for k, v in re.findall(r"^#define (\w+) ([^/\n]+)", src, flags=re.M):
+        defs.setdefault(k, v)  # the first one: a version's own #define ahead of an #ifndef default
+    expr = defs[name]
+    for _ in range(8):
+        expr = re.sub(r"[A-Z_][A-Z0-9_]*", lambda m: f"({defs[m.group(0)]})" if m.group(0) in defs else m.group(0), expr)
+    return int(eval(expr, {"__builtins__": {}}))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("versions", nargs="+", help="label=attention.cu")
+    ap.add_argument("--ctx", type=int, default=1024)
+    ap.add_argument("--heads", type=int, default=32)
+    ap.add_argument("--kv-heads", type=int, default=4)
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--reps", type=int, default=200)
+    args = ap.parse_args()
+
+    import pycuda.autoinit  # noqa: F401
+    import pycuda.driver as cuda
+    from pycuda.compiler import SourceModule
+
+    from kestrel_tui.backends.cuda.runtime import NVCC_OPTIONS, SIGNATURES, module_source
+
+    nh, nkv, hd, T = args.heads, args.kv_heads, args.head_dim, args.ctx
+    cap, pos0 = T, T - 1
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal(nh * hd).astype(np.float32)
+    kc = rng.integers(-127, 128, (cap, nkv, hd)).astype(np.int8)
+    vc = rng.integers(-127, 128, (cap, nkv, hd)).astype(np.int8)
+    ks = (rng.random((cap, nkv)) * 0.02 + 0.001).astype(np.float32)
+    vs = (rng.random((cap, nkv)) * 0.02 + 0.001).astype(np.float32)
+    d_q, d_kc, d_vc, d_ks, d_vs = (cuda.to_device(a) for a in (q, kc, vc, ks, vs))
+    S, I = cuda.mem_alloc(nh * cap * 4), cuda.mem_alloc(nh * cap * 4)
+    out, xq, xd = cuda.mem_alloc(nh * hd * 4), cuda.mem_alloc(nh * hd), cuda.mem_alloc(nh * hd // 32 * 4)
+    scale = float(np.float32(hd ** -0.5))
+    ref = None
+    for spec in args.versions:
+        label, _, path = spec.partition("=")
+        text = Path(path).read_text()
+        mod = SourceModule(module_source("attention", text), options=NVCC_OPTIONS, no_extern_c=True)
+        ka, kb = mod.get_function("attn_exact_scores_q8"), mod.get_function("attn_exact_pv_q8")
+        ka.prepare(SIGNATURES["attn_exact_scores_q8"])
+        kb.prepare(SIGNATURES["attn_exact_pv_q8"])
+        tile = define(text, "ATT_SPLIT_TILE")
+        pv_block = (define(text, "ATT_PV_THREADS"), 1, 1)
+
+        def scores():
+            ka.prepared_call((nh, 1, -(-T // tile)), (tile, 1, 1), d_q, d_kc, d_ks, S, I, cap, pos0, nh, nkv, hd,
+                             scale, 0)
+
+        def pv():
+            kb.prepared_call((nh, 1, hd // 32), pv_block, d_vc, d_vs, S, I, out, cap, pos0, nh, nkv, hd, 1, 0,
+                             xq, xd, 2)
+
+        times = {}
+        for name, fn in (("scores", scores), ("pv", pv)):
+            fn()
+            e0, e1 = cuda.Event(), cuda.Event()
+            e0.record()
+            for _ in range(args.reps):
+                fn()
+            e1.record()
+            e1.synchronize()
+            times[name] = e1.time_since(e0) * 1e3 / args.reps
+        cuda.Context.synchronize()
+        got = (cuda.from_device(out, (nh * hd,), np.float32).view(np.uint32),
+               cuda.from_device(xq, (nh * hd,), np.int8), cuda.from_device(xd, (nh * hd // 32,), np.float32).view(np.uint32))
+        if ref is None:
+            ref, same = got, "reference"
+        else:
+            same = "bit-identical" if all(np.array_equal(a, b) for a, b in zip(got, ref)) else \
+                f"DIFFERS ({int((got[0] != ref[0]).sum())} of {nh * hd} outputs)"
+        print(f"{label:12} scores {times['scores']:6.2f} us  pv {times['pv']:6.2f} us  (block {pv_block[0]})  {same}",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()
