@@ -5,7 +5,9 @@ the full-size model). This captures N launches of a kernel that only waits on it
 predecessor (griddepcontrol.wait) and adds 1 to one float a thread, in one stream, as a
 graph — with and without programmatic dependent launch (PDL), for a one-block grid and a
 one-wave grid — replays it and prints the device time per node: the floor a step with that
-many kernels pays before any of them does work.
+many kernels pays before any of them does work. Then the alternative a persistent kernel
+would use: one launch of a one-wave grid that runs the same N phases with a grid-wide
+barrier (an arrival counter and a generation word) between them, and the time per barrier.
 
     python3 scripts/gpu_chain_floor.py [--nodes 576] [--reps 50]
 """
@@ -16,6 +18,8 @@ import ctypes
 import sys
 from pathlib import Path
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -24,6 +28,37 @@ extern "C" __global__ void touch(float *p, int n) {
   asm volatile("griddepcontrol.wait;" ::: "memory");
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) p[i] += 1.0f;
+}
+
+__device__ unsigned int bar_count = 0, bar_gen = 0;
+
+// Every block's thread 0 arrives on the counter; the last one resets it and moves the
+// generation on, the others spin until it moves. All blocks must be resident (one wave).
+__device__ __forceinline__ void grid_barrier(unsigned int nblocks) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    volatile unsigned int *gen = &bar_gen;
+    const unsigned int g = *gen;
+    __threadfence();
+    if (atomicAdd(&bar_count, 1u) == nblocks - 1) {
+      atomicExch(&bar_count, 0u);
+      __threadfence();
+      atomicAdd(&bar_gen, 1u);
+    } else {
+      while (*gen == g) {
+      }
+    }
+    __threadfence();
+  }
+  __syncthreads();
+}
+
+extern "C" __global__ void phases(float *p, int n, int nphases) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  for (int k = 0; k < nphases; k++) {
+    if (i < n) p[i] += 1.0f;
+    grid_barrier(gridDim.x);
+  }
 }
 """
 
@@ -85,6 +120,24 @@ def main() -> None:
             lib.cuGraphExecDestroy(exe)
             lib.cuGraphDestroy(graph)
     lib.cuModuleUnload(mod)
+
+    from pycuda.compiler import SourceModule
+
+    phases = SourceModule(SRC, no_extern_c=True).get_function("phases")
+    for threads in (128, 256):
+        n = n_sm * threads
+        args_ = (buf, np.int32(n), np.int32(args.nodes))
+        for _ in range(3):  # warm
+            phases(*args_, block=(threads, 1, 1), grid=(n_sm, 1))
+        t0, t1 = cuda.Event(), cuda.Event()
+        t0.record()
+        for _ in range(args.reps):
+            phases(*args_, block=(threads, 1, 1), grid=(n_sm, 1))
+        t1.record()
+        t1.synchronize()
+        ms = t1.time_since(t0) / args.reps
+        print(f"  one persistent kernel, grid {n_sm:4d} x {threads:3d}, {args.nodes} grid barriers  "
+              f"{ms:7.3f} ms a launch = {ms * 1e3 / args.nodes:5.2f} us a barrier")
 
 
 if __name__ == "__main__":
