@@ -30,7 +30,7 @@ def define(src: str, name: str) -> int:
         defs.setdefault(k, v)  # the first one: a version's own #define ahead of an #ifndef default
     expr = defs[name]
     for _ in range(8):
-        expr = re.sub(r"[A-Z_][A-Z0-9_]*", lambda m: f"({defs[m.group(0)]})" if m.group(0) in defs else m.group(0), expr)
+        expr = re.sub(r"[A-Z_][A-Z0-9_]*", lambda m: f"({defs.get(m.group(0), m.group(0))})", expr)
     return int(eval(expr, {"__builtins__": {}}))
 
 
@@ -93,7 +93,8 @@ def main() -> None:
             times[name] = e1.time_since(e0) * 1e3 / args.reps
         cuda.Context.synchronize()
         got = (cuda.from_device(out, (nh * hd,), np.float32).view(np.uint32),
-               cuda.from_device(xq, (nh * hd,), np.int8), cuda.from_device(xd, (nh * hd // 32,), np.float32).view(np.uint32))
+               cuda.from_device(xq, (nh * hd,), np.int8),
+               cuda.from_device(xd, (nh * hd // 32,), np.float32).view(np.uint32))
         if ref is None:
             ref, same = got, "reference"
         else:

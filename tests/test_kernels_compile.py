@@ -84,6 +84,26 @@ def test_launch_constants_match_the_kernels():
     assert launches.ATT_PV_THREADS == int(threads.group(1)) + int(stage.group(1))
 
 
+def test_attn_bench_reads_a_versions_own_block_size():
+    """scripts/gpu_attn_bench.py launches each attention.cu version with the block its own
+    #defines give; a wrong block hangs the P.V kernel at its named barrier (it happened once:
+    the reader took an #ifndef default over the version's own #define)."""
+    import importlib.util
+
+    from kestrel_tui.backends.cuda import launches
+
+    script = KERNEL_DIR.parents[1] / "scripts" / "gpu_attn_bench.py"
+    spec = importlib.util.spec_from_file_location("gpu_attn_bench", script)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    src = (KERNEL_DIR / "attention.cu").read_text()
+    assert bench.define(src, "ATT_PV_THREADS") == launches.ATT_PV_THREADS
+    assert bench.define(src, "ATT_SPLIT_TILE") == launches.ATT_SPLIT_TILE
+    variant = ("#define PPP 2\n#ifndef PPP\n#define PPP 1\n#endif\n"
+               "#define STAGE 128\n#define THREADS (32 + PPP * STAGE)\n")
+    assert bench.define(variant, "THREADS") == 288
+
+
 @pytest.fixture(scope="module")
 def host_replicas(tmp_path_factory):
     src = tmp_path_factory.mktemp("host") / "replicas.cu"
