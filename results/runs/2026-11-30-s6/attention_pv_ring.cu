@@ -1,0 +1,694 @@
+// attention.cu — decode / prefill attention over the KV cache. Toggle: attention
+// (and expf for its exponentials).
+//
+// dpos (last argument): null, or a device int that replaces pos0 (CUDA graph replay).
+// Column m sits at position t = pos0+m and attends to cache positions 0..t;
+// q head h reads kv head h / (n_q/n_kv). grid (n_q, M) for every version.
+//
+// Versions:
+//   attn_exact_q8 / attn_exact_f32
+//       contract step 6. The query head is quantized like a KV row (q8 cache),
+//       s_p = (float(isum_p) * (dq*dk_p)) * scale with an exact int32 dot, or
+//       s_p = lane_sum(q[j]*k_p[j]) * scale (f32 cache). Online softmax:
+//       m_p = max(m_{p-1}, s_p), c_p = expf(m_{p-1} - m_p), w_p = expf(s_p - m_p),
+//       l = l*c_p + w_p, acc[j] = acc[j]*c_p + w_p*v_p[j], out = acc/l.
+//       Only the last two recurrences are serial: the scores, the running max
+//       (a prefix-max scan) and both exponentials do not depend on acc, so a
+//       tile of positions computes them in parallel (one thread per position);
+//       then thread j runs the recurrence for output element j over the tile
+//       (every thread also carries l). Positions stay in ascending order, every
+//       product is rounded before its add, so this is bit-identical to the
+//       serial loop — and the seed's one-thread-per-head scan (2.25x the fast
+//       kernel) becomes a parallel kernel with a 1-flop-deep serial part. The
+//       tile's int8 V rows are staged in shared memory first.
+//   attn_fast_q8 / attn_fast_f32
+//       two-pass softmax as engines do it: scores with FMA dots on the
+//       dequantized cache (no query quantization), block max, e = exp(s - max),
+//       block-tree sum, then P·V split over position groups with FMAs (weights
+//       staged per tile in shared memory) and out = acc * (1/l). Scores go
+//       through a global scratch row.
+#include "common.cuh"
+
+#define ATT_MAX_HD 256
+#define ATT_MAX_THREADS 256
+#define ATT_VT_BYTES 32768  // shared memory for a tile of int8 V rows
+
+// Copy the int8 V rows of positions p0 .. p0+np-1 (kv head kvh) into shared memory with
+// 16-byte loads from every thread, so the P.V loop reads shared memory instead of
+// waiting on one global load per step.
+__device__ __forceinline__ void stage_v_tile(signed char *__restrict__ vt, const signed char *__restrict__ vc,
+                                             int p0, int np, int n_kv, int kvh, int hd) {
+  const int per_row = hd / 16;
+  for (int i = threadIdx.x; i < np * per_row; i += blockDim.x) {
+    const int r = i / per_row, part = i % per_row;
+    ((int4 *)(vt + (size_t)r * hd))[part] = ((const int4 *)(vc + ((size_t)(p0 + r) * n_kv + kvh) * hd))[part];
+  }
+}
+
+__device__ __forceinline__ float block_max(float v, float *red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  float r = red[0];
+  for (int i = 1; i < nw; i++) r = fmaxf(r, red[i]);
+  return r;
+}
+
+__device__ __forceinline__ float block_sum_fast(float v, float *red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = warp_sum_fast(v);
+  __syncthreads();
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  float r = 0.0f;
+  if (lane < nw) r = red[lane];
+  return warp_sum_fast(r);
+}
+
+// ------------------------------------------------------------ exact
+
+// int8 query (packed 4 a word in shared memory) . one int8 K row: an exact int32
+// dot, the whole row in flight at once (16-byte loads). hd: a multiple of 16.
+__device__ __forceinline__ void q8_row_load(const int4 *__restrict__ krow, int hd, int4 (&kk)[ATT_MAX_HD / 16]) {
+#pragma unroll
+  for (int i = 0; i < ATT_MAX_HD / 16; i++)
+    if (i < hd / 16) kk[i] = krow[i];
+}
+
+__device__ __forceinline__ int q8_row_dot(const int *__restrict__ qq4, const int4 (&kk)[ATT_MAX_HD / 16], int hd) {
+  int isum = 0;
+#pragma unroll
+  for (int i = 0; i < ATT_MAX_HD / 16; i++) {
+    if (i < hd / 16) {
+      isum = __dp4a(qq4[4 * i + 0], kk[i].x, isum);
+      isum = __dp4a(qq4[4 * i + 1], kk[i].y, isum);
+      isum = __dp4a(qq4[4 * i + 2], kk[i].z, isum);
+      isum = __dp4a(qq4[4 * i + 3], kk[i].w, isum);
+    }
+  }
+  return isum;
+}
+
+__device__ __forceinline__ int q8_row_isum(const int *__restrict__ qq4, const int4 *__restrict__ krow, int hd) {
+  int4 kk[ATT_MAX_HD / 16];
+  q8_row_load(krow, hd, kk);
+  return q8_row_dot(qq4, kk, hd);
+}
+
+// q: [M, n_q, hd]; kc/vc: the layer cache [cap, n_kv, hd] (int8 or f32);
+// ksc/vsc: [cap, n_kv]; out: [M, n_q*hd]. block: a multiple of 32, >= hd, <= 256.
+// hd: a multiple of 16 (16-byte K loads), at most 256.
+template <bool Q8>
+__device__ __forceinline__ void attn_exact(const float *__restrict__ q, const void *__restrict__ kc,
+                                           const float *__restrict__ ksc, const void *__restrict__ vc,
+                                           const float *__restrict__ vsc, float *__restrict__ out, int pos0,
+                                           int n_q, int n_kv, int hd, float scale, int exact_exp, const int *__restrict__ dpos) {
+  if (dpos) pos0 = *dpos;
+  __shared__ float qf[ATT_MAX_HD];
+  __shared__ int qq4[ATT_MAX_HD / 4];
+  __shared__ float s_c[ATT_MAX_THREADS], s_w[ATT_MAX_THREADS], s_incl[ATT_MAX_THREADS];
+  __shared__ float red[32];
+  __shared__ __align__(16) signed char vt[ATT_VT_BYTES];
+  __shared__ float vst[ATT_MAX_THREADS];
+  const int h = blockIdx.x, m = blockIdx.y, tid = threadIdx.x;
+  const int NT = min((int)blockDim.x, ATT_VT_BYTES / hd);  // positions per tile
+  const int lane = tid & 31, warp = tid >> 5;
+  const int kvh = h / (n_q / n_kv);
+  const int T = pos0 + m + 1;  // positions 0..t
+  const float *qh = q + ((size_t)m * n_q + h) * hd;
+
+  float dq = 0.0f;
+  if (Q8) {  // query q8: the KV row rule (f32 scale, clamp to +-127)
+    const float v = tid < hd ? qh[tid] : 0.0f;
+    const float amax = block_max(fabsf(v), red);
+    dq = FDIV(amax, 127.0f);
+    const float id = q8_inverse(dq);
+    if (tid < hd) ((signed char *)qq4)[tid] = (signed char)fminf(127.0f, fmaxf(-127.0f, roundf(FMUL(v, id))));
+  } else {
+    if (tid < hd) qf[tid] = qh[tid];
+  }
+  __syncthreads();
+
+  float m_run = -INFINITY, l = 0.0f, acc = 0.0f;
+  for (int p0 = 0; p0 < T; p0 += NT) {
+    const int np = min(NT, T - p0);
+    const int p = p0 + tid;
+    float s = -INFINITY;
+    if (tid < np) {
+      const size_t row = (size_t)p * n_kv + kvh;
+      if (Q8) {
+        const int isum = q8_row_isum(qq4, (const int4 *)((const signed char *)kc + row * hd), hd);
+        s = FMUL(FMUL(__int2float_rn(isum), FMUL(dq, ksc[row])), scale);
+      } else {
+        const float *krow = (const float *)kc + row * hd;
+        float v[32];
+#pragma unroll
+        for (int i = 0; i < 32; i++) v[i] = 0.0f;
+        for (int j0 = 0; j0 < hd; j0 += 32) {
+#pragma unroll
+          for (int i = 0; i < 32; i++)
+            if (j0 + i < hd) v[i] = FADD(v[i], FMUL(qf[j0 + i], krow[j0 + i]));
+        }
+#pragma unroll
+        for (int off = 16; off >= 1; off >>= 1) {
+#pragma unroll
+          for (int i = 0; i < off; i++) v[i] = FADD(v[i], v[i + off]);
+        }
+        s = FMUL(v[0], scale);
+      }
+    }
+    // running max: inclusive prefix max over the tile, seeded with m_run
+    float incl = s;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+      const float o = __shfl_up_sync(FULL_MASK, incl, off);
+      if (lane >= off) incl = fmaxf(incl, o);
+    }
+    if (lane == 31) red[warp] = incl;
+    __syncthreads();
+    for (int w2 = 0; w2 < warp; w2++) incl = fmaxf(incl, red[w2]);
+    incl = fmaxf(incl, m_run);
+    s_incl[tid] = incl;
+    __syncthreads();
+    if (tid < np) {
+      const float mprev = tid == 0 ? m_run : s_incl[tid - 1];
+      s_c[tid] = exact_exp ? expf_ucrt(FSUB(mprev, incl)) : expf(FSUB(mprev, incl));
+      s_w[tid] = exact_exp ? expf_ucrt(FSUB(s, incl)) : expf(FSUB(s, incl));
+    }
+    if (Q8) {
+      stage_v_tile(vt, (const signed char *)vc, p0, np, n_kv, kvh, hd);
+      if (tid < np) vst[tid] = vsc[(size_t)(p0 + tid) * n_kv + kvh];
+    }
+    __syncthreads();
+    if (tid < hd) {
+#pragma unroll 8
+      for (int i = 0; i < np; i++) {
+        const float vv = Q8 ? FMUL((float)vt[i * hd + tid], vst[i])
+                            : ((const float *)vc)[((size_t)(p0 + i) * n_kv + kvh) * hd + tid];
+        const float ci = s_c[i], wi = s_w[i];
+        acc = FADD(FMUL(acc, ci), FMUL(wi, vv));
+        l = FADD(FMUL(l, ci), wi);
+      }
+    }
+    m_run = s_incl[np - 1];
+    __syncthreads();
+  }
+  if (tid < hd) out[((size_t)m * n_q + h) * hd + tid] = FDIV(acc, l);
+}
+
+extern "C" __global__ void attn_exact_q8(const float *q, const signed char *kc, const float *ksc,
+                                         const signed char *vc, const float *vsc, float *out, int pos0, int n_q,
+                                         int n_kv, int hd, float scale, int exact_exp, const int *dpos) {
+  pdl_wait();
+  attn_exact<true>(q, kc, ksc, vc, vsc, out, pos0, n_q, n_kv, hd, scale, exact_exp, dpos);
+}
+extern "C" __global__ void attn_exact_f32(const float *q, const float *kc, const float *ksc, const float *vc,
+                                          const float *vsc, float *out, int pos0, int n_q, int n_kv, int hd,
+                                          float scale, int exact_exp, const int *dpos) {
+  pdl_wait();
+  attn_exact<false>(q, kc, ksc, vc, vsc, out, pos0, n_q, n_kv, hd, scale, exact_exp, dpos);
+}
+
+// ------------------------------------------------------------ fast
+
+// f32 query . one int8 K row dequantized on the fly: four FMA chains (fast only;
+// the K scale is applied by the caller). hd: a multiple of 16.
+__device__ __forceinline__ float q8_row_dot_fast(const float *__restrict__ qf, const int4 *__restrict__ krow, int hd) {
+  float a4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 4
+  for (int i = 0; i < hd / 16; i++) {
+    const int4 kk = krow[i];
+    const int w[4] = {kk.x, kk.y, kk.z, kk.w};
+#pragma unroll
+    for (int c = 0; c < 4; c++) {
+      const float *qq = qf + 16 * i + 4 * c;
+      a4[c] = fmaf(qq[0], (float)(signed char)(w[c]), a4[c]);
+      a4[c] = fmaf(qq[1], (float)(signed char)(w[c] >> 8), a4[c]);
+      a4[c] = fmaf(qq[2], (float)(signed char)(w[c] >> 16), a4[c]);
+      a4[c] = fmaf(qq[3], (float)(signed char)(w[c] >> 24), a4[c]);
+    }
+  }
+  return (a4[0] + a4[1]) + (a4[2] + a4[3]);
+}
+
+// scores: scratch [M, n_q, cap_s] with cap_s >= pos0+M. block 256, hd <= 256.
+template <bool Q8>
+__device__ __forceinline__ void attn_fast(const float *__restrict__ q, const void *__restrict__ kc,
+                                          const float *__restrict__ ksc, const void *__restrict__ vc,
+                                          const float *__restrict__ vsc, float *__restrict__ out,
+                                          float *__restrict__ scores, int cap_s, int pos0, int n_q, int n_kv,
+                                          int hd, float scale, int exact_exp, const int *__restrict__ dpos) {
+  if (dpos) pos0 = *dpos;
+  __shared__ float qf[ATT_MAX_HD];
+  __shared__ float part[ATT_MAX_THREADS], wt[ATT_MAX_THREADS];
+  __shared__ float red[32];
+  __shared__ __align__(16) signed char vt[ATT_VT_BYTES];
+  const int h = blockIdx.x, m = blockIdx.y, tid = threadIdx.x, NT = blockDim.x;
+  const int kvh = h / (n_q / n_kv);
+  const int T = pos0 + m + 1;
+  const float *qh = q + ((size_t)m * n_q + h) * hd;
+  float *S = scores + ((size_t)m * n_q + h) * cap_s;
+  for (int j = tid; j < hd; j += NT) qf[j] = qh[j];
+  __syncthreads();
+
+  float lmax = -INFINITY;
+  for (int p = tid; p < T; p += NT) {
+    const size_t row = (size_t)p * n_kv + kvh;
+    float a = 0.0f;
+    if (Q8) {  // dequantize on the fly, four FMA chains
+      a = q8_row_dot_fast(qf, (const int4 *)((const signed char *)kc + row * hd), hd) * (ksc[row] * scale);
+    } else {
+      const float4 *krow = (const float4 *)((const float *)kc + row * hd);
+      float a4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 4
+      for (int i = 0; i < hd / 4; i++) {
+        const float4 kv = krow[i];
+        a4[0] = fmaf(qf[4 * i + 0], kv.x, a4[0]);
+        a4[1] = fmaf(qf[4 * i + 1], kv.y, a4[1]);
+        a4[2] = fmaf(qf[4 * i + 2], kv.z, a4[2]);
+        a4[3] = fmaf(qf[4 * i + 3], kv.w, a4[3]);
+      }
+      a = ((a4[0] + a4[1]) + (a4[2] + a4[3])) * scale;
+    }
+    S[p] = a;
+    lmax = fmaxf(lmax, a);
+  }
+  const float mx = block_max(lmax, red);
+  float lsum = 0.0f;
+  for (int p = tid; p < T; p += NT) {
+    const float e = exact_exp ? expf_ucrt(S[p] - mx) : expf(S[p] - mx);
+    S[p] = e;
+    lsum += e;
+  }
+  const float L = block_sum_fast(lsum, red);
+  // P.V: a tile of weights (e_p * vs_p) staged in shared memory, the positions of a
+  // tile split over G = NT/hd groups of hd threads, FMA accumulation
+  const int G = NT / hd, grp = tid / hd, j = tid % hd;
+  float a = 0.0f;
+  const int TL = min(NT, ATT_VT_BYTES / hd);
+  for (int p0 = 0; p0 < T; p0 += TL) {
+    const int np = min(TL, T - p0);
+    __syncthreads();  // S (global) written by other threads; the previous tile consumed
+    if (tid < np) wt[tid] = Q8 ? S[p0 + tid] * vsc[(size_t)(p0 + tid) * n_kv + kvh] : S[p0 + tid];
+    if (Q8) stage_v_tile(vt, (const signed char *)vc, p0, np, n_kv, kvh, hd);
+    __syncthreads();
+    if (grp < G) {
+#pragma unroll 4
+      for (int i = grp; i < np; i += G) {
+        const float v = Q8 ? (float)vt[i * hd + j] : ((const float *)vc)[((size_t)(p0 + i) * n_kv + kvh) * hd + j];
+        a = fmaf(wt[i], v, a);
+      }
+    }
+  }
+  if (grp < G) part[grp * hd + j] = a;
+  __syncthreads();
+  if (tid < hd) {
+    float tot = 0.0f;
+    for (int g = 0; g < G; g++) tot += part[g * hd + tid];
+    out[((size_t)m * n_q + h) * hd + tid] = tot * (1.0f / L);
+  }
+}
+
+extern "C" __global__ void attn_fast_q8(const float *q, const signed char *kc, const float *ksc,
+                                        const signed char *vc, const float *vsc, float *out, float *scores,
+                                        int cap_s, int pos0, int n_q, int n_kv, int hd, float scale,
+                                        int exact_exp, const int *dpos) {
+  pdl_wait();
+  attn_fast<true>(q, kc, ksc, vc, vsc, out, scores, cap_s, pos0, n_q, n_kv, hd, scale, exact_exp, dpos);
+}
+extern "C" __global__ void attn_fast_f32(const float *q, const float *kc, const float *ksc, const float *vc,
+                                         const float *vsc, float *out, float *scores, int cap_s, int pos0,
+                                         int n_q, int n_kv, int hd, float scale, int exact_exp, const int *dpos) {
+  pdl_wait();
+  attn_fast<false>(q, kc, ksc, vc, vsc, out, scores, cap_s, pos0, n_q, n_kv, hd, scale, exact_exp, dpos);
+}
+
+// ------------------------------------------------------------ split versions (q8 cache; the default)
+//
+// The single-kernel versions above run one block per (head, column): at M = 1
+// that is n_q blocks (32 for Qwen3-30B-A3B) working through the whole context
+// with a sync-heavy loop per 256-position tile, ~35 us a layer at context 1024
+// on an H200. The split versions spread the parallel parts over the context:
+//
+//   attn_exact_scores_q8  grid (n_q, M, tiles of ATT_SPLIT_TILE): the query's q8
+//       quantization and the scores s_p, bit-identical to attn_exact_q8 (same
+//       expressions), and each tile's inclusive prefix max I_p (max is exact, so
+//       the global running max m_p = max(earlier tiles' maxima, I_p) equals the
+//       serial kernel's, whatever the tiling).
+//   attn_exact_pv_q8      grid (n_q, M, hd/ATT_SPLIT_COLS): in stages of
+//       ATT_PV_STAGE positions (staged one ahead by producer threads), the running
+//       max m_p = max(the max before the tile, I_p), c_p = expf(m_{p-1} - m_p),
+//       w_p = expf(s_p - m_p) and t_p = w_p*(v_p*vs_p) of the block's 32 columns in
+//       parallel, then one warp runs the contract's serial recurrence acc = acc*c_p + t_p,
+//       l = l*c_p + w_p over the positions in order (every product rounded
+//       before its add), out = acc / l: the same operations in the same order
+//       as attn_exact_q8, so the same bits.
+//   attn_fast_part_q8 +   flash-decoding as engines do it: each tile of positions
+//   attn_fast_combine     gives, per query head, (its max, its sum of exp, its P.V
+//       with FMAs; scores as int8 dots with the query in q8 blocks), and
+//       a second kernel rescales and adds the tiles, out = acc * (1/L).
+//
+// Scratch: exact S and I rows [M, n_q, cap_s] (cap_s >= pos0 + M); fast
+// partials [M, n_q, tiles_cap, hd + 2] (tiles of ATT_FAST_TILE positions). Tiles
+// past a column's position exit at once, so a CUDA graph captures the grid for
+// the whole cache.
+#define ATT_SPLIT_TILE 256
+#define ATT_SPLIT_COLS 32
+#define ATT_PV_BATCH 16  // positions whose operands attn_exact_pv_q8's serial warp loads at a time
+static_assert(ATT_SPLIT_COLS == QK, "a P.V block's 32 dims are one q8_0 block of its output");
+
+extern "C" __global__ void attn_exact_scores_q8(const float *__restrict__ q, const signed char *__restrict__ kc,
+                                                const float *__restrict__ ksc, float *__restrict__ S,
+                                                float *__restrict__ I, int cap_s, int pos0, int n_q, int n_kv,
+                                                int hd, float scale, const int *__restrict__ dpos) {
+  pdl_wait();
+  if (dpos) pos0 = *dpos;
+  __shared__ int qq4[ATT_MAX_HD / 4];
+  __shared__ float red[32];
+  const int h = blockIdx.x, m = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int T = pos0 + m + 1;
+  const int p0 = blockIdx.z * ATT_SPLIT_TILE;
+  if (p0 >= T) return;  // block-uniform
+  const int kvh = h / (n_q / n_kv);
+  const float *qh = q + ((size_t)m * n_q + h) * hd;
+  const int np = min(ATT_SPLIT_TILE, T - p0);
+  const int p = p0 + tid;
+  const size_t row = (size_t)p * n_kv + kvh;
+  int4 kk[ATT_MAX_HD / 16];  // the position's K row, in flight while the query is quantized
+  float dk = 0.0f;
+  if (tid < np) {
+    q8_row_load((const int4 *)(kc + row * hd), hd, kk);
+    dk = ksc[row];
+  }
+  {  // query q8 (as attn_exact_q8)
+    const float v = tid < hd ? qh[tid] : 0.0f;
+    const float amax = block_max(fabsf(v), red);
+    const float dq0 = FDIV(amax, 127.0f);
+    const float id = q8_inverse(dq0);
+    if (tid < hd) ((signed char *)qq4)[tid] = (signed char)fminf(127.0f, fmaxf(-127.0f, roundf(FMUL(v, id))));
+    if (tid == 0) red[31] = dq0;  // red[0..nw) were read inside block_max; slot 31 is free (nw <= 8)
+  }
+  __syncthreads();
+  const float dq = red[31];
+  float s = -INFINITY;
+  if (tid < np) s = FMUL(FMUL(__int2float_rn(q8_row_dot(qq4, kk, hd)), FMUL(dq, dk)), scale);
+  float incl = s;  // tile-local inclusive prefix max
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const float o = __shfl_up_sync(FULL_MASK, incl, off);
+    if (lane >= off) incl = fmaxf(incl, o);
+  }
+  __syncthreads();  // everyone has read dq
+  if (lane == 31) red[warp] = incl;
+  __syncthreads();
+  for (int w2 = 0; w2 < warp; w2++) incl = fmaxf(incl, red[w2]);
+  if (tid < np) {
+    const size_t o = ((size_t)m * n_q + h) * cap_s + p;
+    S[o] = s;
+    I[o] = incl;
+  }
+}
+
+// UNTESTED ON A GPU (session 6, written after the device time was spent): a candidate for
+// attn_exact_pv_q8, to be timed and bit-checked against the committed kernel with
+//   python3 scripts/gpu_attn_bench.py cur=kestrel_tui/kernels/attention.cu \
+//       ring=results/runs/2026-11-30-s6/attention_pv_ring.cu
+// before anything else (launches.py's ATT_PV_THREADS would follow its #defines).
+//
+// Why: the committed kernel costs ~0.65 us a stage round whatever the stage's length — the
+// producers' chain for one stage (loads, two expf, the products, the stores) plus two block
+// barriers — with one stage of look-ahead. Here ATT_PV_GROUPS producer groups take the
+// stages in turn through a ring of as many stage buffers, so that several stages' producer
+// chains run at once, and the serial warp waits only for the stage it needs: named barriers
+// FULL[b] (the group arrives after writing buffer b, the serial warp syncs before reading it)
+// and EMPTY[b] (the serial warp arrives after reading it, the group syncs before writing it
+// again). Per position the arithmetic is the committed kernel's, in the same order.
+// Positions past T are padded with c = 1, w = -0, t = -0: steps that change no bit.
+#define ATT_PV_STAGE 64
+#define ATT_PV_GROUPS 4  // producer groups = stage buffers in the ring
+#define ATT_PV_THREADS (32 + ATT_PV_GROUPS * ATT_PV_STAGE)
+#define ATT_PV_TROW (ATT_PV_STAGE + 4)  // floats a dim's row: +4 spreads the lanes' 16-byte loads over the banks
+static_assert(ATT_SPLIT_TILE % ATT_PV_STAGE == 0, "a stage lies in one scores tile");
+static_assert(ATT_PV_GROUPS * ATT_PV_STAGE <= ATT_SPLIT_TILE, "a group visits every scores tile");
+static_assert(ATT_PV_STAGE % ATT_PV_BATCH == 0 && ATT_PV_BATCH == 16, "a half-warp of producers flags a batch");
+static_assert(2 * ATT_PV_GROUPS < 16, "named barriers 1 .. 2*groups");
+#define PV_FULL(b) (1 + (b))
+#define PV_EMPTY(b) (1 + ATT_PV_GROUPS + (b))
+#define PV_BAR_COUNT (32 + ATT_PV_STAGE)  // a group and the serial warp
+__device__ __forceinline__ void bar_sync_id(int id) { asm volatile("bar.sync %0, %1;" ::"r"(id), "n"(PV_BAR_COUNT) : "memory"); }
+__device__ __forceinline__ void bar_arrive_id(int id) { asm volatile("bar.arrive %0, %1;" ::"r"(id), "n"(PV_BAR_COUNT) : "memory"); }
+extern "C" __global__ void __launch_bounds__(ATT_PV_THREADS)
+attn_exact_pv_q8(const signed char *__restrict__ vc, const float *__restrict__ vsc, const float *__restrict__ S,
+                 const float *__restrict__ I, float *__restrict__ out, int cap_s, int pos0, int n_q, int n_kv,
+                 int hd, int exact_exp, const int *__restrict__ dpos, signed char *__restrict__ xq,
+                 float *__restrict__ xd, int quant) {
+  pdl_wait();
+  if (dpos) pos0 = *dpos;
+  __shared__ __align__(16) float2 s_cw[ATT_PV_GROUPS][ATT_PV_STAGE];               // (c, w)
+  __shared__ __align__(16) float s_t[ATT_PV_GROUPS][ATT_SPLIT_COLS][ATT_PV_TROW];  // t [dim][position]
+  __shared__ int s_ones[ATT_PV_GROUPS][ATT_PV_STAGE / ATT_PV_BATCH];               // batch has every c = 1
+  const int h = blockIdx.x, m = blockIdx.y, j0 = blockIdx.z * ATT_SPLIT_COLS, tid = threadIdx.x;
+  const int kvh = h / (n_q / n_kv);
+  const int T = pos0 + m + 1;
+  const int n_stages = (T + ATT_PV_STAGE - 1) / ATT_PV_STAGE;
+  const float *Sr = S + ((size_t)m * n_q + h) * cap_s, *Ir = I + ((size_t)m * n_q + h) * cap_s;
+  if (tid >= 32) {  // producer group g takes stages g, g + GROUPS, ... into buffer g
+    const int g = (tid - 32) / ATT_PV_STAGE, i = (tid - 32) % ATT_PV_STAGE;  // g: warp-uniform
+    float m_run = -INFINITY;  // the max over the scores tiles before the stage's tile
+    int tile_seen = 0;        // tiles whose maxima m_run holds
+    for (int k = g; k < n_stages; k += ATT_PV_GROUPS) {
+      const int c0 = k * ATT_PV_STAGE, p = c0 + i;
+      // the tiles before this one end at tile starts - 1 (< T), where their prefix max is their max
+      for (; tile_seen < c0 / ATT_SPLIT_TILE; tile_seen++)
+        m_run = fmaxf(m_run, Ir[(tile_seen + 1) * ATT_SPLIT_TILE - 1]);
+      float c = 1.0f, w = -0.0f, vs = 0.0f;
+      int4 v[ATT_SPLIT_COLS / 16];
+#pragma unroll
+      for (int part = 0; part < ATT_SPLIT_COLS / 16; part++) v[part] = make_int4(0, 0, 0, 0);
+      const bool in = p < T;
+      if (in) {
+        const float rs = Sr[p], ri = Ir[p];
+        const float rip = p % ATT_SPLIT_TILE == 0 ? -INFINITY : Ir[p - 1];  // the tile's prefix max before p
+        vs = vsc[(size_t)p * n_kv + kvh];
+        const int4 *vrow = (const int4 *)(vc + ((size_t)p * n_kv + kvh) * hd + j0);
+#pragma unroll
+        for (int part = 0; part < ATT_SPLIT_COLS / 16; part++) v[part] = vrow[part];
+        // the running max m_p = max(the max before the tile, I_p); m_{p-1} likewise
+        const float incl = fmaxf(ri, m_run), mprev = fmaxf(rip, m_run);
+        c = exact_exp ? expf_ucrt(FSUB(mprev, incl)) : expf(FSUB(mprev, incl));
+        w = exact_exp ? expf_ucrt(FSUB(rs, incl)) : expf(FSUB(rs, incl));
+      }
+      if (k >= ATT_PV_GROUPS) bar_sync_id(PV_EMPTY(g));  // the serial warp is done with stage k - GROUPS
+      s_cw[g][i] = make_float2(c, w);
+      const unsigned moved = __ballot_sync(FULL_MASK, c != 1.0f);  // a warp is two batches
+      if ((i & (ATT_PV_BATCH - 1)) == 0) s_ones[g][i / ATT_PV_BATCH] = ((moved >> (i & 31)) & 0xFFFFu) == 0;
+#pragma unroll
+      for (int part = 0; part < ATT_SPLIT_COLS / 16; part++) {
+        const int wds[4] = {v[part].x, v[part].y, v[part].z, v[part].w};
+#pragma unroll
+        for (int b = 0; b < 16; b++) {
+          const float vv = FMUL((float)(signed char)(wds[b >> 2] >> (8 * (b & 3))), vs);
+          s_t[g][part * 16 + b][i] = in ? FMUL(w, vv) : -0.0f;
+        }
+      }
+      bar_arrive_id(PV_FULL(g));
+    }
+    return;
+  }
+  float l = 0.0f, acc = 0.0f;
+  const int lane = tid;
+  for (int k = 0; k < n_stages; k++) {
+    const int b = k % ATT_PV_GROUPS;
+    bar_sync_id(PV_FULL(b));
+    const float4 *cw4 = (const float4 *)s_cw[b];    // (c, w) of two positions
+    const float4 *t4 = (const float4 *)s_t[b][lane];  // t of four positions
+#pragma unroll
+    for (int k0 = 0; k0 < ATT_PV_STAGE; k0 += ATT_PV_BATCH) {  // padded positions change no bit
+      float4 cw[ATT_PV_BATCH / 2], tq[ATT_PV_BATCH / 4];
+#pragma unroll
+      for (int u = 0; u < ATT_PV_BATCH / 2; u++) cw[u] = cw4[k0 / 2 + u];
+#pragma unroll
+      for (int u = 0; u < ATT_PV_BATCH / 4; u++) tq[u] = t4[k0 / 4 + u];
+      if (s_ones[b][k0 / ATT_PV_BATCH]) {  // every c is 1: acc*1 is acc, bit for bit
+#pragma unroll
+        for (int u = 0; u < ATT_PV_BATCH; u++) {
+          const float w = u & 1 ? cw[u / 2].w : cw[u / 2].y;
+          const float4 tv = tq[u / 4];
+          acc = FADD(acc, (u & 3) == 0 ? tv.x : (u & 3) == 1 ? tv.y : (u & 3) == 2 ? tv.z : tv.w);
+          l = FADD(l, w);
+        }
+      } else {
+#pragma unroll
+        for (int u = 0; u < ATT_PV_BATCH; u++) {
+          const float c = u & 1 ? cw[u / 2].z : cw[u / 2].x, w = u & 1 ? cw[u / 2].w : cw[u / 2].y;
+          const float4 tv = tq[u / 4];
+          acc = FADD(FMUL(acc, c), (u & 3) == 0 ? tv.x : (u & 3) == 1 ? tv.y : (u & 3) == 2 ? tv.z : tv.w);
+          l = FADD(FMUL(l, c), w);
+        }
+      }
+    }
+    if (k + ATT_PV_GROUPS < n_stages) bar_arrive_id(PV_EMPTY(b));  // only where a group will wait
+  }
+  // the block's 32 dims, one q8_0 block of o_proj's input
+  const size_t o = ((size_t)m * n_q + h) * hd + j0 + lane;
+  const float y = FDIV(acc, l);
+  out[o] = y;
+  q8_0_warp(y, o, xq, xd, quant);
+}
+
+// part: [M, n_q, tiles_cap, hd + 2] = (P.V[hd], max, sum) per query head and tile.
+// grid (n_kv, M, tiles of ATT_FAST_TILE), block 32 * min(n_q/n_kv, ATT_FAST_WARPS).
+// A block stages its tile's K and V rows once for every query head that reads them (GQA:
+// n_q/n_kv heads, 8 for Qwen3-30B-A3B), then a warp takes a head: lane = position for the
+// scores (each lane a whole int8 dot over its row in shared memory, no shuffles), lane = 4 dims
+// for P.V. The first version gave a block one head and a thread one position's dot straight
+// from global memory with 4 warps a block: ~15k cycles a block, latency-bound (issue 6).
+#define ATT_FAST_TILE 32
+#define ATT_FAST_WARPS 8
+#define ATT_KROW_PAD 16  // bytes after a staged K row: rows 16 bytes apart in the banks, so the
+                         // lanes' 16-byte loads (a lane a row) do not conflict
+static_assert(ATT_FAST_TILE == 32, "the scores give a lane one position");
+extern "C" __global__ void __launch_bounds__(32 * ATT_FAST_WARPS)
+attn_fast_part_q8(const float *__restrict__ q, const signed char *__restrict__ kc, const float *__restrict__ ksc,
+                  const signed char *__restrict__ vc, const float *__restrict__ vsc, float *__restrict__ part,
+                  int tiles_cap, int pos0, int n_q, int n_kv, int hd, float scale, int exact_exp,
+                  const int *__restrict__ dpos) {
+  pdl_wait();
+  if (dpos) pos0 = *dpos;
+  __shared__ __align__(16) signed char kt[ATT_FAST_TILE * (ATT_MAX_HD + ATT_KROW_PAD)];
+  __shared__ __align__(16) signed char vt[ATT_FAST_TILE * ATT_MAX_HD];
+  __shared__ __align__(16) int qq[ATT_FAST_WARPS][ATT_MAX_HD / 4];  // a warp's query, q8 packed 4 a word
+  __shared__ float qd[ATT_FAST_WARPS][ATT_MAX_HD / QK];            // and its block scales
+  __shared__ float wt[ATT_FAST_WARPS][ATT_FAST_TILE];
+  __shared__ float s_ks[ATT_FAST_TILE], s_vs[ATT_FAST_TILE];
+  const int kvh = blockIdx.x, m = blockIdx.y, tile = blockIdx.z, tid = threadIdx.x;
+  const int lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
+  const int T = pos0 + m + 1, p0 = tile * ATT_FAST_TILE;
+  if (p0 >= T) return;  // block-uniform
+  const int np = min(ATT_FAST_TILE, T - p0), G = n_q / n_kv, krow = hd + ATT_KROW_PAD, per_row = hd / 16;
+  for (int i = tid; i < np * per_row; i += blockDim.x) {
+    const int r = i / per_row, c = i % per_row;
+    const size_t src = ((size_t)(p0 + r) * n_kv + kvh) * hd;
+    ((int4 *)(kt + r * krow))[c] = ((const int4 *)(kc + src))[c];
+    ((int4 *)(vt + r * hd))[c] = ((const int4 *)(vc + src))[c];
+  }
+  if (tid < np) {
+    s_ks[tid] = ksc[(size_t)(p0 + tid) * n_kv + kvh] * scale;
+    s_vs[tid] = vsc[(size_t)(p0 + tid) * n_kv + kvh];
+  }
+  int *qqw = qq[warp];
+  float *qdw = qd[warp], *ww = wt[warp];
+  for (int h = kvh * G + warp, first = 1; h < (kvh + 1) * G; h += nw, first = 0) {
+    // the query in q8 blocks of 32, one scale a block, as llama.cpp's vector kernels quantize
+    // it for a q8_0 cache: a lane 4 elements, a block 8 lanes
+    const float *qh = q + ((size_t)m * n_q + h) * hd;
+    for (int c = 0; c < ATT_MAX_HD / 128; c++) {
+      const int j = 128 * c + 4 * lane;
+      if (128 * c >= hd) break;  // warp-uniform
+      const float4 v = j < hd ? *(const float4 *)(qh + j) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      float am = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+#pragma unroll
+      for (int off = 4; off >= 1; off >>= 1) am = fmaxf(am, __shfl_xor_sync(FULL_MASK, am, off));
+      const float id = am == 0.0f ? 0.0f : 127.0f / am;
+      if (j < hd) {
+        qqw[j / 4] = (__float2int_rn(v.x * id) & 0xff) | (__float2int_rn(v.y * id) & 0xff) << 8 |
+                     (__float2int_rn(v.z * id) & 0xff) << 16 | (__float2int_rn(v.w * id) & 0xff) << 24;
+        if ((lane & 7) == 0) qdw[j / QK] = am / 127.0f;
+      }
+    }
+    if (first) __syncthreads();  // the tile's rows (staged by every thread); block-uniform: nw <= G
+    __syncwarp();
+    float a = -INFINITY;
+    if (lane < np) {  // int8 dots a block of 32 (dp4a), scaled and summed with FMAs
+      const int4 *kr = (const int4 *)(kt + lane * krow), *q4 = (const int4 *)qqw;
+      float sacc = 0.0f;
+      for (int b = 0; b < hd / QK; b++) {
+        const int4 k0 = kr[2 * b], k1 = kr[2 * b + 1], x0 = q4[2 * b], x1 = q4[2 * b + 1];
+        int is = __dp4a(k0.x, x0.x, 0);
+        is = __dp4a(k0.y, x0.y, is);
+        is = __dp4a(k0.z, x0.z, is);
+        is = __dp4a(k0.w, x0.w, is);
+        is = __dp4a(k1.x, x1.x, is);
+        is = __dp4a(k1.y, x1.y, is);
+        is = __dp4a(k1.z, x1.z, is);
+        is = __dp4a(k1.w, x1.w, is);
+        sacc = fmaf((float)is, qdw[b], sacc);
+      }
+      a = sacc * s_ks[lane];
+    }
+    const float mx = warp_max(a);
+    const float e = lane < np ? (exact_exp ? expf_ucrt(a - mx) : __expf(a - mx)) : 0.0f;
+    const float L = warp_sum_fast(e);
+    ww[lane] = lane < np ? e * s_vs[lane] : 0.0f;  // the V scale folded into the weight
+    __syncwarp();
+    float acc[ATT_MAX_HD / 128][4] = {};
+    for (int i = 0; i < np; i++) {
+      const float w = ww[i];
+#pragma unroll
+      for (int c = 0; c < ATT_MAX_HD / 128; c++) {
+        const int j = 128 * c + 4 * lane;
+        if (j < hd) {
+          const int v4 = *(const int *)(vt + i * hd + j);
+#pragma unroll
+          for (int b = 0; b < 4; b++) acc[c][b] = fmaf(w, (float)(signed char)(v4 >> (8 * b)), acc[c][b]);
+        }
+      }
+    }
+    float *dst = part + (((size_t)m * n_q + h) * tiles_cap + tile) * (hd + 2);
+#pragma unroll
+    for (int c = 0; c < ATT_MAX_HD / 128; c++) {
+      const int j = 128 * c + 4 * lane;
+      if (j < hd)
+        for (int b = 0; b < 4; b++) dst[j + b] = acc[c][b];
+    }
+    if (lane == 0) {
+      dst[hd] = mx;
+      dst[hd + 1] = L;
+    }
+    __syncwarp();  // qqw / qdw / ww are the warp's next head's
+  }
+}
+
+// grid (n_q, M), block >= hd (a multiple of 32). Tiles in batches of 32: lane u of every
+// warp loads tile t0+u's (max, sum) and computes its factor f = exp(max - running max), and
+// each thread loads its dim's P.V of all 32 tiles at once, so the kernel waits on memory
+// once a batch and needs no block barrier; the batch's factors reach the lanes by shuffles,
+// and the running max moves from batch to batch with one rescale (online softmax).
+// xq/xd (quant != 0): the q8_0 of out for o_proj (common.cuh q8_0_warp; a warp is 32
+// consecutive dims of one head), saving the quantize launch.
+extern "C" __global__ void attn_fast_combine(const float *__restrict__ part, float *__restrict__ out, int tiles_cap,
+                                             int pos0, int n_q, int hd, int exact_exp, const int *__restrict__ dpos,
+                                             signed char *__restrict__ xq, float *__restrict__ xd, int quant) {
+  pdl_wait();
+  if (dpos) pos0 = *dpos;
+  const int h = blockIdx.x, m = blockIdx.y, tid = threadIdx.x, lane = tid & 31;
+  const int T = pos0 + m + 1;
+  const int nt = (T + ATT_FAST_TILE - 1) / ATT_FAST_TILE;
+  const int stride = hd + 2, j = min(tid, hd - 1);
+  const float *src = part + ((size_t)m * n_q + h) * tiles_cap * stride;
+  float gm = -INFINITY, L = 0.0f, acc = 0.0f;
+  for (int t0 = 0; t0 < nt; t0 += 32) {
+    const int nb = min(32, nt - t0);
+    const float *pl = src + (size_t)(t0 + min(lane, nb - 1)) * stride;
+    const float mt = lane < nb ? pl[hd] : -INFINITY, lt = lane < nb ? pl[hd + 1] : 0.0f;
+    float v[32];
+#pragma unroll
+    for (int u = 0; u < 32; u++) v[u] = u < nb ? src[(size_t)(t0 + u) * stride + j] : 0.0f;
+    const float bm = fmaxf(gm, warp_max(mt));
+    const float f = lane < nb ? (exact_exp ? expf_ucrt(mt - bm) : __expf(mt - bm)) : 0.0f;
+    const float r = t0 == 0 ? 0.0f : (exact_exp ? expf_ucrt(gm - bm) : __expf(gm - bm));
+    gm = bm;
+    L = fmaf(L, r, warp_sum_fast(lt * f));
+    acc *= r;
+#pragma unroll
+    for (int u = 0; u < 32; u++) acc = fmaf(v[u], __shfl_sync(FULL_MASK, f, u), acc);
+  }
+  if (tid < hd) {
+    const size_t o = ((size_t)m * n_q + h) * hd + tid;
+    const float y = acc * (1.0f / L);
+    out[o] = y;
+    q8_0_warp(y, o, xq, xd, quant);
+  }
+}
