@@ -42,6 +42,9 @@ def main() -> None:
     ap.add_argument("--kv-heads", type=int, default=4)
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--reps", type=int, default=200)
+    ap.add_argument("--rising", action="store_true",
+                    help="K scales growing with the position, so the running max moves at many positions"
+                         " (the recurrence's rescaling steps, c != 1)")
     args = ap.parse_args()
 
     import pycuda.autoinit  # noqa: F401
@@ -57,6 +60,8 @@ def main() -> None:
     kc = rng.integers(-127, 128, (cap, nkv, hd)).astype(np.int8)
     vc = rng.integers(-127, 128, (cap, nkv, hd)).astype(np.int8)
     ks = (rng.random((cap, nkv)) * 0.02 + 0.001).astype(np.float32)
+    if args.rising:
+        ks *= np.float32(1) + np.arange(cap, dtype=np.float32)[:, None] * np.float32(8 / cap)
     vs = (rng.random((cap, nkv)) * 0.02 + 0.001).astype(np.float32)
     d_q, d_kc, d_vc, d_ks, d_vs = (cuda.to_device(a) for a in (q, kc, vc, ks, vs))
     S, I = cuda.mem_alloc(nh * cap * 4), cuda.mem_alloc(nh * cap * 4)
