@@ -254,7 +254,9 @@ __device__ __forceinline__ void gemv_q4_x3(const uint4 *W0, const __half *D0, fl
 // lane-reduced sums in acc. Every row's weight loads are issued before the first dot: one row
 // a warp needed 2-3 waves of blocks for the top-8 experts of a 30B-A3B layer, each wave paying
 // the full memory latency. Each row is reduced exactly as one row of gemv_q4 (lane order,
-// then the lane tree).
+// then the lane tree). Its row loop repeats gemv_q4_m1's on purpose: one shared loop for both
+// (same bits) compiled to other code and made the full-size step ~0.1 ms slower on the H200
+// (results/runs/2026-11-30-s7/gemv_shared_row_loop.patch).
 #define EXPERT_ROWS 4
 template <bool EXACT>
 __device__ __forceinline__ void q4_expert_rows(const uint4 *W, const __half *D, int e, int row0, int out, int nb,
