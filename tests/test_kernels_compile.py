@@ -257,9 +257,15 @@ def test_two_pass_hash_on_odd_spans():
 class _FakeDriver:
     """Just enough of pycuda.driver: allocations are host buffers at fake addresses."""
 
+    smem_optin = 232448  # an H200's dynamic shared memory a block may opt in to
+
+    class function_attribute:  # noqa: N801 (pycuda.driver's name)
+        MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+
     def __init__(self):
         self.allocs: dict[int, np.ndarray] = {}
         self.next = 1 << 32
+        self.optin: dict[str, int] = {}  # kernel -> set_attribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)
 
     def _find(self, ptr: int, n: int = 1) -> tuple[np.ndarray, int]:
         ptr = int(ptr)
@@ -343,8 +349,11 @@ class _FakeKernel:
         self.drv, self.name, self.fmt = drv, name, SIGNATURES[name]
         self.calls = 0
 
-    def prepared_call(self, grid, block, *args):
+    def prepared_call(self, grid, block, *args, shared_size=0):
         assert len(args) == len(self.fmt), f"{self.name}: {len(args)} args for format {self.fmt}"
+        assert 0 <= shared_size <= (48 * 1024 if shared_size <= 48 * 1024 else self.drv.optin.get(self.name, 0)), \
+            (self.name, shared_size, "above 48 KB without opting in")
+        self.shared_size = shared_size
         struct.pack("".join({"P": "Q", "i": "i", "f": "f"}[c] for c in self.fmt), *args)  # types
         for c, a in zip(self.fmt, args):
             if c == "P" and a:
@@ -352,8 +361,13 @@ class _FakeKernel:
         assert all(g >= 1 for g in grid) and block[0] % 32 == 0 and block[0] <= 1024, (self.name, grid, block)
         self.calls += 1
 
-    def prepared_async_call(self, grid, block, stream, *args):
-        self.prepared_call(grid, block, *args)
+    def prepared_async_call(self, grid, block, stream, *args, shared_size=0):
+        self.prepared_call(grid, block, *args, shared_size=shared_size)
+
+    def set_attribute(self, attr, value):
+        assert attr == _FakeDriver.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES
+        assert value <= self.drv.smem_optin, (self.name, value)
+        self.drv.optin[self.name] = value
 
 
 class _FakeRuntime:
@@ -621,6 +635,70 @@ def test_pdl_launch_structures_and_routing(monkeypatch):
     assert b.stream is None  # restored after the capture
     monkeypatch.setenv("KESTREL_CUDA_PDL", "0")
     assert pdl.launcher_for(fake) is None and not gr.DecodeGraph(b, hashing=True).pdl
+
+
+def test_exact_pv_spread_one_block_an_sm(monkeypatch):
+    """attn_exact_pv_q8 takes half an SM's shared memory (unused) so no two of its blocks share an
+    SM: opted in above 48 KB, on PyCUDA's launch and on the PDL launcher's (cuFuncSetAttribute,
+    sharedMemBytes); no spread for the fast kernels, with KESTREL_PV_SPREAD=0, or where the
+    runtime does not know its SMs' shared memory."""
+    import ctypes
+
+    from kestrel_tui.backends.cuda import backend as be
+    from kestrel_tui.backends.cuda import graph as gr
+    from kestrel_tui.backends.cuda import launches, make_cuda_backend, pdl
+    from kestrel_tui.backends.cuda.runtime import MODULES, SIGNATURES
+    from kestrel_tui.backends.toggles import TOGGLES
+    from kestrel_tui.model.weights import synthetic_model
+
+    fake = _FakeRuntime()
+    monkeypatch.setattr(be, "runtime", lambda: fake)
+    assert launches.pv_spread_bytes(fake) == 0  # nothing known: no spread
+    fake.smem_per_sm = 233472  # an H200's
+    assert launches.pv_spread_bytes(fake) == 116736
+    monkeypatch.setenv("KESTREL_PV_SPREAD", "0")
+    assert launches.pv_spread_bytes(fake) == 0
+    monkeypatch.delenv("KESTREL_PV_SPREAD")
+    model = synthetic_model(default_config().with_layers(2), "q4_0")
+    fast = make_cuda_backend(model)
+    fast.reset(8)
+    fast.step(np.array([5, 9]), 0, raw=False)
+    assert fast.pv_spread == 0 and fake.kernels["attn_fast_part_q8"].shared_size == 0
+    exact = make_cuda_backend(model, exact=frozenset(TOGGLES))
+    exact.reset(8)
+    exact.step(np.array([5, 9]), 0, raw=False)
+    pv = fake.kernels["attn_exact_pv_q8"]
+    assert exact.pv_spread == 116736 and pv.shared_size == 116736 and fake.cuda.optin["attn_exact_pv_q8"] == 116736
+
+    launched = []
+
+    class _Lib(_FakeLibcuda):
+        def __getattr__(self, name):
+            if name == "cuLaunchKernelEx":
+                def fn(cfg, f, params, extra):
+                    c = ctypes.cast(cfg, ctypes.POINTER(pdl.LaunchConfig)).contents
+                    launched.append((f.value, c.sharedMemBytes))
+                    return 0
+                return fn
+            if name == "cuFuncSetAttribute":
+                def fn(f, attr, value):
+                    launched.append(("opt-in", f.value, attr, value.value))
+                    return 0
+                return fn
+            return super().__getattr__(name)
+
+    lib = _Lib()
+    monkeypatch.setattr(gr, "_cu", lambda: lib)
+    launcher = object.__new__(pdl.PdlLauncher)
+    launcher.lib, launcher.signatures, launcher.names = lib, SIGNATURES, fake.kernel_names
+    launcher.modules, launcher.functions, launcher.opted_in = {m: ctypes.c_void_p(1) for m in MODULES}, {}, {}
+    launcher.attr = pdl.LaunchAttribute(id=pdl.LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
+    fake.pdl = launcher
+    gr.DecodeGraph(exact, hashing=True)
+    shared = [sm for f, sm in (x for x in launched if x[0] != "opt-in") if sm]
+    opt_in = [x for x in launched if x[0] == "opt-in"]
+    assert shared == [116736] * 2  # one P·V launch a layer, nothing else takes shared memory
+    assert [(a, v) for _, _, a, v in opt_in] == [(pdl.FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 116736)]
 
 
 def test_graph_without_the_logits_event_when_refused(monkeypatch):

@@ -417,6 +417,8 @@ extern "C" __global__ void attn_exact_scores_q8(const float *__restrict__ q, con
 // block's 32 dims, stored [dim][position] so that a lane reads its dim's next four with one
 // 16-byte load. The serial warp then does only the chain's multiply-add pairs (acc and l).
 // Positions past T are padded with c = 1, w = -0, t = -0: steps that change no bit.
+// Its launch takes half an SM's shared memory (unused; backends/cuda/launches.py
+// pv_spread_bytes) so that each block has an SM to itself: blocks sharing one slow each other.
 // Measured no faster on the H200 (results/gpu-h200-issue6.md, session 6): operands staged
 // by cp.async two stages ahead, adds only over batches whose every c is 1, 2 or 4 producers a
 // position, the serial warp loading a batch ahead, the serial warp alone on its scheduler.

@@ -52,17 +52,17 @@
 // before it may write — first thing, except the dense GEMVs (gemv.cuh gemv_q4), which issue
 // their first weight loads ahead of it (weights are never written by a step).
 // It waits until every kernel before it has finished and its writes are visible — the
-// dependency a plain launch has — so a kernel scheduled early (once all blocks of the one
-// before it have exited, ahead of that grid's teardown) computes exactly what it computes
-// without PDL. Without the launch attribute it is a no-op. By default the kernels do not
-// trigger their successors early; built with KESTREL_PDL_TRIGGER (env KESTREL_PDL_TRIGGER=1,
-// runtime.py) each one does once it has passed its wait (griddepcontrol.launch_dependents),
-// so the next grid's blocks are resident and waiting when it ends. Either way a kernel
-// touches memory only after everything before it has finished: the bits do not change.
+// dependency a plain launch has — so a kernel scheduled early computes exactly what it
+// computes without PDL. Without the launch attribute it is a no-op. Once past its wait, each
+// kernel triggers its successor (griddepcontrol.launch_dependents), so the next grid's blocks
+// are resident and waiting when it ends; built with KESTREL_PDL_WAIT_ONLY (env
+// KESTREL_PDL_TRIGGER=0, runtime.py) they do not. Either way a kernel touches memory only after
+// everything before it has finished: the bits do not change. (The trigger pays only with the
+// exact P·V kernel spread one block an SM: backends/cuda/launches.py, pv_spread_bytes.)
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
-#ifdef KESTREL_PDL_TRIGGER
+#ifndef KESTREL_PDL_WAIT_ONLY
   asm volatile("griddepcontrol.launch_dependents;" :::);
 #endif
 #endif

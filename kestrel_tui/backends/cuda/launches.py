@@ -34,15 +34,17 @@ def _blocks(n: int, per: int) -> int:
     return -(-n // per)
 
 
-def launch(k, grid, block, stream, *args) -> None:
+def launch(k, grid, block, stream, *args, shared: int = 0) -> None:
     """One kernel launch on `stream` (None: the default stream); with PDL while a decode graph
-    captures on it (pdl.py)."""
-    if pdl.route(k, grid, block, stream, args):
+    captures on it (pdl.py). shared: dynamic shared memory bytes (above 48 KB the kernel has
+    opted in: select_kernels)."""
+    if pdl.route(k, grid, block, stream, args, shared):
         return
+    extra = {"shared_size": shared} if shared else {}
     if stream is None:
-        k.prepared_call(grid, block, *args)
+        k.prepared_call(grid, block, *args, **extra)
     else:
-        k.prepared_async_call(grid, block, stream, *args)
+        k.prepared_async_call(grid, block, stream, *args, **extra)
 
 
 def gemv_split(M: int, exact: bool) -> int:
@@ -56,6 +58,20 @@ def q4_rows_a_block(M: int, exact: bool) -> int:
     """Output rows a 4-warp block of the q4_0 dense GEMVs takes (kernels/gemv.cuh gemv_q4):
     GEMV_ROWS1 a warp at M = 1, else 4 / gemv_split."""
     return 4 * GEMV_ROWS1 if M == 1 else 4 // gemv_split(M, exact)
+
+
+def pv_spread_bytes(rt) -> int:
+    """Dynamic shared memory (unused) for attn_exact_pv_q8 so that no two of its blocks share an
+    SM: half the SM's shared memory. A P·V block is one latency-bound serial warp and its
+    producers, and blocks sharing an SM slow each other down. That happens when the kernel is
+    launched early (the PDL trigger, kernels/common.cuh) onto the SMs the scores kernel leaves
+    free: exact +0.62 ms a full-size step; with the spread the trigger makes both paths faster
+    (results/gpu-h200-issue6.md, session 7). 0 (no spread) where the runtime does not know the
+    SMs' shared memory, or with KESTREL_PV_SPREAD=0."""
+    per_sm = int(getattr(rt, "smem_per_sm", 0) or 0)
+    if os.environ.get("KESTREL_PV_SPREAD", "1") == "0" or per_sm <= 2 * 48 * 1024:
+        return 0
+    return per_sm // 2
 
 
 def select_kernels(b) -> None:
@@ -89,6 +105,9 @@ def select_kernels(b) -> None:
             b.k_att_a, b.k_att_b = k("attention", "attn_exact_scores_q8"), k("attention", "attn_exact_pv_q8")
         else:
             b.k_att_a, b.k_att_b = k("attention", "attn_fast_part_q8"), k("attention", "attn_fast_combine")
+    b.pv_spread = pv_spread_bytes(b.rt) if b.attn_split and b.attn_exact else 0
+    if b.pv_spread > 48 * 1024:  # above 48 KB a kernel must opt in (pdl.py does it for its own load)
+        b.k_att_b.set_attribute(b.rt.cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, b.pv_spread)
     b.k_router = k("moe", f"router_{pick('moe')}")
     b.k_silu = k("moe", f"silu_mul_{pick('moe')}")
     b.k_combine = k("moe", f"combine_{pick('moe')}")
@@ -300,7 +319,7 @@ def attention(b, q: int, out: int, layer: int, pos0: int, M: int, xq: int = 0, x
             launch(b.k_att_a, (nh, M, tiles), (ATT_SPLIT_TILE, 1, 1), b.stream, q, c["k"], c["ks"], S, I,
                    cap, pos0, nh, nkv, hd, scale, b.dpos)
             launch(b.k_att_b, (nh, M, hd // 32), (ATT_PV_THREADS, 1, 1), b.stream, c["v"], c["vs"], S, I,
-                   out, cap, pos0, nh, nkv, hd, b.exp_exact, b.dpos, xq, xd, quant)
+                   out, cap, pos0, nh, nkv, hd, b.exp_exact, b.dpos, xq, xd, quant, shared=b.pv_spread)
         else:
             tcap = _blocks(cap, ATT_FAST_TILE)
             warps = min(nh // nkv, ATT_FAST_WARPS)  # a block: one kv head's query heads

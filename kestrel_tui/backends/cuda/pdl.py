@@ -26,6 +26,7 @@ import os
 import threading
 
 LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
+FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 
 
 class LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute: id, 4 bytes of padding, a 64-byte union
@@ -61,11 +62,13 @@ class PdlLauncher:
         from .runtime import MODULES, NVCC_OPTIONS, SIGNATURES, module_source
 
         self.lib = lib if lib is not None else ctypes.CDLL("libcuda.so.1")
-        for name in ("cuModuleLoadData", "cuModuleGetFunction", "cuModuleUnload", "cuLaunchKernelEx"):
+        for name in ("cuModuleLoadData", "cuModuleGetFunction", "cuModuleUnload", "cuLaunchKernelEx",
+                     "cuFuncSetAttribute"):
             getattr(self.lib, name).restype = ctypes.c_int
         self.signatures = SIGNATURES
         self.modules: dict[str, ctypes.c_void_p] = {}
         self.functions: dict[str, ctypes.c_void_p] = {}
+        self.opted_in: dict[str, int] = {}  # kernel -> the dynamic shared memory it may take
         self.names = rt.kernel_names  # id(PyCUDA Function) -> (module, kernel name)
         self.attr = LaunchAttribute(id=LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
         self.attr.value[0] = 1  # programmaticStreamSerializationAllowed
@@ -88,16 +91,21 @@ class PdlLauncher:
             self.functions[name] = fn
         return fn
 
-    def launch(self, k, grid, block, stream_handle: int, args) -> None:
+    def launch(self, k, grid, block, stream_handle: int, args, shared: int = 0) -> None:
         module, name = self.names[id(k)]
         fmt = self.signatures[name]
         if len(args) != len(fmt):
             raise ValueError(f"{name}: {len(args)} arguments for the format {fmt}")
         values = [_ARG[c](int(a) if c != "f" else float(a)) for c, a in zip(fmt, args)]
         params = (ctypes.c_void_p * len(values))(*[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in values])
-        cfg = LaunchConfig(*(int(g) for g in grid), *(int(b) for b in block), 0, ctypes.c_void_p(stream_handle),
+        fn = self._function(module, name)
+        if shared > 48 * 1024 and self.opted_in.get(name, 0) < shared:  # above 48 KB a kernel must opt in
+            _check(self.lib.cuFuncSetAttribute(fn, FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, ctypes.c_int(shared)),
+                   f"cuFuncSetAttribute({name})")
+            self.opted_in[name] = shared
+        cfg = LaunchConfig(*(int(g) for g in grid), *(int(b) for b in block), shared, ctypes.c_void_p(stream_handle),
                            ctypes.pointer(self.attr), 1)
-        _check(self.lib.cuLaunchKernelEx(ctypes.byref(cfg), self._function(module, name), params, None),
+        _check(self.lib.cuLaunchKernelEx(ctypes.byref(cfg), fn, params, None),
                f"cuLaunchKernelEx({name})")
 
     def close(self) -> None:
@@ -105,7 +113,7 @@ class PdlLauncher:
         keeps its launcher for the life of the process)."""
         for handle in self.modules.values():
             self.lib.cuModuleUnload(handle)
-        self.modules, self.functions = {}, {}
+        self.modules, self.functions, self.opted_in = {}, {}, {}
 
 
 def launcher_for(rt) -> PdlLauncher | None:
@@ -136,12 +144,12 @@ def capturing(stream, launcher: PdlLauncher | None):
         _local.active = saved
 
 
-def route(k, grid, block, stream, args) -> bool:
+def route(k, grid, block, stream, args, shared: int = 0) -> bool:
     """Launch through PDL if a capture on `stream` asked for it; False: the caller launches."""
     active = getattr(_local, "active", None)
     if active is None or stream is None or stream is not active[0]:
         return False
     from .graph import stream_handle
 
-    active[1].launch(k, grid, block, stream_handle(stream), args)
+    active[1].launch(k, grid, block, stream_handle(stream), args, shared)
     return True

@@ -24,8 +24,8 @@ from ...errors import UsageError
 
 KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernels"
 MODULES = ("gemv", "norm", "rope", "kvquant", "attention", "moe", "fused", "hash", "transcend")
-# KESTREL_PDL_TRIGGER=1: kernels trigger their successor early (kernels/common.cuh pdl_wait)
-NVCC_OPTIONS = ["-fmad=false", "-std=c++17"] + (["-DKESTREL_PDL_TRIGGER"] if os.environ.get("KESTREL_PDL_TRIGGER") == "1"
+# KESTREL_PDL_TRIGGER=0: kernels do not trigger their successor early (kernels/common.cuh pdl_wait)
+NVCC_OPTIONS = ["-fmad=false", "-std=c++17"] + (["-DKESTREL_PDL_WAIT_ONLY"] if os.environ.get("KESTREL_PDL_TRIGGER") == "0"
                                                 else [])
 FALLBACK = "the sim subject is the fallback (--subject sim)"
 
@@ -112,6 +112,7 @@ class Runtime:
         self.arch = f"sm_{major}{minor}"
         self.name = self.device.name()
         self.ctx = self.device.retain_primary_context()
+        self.smem_per_sm = self.device.get_attribute(cuda.device_attribute.MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)
         self._graveyard: list = []
         self._grave_lock = threading.Lock()
         self.modules = {}
