@@ -646,7 +646,7 @@ def test_exact_pv_spread_one_block_an_sm(monkeypatch):
 
     from kestrel_tui.backends.cuda import backend as be
     from kestrel_tui.backends.cuda import graph as gr
-    from kestrel_tui.backends.cuda import launches, make_cuda_backend, pdl
+    from kestrel_tui.backends.cuda import launches, make_cuda_backend, pdl, perf
     from kestrel_tui.backends.cuda.runtime import MODULES, SIGNATURES
     from kestrel_tui.backends.toggles import TOGGLES
     from kestrel_tui.model.weights import synthetic_model
@@ -669,6 +669,8 @@ def test_exact_pv_spread_one_block_an_sm(monkeypatch):
     exact.step(np.array([5, 9]), 0, raw=False)
     pv = fake.kernels["attn_exact_pv_q8"]
     assert exact.pv_spread == 116736 and pv.shared_size == 116736 and fake.cuda.optin["attn_exact_pv_q8"] == 116736
+    prof = perf.kernel_profile(model, frozenset(TOGGLES), ctx=4, reps=1)  # its timed launches pass it on
+    assert prof["kernels"]["attn_exact_pv_q8"][0] == 2
 
     launched = []
 

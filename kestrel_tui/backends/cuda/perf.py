@@ -249,10 +249,10 @@ def kernel_profile(model, exact: frozenset, ctx: int = 1024, reps: int = 2) -> d
     orig = launches.launch  # the step's launches (launches.py) and the hash launches (backend.py)
     records: list = []
 
-    def timed(k, grid, block, stream, *args):
+    def timed(k, grid, block, stream, *args, shared: int = 0):
         e0, e1 = cuda.Event(), cuda.Event()
         e0.record(stream)
-        orig(k, grid, block, stream, *args)
+        orig(k, grid, block, stream, *args, shared=shared)
         e1.record(stream)
         records.append((b.rt.kernel_names.get(id(k), ("", getattr(k, "name", "?")))[1], e0, e1))
 
