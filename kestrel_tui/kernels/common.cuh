@@ -53,12 +53,13 @@
 // their first weight loads ahead of it (weights are never written by a step).
 // It waits until every kernel before it has finished and its writes are visible — the
 // dependency a plain launch has — so a kernel scheduled early computes exactly what it
-// computes without PDL. Without the launch attribute it is a no-op. Once past its wait, each
-// kernel triggers its successor (griddepcontrol.launch_dependents), so the next grid's blocks
-// are resident and waiting when it ends; built with KESTREL_PDL_WAIT_ONLY (env
-// KESTREL_PDL_TRIGGER=0, runtime.py) they do not. Either way a kernel touches memory only after
-// everything before it has finished: the bits do not change. (The trigger pays only with the
-// exact P·V kernel spread one block an SM: backends/cuda/launches.py, pv_spread_bytes.)
+// computes without PDL. Without the launch attribute it is a no-op. Unless built with
+// KESTREL_PDL_WAIT_ONLY (runtime.py's default; env KESTREL_PDL_TRIGGER=1 leaves it out), each
+// kernel triggers its successor once past its wait (griddepcontrol.launch_dependents), so the
+// next grid's blocks are resident and waiting when it ends. Either way a kernel touches memory
+// only after everything before it has finished: the bits do not change. (The trigger makes both
+// paths faster only with the exact P·V spread one block an SM, launches.py pv_spread_bytes, and
+// even then exact/fast reads 1.18-1.22 on the H200: results/gpu-h200-issue6.md, session 7.)
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");

@@ -69,7 +69,7 @@ __device__ __forceinline__ int gemv_split(int M) { return M == 1 ? 1 : (M <= 4 ?
 //
 // The kernel's pdl_wait() is in here, after the lane's first weight blocks are in flight:
 // weights are never written by a step, so their loads may go ahead of the wait, and with the
-// early trigger (kernels/common.cuh pdl_wait) they overlap the kernel in front.
+// early trigger (kernels/common.cuh pdl_wait; off by default) they overlap the kernel in front.
 // A lane's blocks at M > 1: split, its warp's share strided by 32 from lane; else lane,
 // lane+32, ... Every lane adds its terms in that order, each term as the version says.
 #define GEMV_MAX_WARPS 8

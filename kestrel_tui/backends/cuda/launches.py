@@ -65,7 +65,8 @@ def pv_spread_bytes(rt) -> int:
     SM: half the SM's shared memory. A P·V block is one latency-bound serial warp and its
     producers, and blocks sharing an SM slow each other down. That happens when the kernel is
     launched early (the PDL trigger, kernels/common.cuh) onto the SMs the scores kernel leaves
-    free: exact +0.62 ms a full-size step; with the spread the trigger makes both paths faster
+    free: exact +0.62 ms a full-size step; with the spread the trigger makes both paths faster.
+    Without the trigger (the default) the spread is worth ~0.02 ms a step of exact
     (results/gpu-h200-issue6.md, session 7). 0 (no spread) where the runtime does not know the
     SMs' shared memory, or with KESTREL_PV_SPREAD=0."""
     per_sm = int(getattr(rt, "smem_per_sm", 0) or 0)

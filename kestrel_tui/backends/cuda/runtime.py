@@ -24,9 +24,10 @@ from ...errors import UsageError
 
 KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernels"
 MODULES = ("gemv", "norm", "rope", "kvquant", "attention", "moe", "fused", "hash", "transcend")
-# KESTREL_PDL_TRIGGER=0: kernels do not trigger their successor early (kernels/common.cuh pdl_wait)
-NVCC_OPTIONS = ["-fmad=false", "-std=c++17"] + (["-DKESTREL_PDL_WAIT_ONLY"] if os.environ.get("KESTREL_PDL_TRIGGER") == "0"
-                                                else [])
+# kernels wait-only by default; KESTREL_PDL_TRIGGER=1: each triggers its successor early
+# (kernels/common.cuh pdl_wait)
+NVCC_OPTIONS = ["-fmad=false", "-std=c++17"] + ([] if os.environ.get("KESTREL_PDL_TRIGGER") == "1"
+                                                else ["-DKESTREL_PDL_WAIT_ONLY"])
 FALLBACK = "the sim subject is the fallback (--subject sim)"
 
 # Every kernel's PyCUDA argument format (P: pointer, i: int, f: float), in the
