@@ -585,6 +585,46 @@ def test_hashing_off_launches_no_hash_kernels(monkeypatch, graph):
     assert b.graph_steps == (2 if graph else 0)
 
 
+def _fake_pdl(monkeypatch, fake):
+    """A libcuda for graph.py and pdl.py whose cuLaunchKernelEx and cuFuncSetAttribute record
+    their calls, and `fake`'s PdlLauncher on it (no modules to load). Returns the launches
+    (LaunchConfig fields and the first attribute, a dict each) and the opt-ins ((attr, bytes))."""
+    import ctypes
+
+    from kestrel_tui.backends.cuda import graph as gr
+    from kestrel_tui.backends.cuda import pdl
+    from kestrel_tui.backends.cuda.runtime import MODULES, SIGNATURES
+
+    launched, opted_in = [], []
+
+    class _Lib(_FakeLibcuda):
+        def __getattr__(self, name):
+            if name == "cuLaunchKernelEx":
+                def fn(cfg, f, params, extra):
+                    c = ctypes.cast(cfg, ctypes.POINTER(pdl.LaunchConfig)).contents
+                    a = c.attrs.contents
+                    launched.append(dict(grid=c.gridDimX, block=c.blockDimX, n_attrs=c.numAttrs, attr=a.id,
+                                         value=a.value[0], shared=c.sharedMemBytes))
+                    return 0
+                return fn
+            if name == "cuFuncSetAttribute":
+                def fn(f, attr, value):
+                    opted_in.append((attr, value.value))
+                    return 0
+                return fn
+            return super().__getattr__(name)
+
+    lib = _Lib()
+    monkeypatch.setattr(gr, "_cu", lambda: lib)
+    launcher = object.__new__(pdl.PdlLauncher)  # a launcher without modules to load
+    launcher.lib, launcher.signatures, launcher.names = lib, SIGNATURES, fake.kernel_names
+    launcher.modules, launcher.functions, launcher.opted_in = {m: ctypes.c_void_p(1) for m in MODULES}, {}, {}
+    launcher.attr = pdl.LaunchAttribute(id=pdl.LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
+    launcher.attr.value[0] = 1
+    fake.pdl = launcher
+    return launched, opted_in
+
+
 def test_pdl_launch_structures_and_routing(monkeypatch):
     """The driver structures of cuLaunchKernelEx as laid out in cuda.h, and a capture with PDL:
     every kernel launched on the capturing stream goes through cuLaunchKernelEx with the
@@ -595,42 +635,21 @@ def test_pdl_launch_structures_and_routing(monkeypatch):
     from kestrel_tui.backends.cuda import backend as be
     from kestrel_tui.backends.cuda import graph as gr
     from kestrel_tui.backends.cuda import make_cuda_backend, pdl
-    from kestrel_tui.backends.cuda.runtime import MODULES, SIGNATURES
     from kestrel_tui.model.weights import synthetic_model
 
     assert ctypes.sizeof(pdl.LaunchAttribute) == 72 and pdl.LaunchAttribute.value.offset == 8
     assert [getattr(pdl.LaunchConfig, f).offset for f in ("sharedMemBytes", "hStream", "attrs", "numAttrs")] == \
         [24, 32, 40, 48] and ctypes.sizeof(pdl.LaunchConfig) == 56
 
-    launched = []
-
-    class _Lib(_FakeLibcuda):
-        def __getattr__(self, name):
-            if name == "cuLaunchKernelEx":
-                def fn(cfg, f, params, extra):
-                    c = ctypes.cast(cfg, ctypes.POINTER(pdl.LaunchConfig)).contents
-                    a = c.attrs.contents
-                    launched.append((c.gridDimX, c.blockDimX, c.numAttrs, a.id, a.value[0]))
-                    return 0
-                return fn
-            return super().__getattr__(name)
-
     fake = _FakeRuntime()
     monkeypatch.setattr(be, "runtime", lambda: fake)
-    lib = _Lib()
-    monkeypatch.setattr(gr, "_cu", lambda: lib)
-    launcher = object.__new__(pdl.PdlLauncher)  # a launcher without modules to load
-    launcher.lib, launcher.signatures, launcher.names = lib, SIGNATURES, fake.kernel_names
-    launcher.modules, launcher.functions = {m: ctypes.c_void_p(1) for m in MODULES}, {}
-    launcher.attr = pdl.LaunchAttribute(id=pdl.LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
-    launcher.attr.value[0] = 1
-    fake.pdl = launcher
+    launched, _ = _fake_pdl(monkeypatch, fake)
     b = make_cuda_backend(synthetic_model(default_config().with_layers(2), "q4_0"))
     b.reset(8)
     before = sum(k.calls for k in fake.kernels.values())
     g = gr.DecodeGraph(b, hashing=True)
     pycuda_calls = sum(k.calls for k in fake.kernels.values()) - before
-    assert g.pdl and launched and all(n == 1 and i == 6 and v == 1 for *_, n, i, v in launched)
+    assert g.pdl and launched and all(x["n_attrs"] == 1 and x["attr"] == 6 and x["value"] == 1 for x in launched)
     assert pycuda_calls == 2  # the body hash (fnv_states, fnv_chunks) on its own stream
     assert b.stream is None  # restored after the capture
     monkeypatch.setenv("KESTREL_CUDA_PDL", "0")
@@ -642,12 +661,9 @@ def test_exact_pv_spread_one_block_an_sm(monkeypatch):
     SM: opted in above 48 KB, on PyCUDA's launch and on the PDL launcher's (cuFuncSetAttribute,
     sharedMemBytes); no spread for the fast kernels, with KESTREL_PV_SPREAD=0, or where the
     runtime does not know its SMs' shared memory."""
-    import ctypes
-
     from kestrel_tui.backends.cuda import backend as be
     from kestrel_tui.backends.cuda import graph as gr
     from kestrel_tui.backends.cuda import launches, make_cuda_backend, pdl, perf
-    from kestrel_tui.backends.cuda.runtime import MODULES, SIGNATURES
     from kestrel_tui.backends.toggles import TOGGLES
     from kestrel_tui.model.weights import synthetic_model
 
@@ -672,35 +688,10 @@ def test_exact_pv_spread_one_block_an_sm(monkeypatch):
     prof = perf.kernel_profile(model, frozenset(TOGGLES), ctx=4, reps=1)  # its timed launches pass it on
     assert prof["kernels"]["attn_exact_pv_q8"][0] == 2
 
-    launched = []
-
-    class _Lib(_FakeLibcuda):
-        def __getattr__(self, name):
-            if name == "cuLaunchKernelEx":
-                def fn(cfg, f, params, extra):
-                    c = ctypes.cast(cfg, ctypes.POINTER(pdl.LaunchConfig)).contents
-                    launched.append((f.value, c.sharedMemBytes))
-                    return 0
-                return fn
-            if name == "cuFuncSetAttribute":
-                def fn(f, attr, value):
-                    launched.append(("opt-in", f.value, attr, value.value))
-                    return 0
-                return fn
-            return super().__getattr__(name)
-
-    lib = _Lib()
-    monkeypatch.setattr(gr, "_cu", lambda: lib)
-    launcher = object.__new__(pdl.PdlLauncher)
-    launcher.lib, launcher.signatures, launcher.names = lib, SIGNATURES, fake.kernel_names
-    launcher.modules, launcher.functions, launcher.opted_in = {m: ctypes.c_void_p(1) for m in MODULES}, {}, {}
-    launcher.attr = pdl.LaunchAttribute(id=pdl.LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
-    fake.pdl = launcher
+    launched, opted_in = _fake_pdl(monkeypatch, fake)
     gr.DecodeGraph(exact, hashing=True)
-    shared = [sm for f, sm in (x for x in launched if x[0] != "opt-in") if sm]
-    opt_in = [x for x in launched if x[0] == "opt-in"]
-    assert shared == [116736] * 2  # one P·V launch a layer, nothing else takes shared memory
-    assert [(a, v) for _, _, a, v in opt_in] == [(pdl.FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 116736)]
+    assert [x["shared"] for x in launched if x["shared"]] == [116736] * 2  # one P·V a layer, nothing else
+    assert opted_in == [(pdl.FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 116736)]
 
 
 def test_graph_without_the_logits_event_when_refused(monkeypatch):
