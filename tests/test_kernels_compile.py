@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 from kestrel_tui.backends.cuda.layout import FNV_PRIME, HASH_CHUNK, HASH_PIECE, HashWork, Layout
-from kestrel_tui.backends.cuda.runtime import KERNEL_DIR, MODULES, SIGNATURES
+from kestrel_tui.backends.cuda.runtime import KERNEL_DIR, MODULES, SIGNATURES, nvcc_options
 from kestrel_tui.backends.cuda.selfcheck import replica_inputs
 from kestrel_tui.backends.cuda.weights import pack_q4_0
 from kestrel_tui.model.config import default_config
@@ -42,7 +42,7 @@ PTX_TYPES = {".u64": "P", ".u32": "i", ".s32": "i", ".f32": "f"}
 def ptx_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("ptx")
     for name in MODULES:
-        proc = subprocess.run([NVCC, "-arch=sm_90", "-fmad=false", "-std=c++17", "--ptx", "-I", str(KERNEL_DIR),
+        proc = subprocess.run([NVCC, "-arch=sm_90", *nvcc_options(), "--ptx", "-I", str(KERNEL_DIR),
                                "-o", str(out / f"{name}.ptx"), str(KERNEL_DIR / f"{name}.cu")],
                               capture_output=True, text=True)
         assert proc.returncode == 0, f"{name}.cu failed to compile:\n{proc.stderr}"
@@ -65,6 +65,28 @@ def test_kernels_compile_and_match_launch_formats(ptx_dir):
     assert set(entries) == set(SIGNATURES), "kernels without a launch format (or formats without a kernel)"
     for kname, fmt in SIGNATURES.items():
         assert entries[kname] == fmt, f"{kname}: PTX params {entries[kname]} vs launch format {fmt}"
+
+
+@needs_nvcc
+def test_pdl_trigger_is_opt_in(monkeypatch, tmp_path):
+    """The runtime's nvcc options build the kernels wait-only (griddepcontrol.wait, no
+    launch_dependents) unless KESTREL_PDL_TRIGGER=1: with the trigger exact/fast sat at the 1.2
+    target on the H200 (results/gpu-h200-issue6.md, session 7)."""
+    def ptx(trigger: str | None) -> str:
+        if trigger is None:
+            monkeypatch.delenv("KESTREL_PDL_TRIGGER", raising=False)
+        else:
+            monkeypatch.setenv("KESTREL_PDL_TRIGGER", trigger)
+        out = tmp_path / f"norm_{trigger}.ptx"
+        proc = subprocess.run([NVCC, "-arch=sm_90", *nvcc_options(), "--ptx", "-I", str(KERNEL_DIR), "-o", str(out),
+                               str(KERNEL_DIR / "norm.cu")], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        return out.read_text()
+
+    for trigger in (None, "0"):
+        text = ptx(trigger)
+        assert "griddepcontrol.wait" in text and "griddepcontrol.launch_dependents" not in text
+    assert "griddepcontrol.launch_dependents" in ptx("1")
 
 
 def test_launch_constants_match_the_kernels():

@@ -24,10 +24,16 @@ from ...errors import UsageError
 
 KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernels"
 MODULES = ("gemv", "norm", "rope", "kvquant", "attention", "moe", "fused", "hash", "transcend")
-# kernels wait-only by default; KESTREL_PDL_TRIGGER=1: each triggers its successor early
-# (kernels/common.cuh pdl_wait)
-NVCC_OPTIONS = ["-fmad=false", "-std=c++17"] + ([] if os.environ.get("KESTREL_PDL_TRIGGER") == "1"
-                                                else ["-DKESTREL_PDL_WAIT_ONLY"])
+
+
+def nvcc_options() -> list[str]:
+    """The kernels' nvcc options: no FMA contraction; wait-only PDL unless KESTREL_PDL_TRIGGER=1
+    (then each kernel triggers its successor early: kernels/common.cuh pdl_wait)."""
+    trigger = os.environ.get("KESTREL_PDL_TRIGGER") == "1"
+    return ["-fmad=false", "-std=c++17"] + ([] if trigger else ["-DKESTREL_PDL_WAIT_ONLY"])
+
+
+NVCC_OPTIONS = nvcc_options()
 FALLBACK = "the sim subject is the fallback (--subject sim)"
 
 # Every kernel's PyCUDA argument format (P: pointer, i: int, f: float), in the
