@@ -9,6 +9,8 @@ A version is an attention.cu with the committed kernels' names and arguments; it
 attn_exact_pv_q8 block size is read from its own #defines (ATT_PV_THREADS). The times are
 back-to-back launches of one kernel (events around --reps launches), so compare versions
 within one run; the exact kernels run with the exact expf and the exact q8_0 of the output.
+P·V launches without the app's spread (launches.pv_spread_bytes): launched back to back from
+one stream the two measured the same (results/runs/2026-11-30-s7/final2/attn_alone.txt).
 """
 from __future__ import annotations
 

@@ -63,6 +63,8 @@ def main() -> None:
 
     rt = runtime()
     cuda = rt.cuda
+    if int(rt.arch.removeprefix("sm_")) < 90:
+        raise SystemExit(f"{rt.name} is {rt.arch}: cp.async.bulk.prefetch needs sm_90 or later")
     with rt.active():
         mod = SourceModule(SRC, arch=rt.arch, no_extern_c=True)
         k_bulk, k_lines = mod.get_function("bulk"), mod.get_function("lines")
@@ -78,6 +80,7 @@ def main() -> None:
         flush_bytes = 256 << 20
         flush = cuda.mem_alloc(flush_bytes)
         grid = (-(-out // 16), 1, 1)  # launches.py q4_rows_a_block at M = 1: 4 warps x 4 rows
+        n_sm = rt.device.get_attribute(cuda.device_attribute.MULTIPROCESSOR_COUNT)
 
         def run_gemv():
             gemv.prepared_call(grid, (128, 1, 1), W, D, xq, xd, 0, y, out, nb, 1)
@@ -105,7 +108,7 @@ def main() -> None:
             def prep():
                 do_flush()
                 for ptr, size in ((W, n * 16), (D, n * 2)):
-                    kernel(ptr, np.uint64(size), block=(128, 1, 1), grid=(132, 1))
+                    kernel(ptr, np.uint64(size), block=(128, 1, 1), grid=(n_sm, 1))
             return prep
 
         print(f"q4_0 GEMV {out} x {args.inp} at M = 1: {(n * 18) / 1e6:.1f} MB of weights, "

@@ -53,8 +53,8 @@
 // their first weight loads ahead of it (weights are never written by a step).
 // It waits until every kernel before it has finished and its writes are visible — the
 // dependency a plain launch has — so a kernel scheduled early computes exactly what it
-// computes without PDL. Without the launch attribute it is a no-op. Unless built with
-// KESTREL_PDL_WAIT_ONLY (runtime.py's default; env KESTREL_PDL_TRIGGER=1 leaves it out), each
+// computes without PDL. Without the launch attribute it is a no-op. Built with
+// KESTREL_PDL_TRIGGER (env KESTREL_PDL_TRIGGER=1, runtime.py nvcc_options; off by default), each
 // kernel triggers its successor once past its wait (griddepcontrol.launch_dependents), so the
 // next grid's blocks are resident and waiting when it ends. Either way a kernel touches memory
 // only after everything before it has finished: the bits do not change. (The trigger makes both
@@ -63,7 +63,7 @@
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
-#ifndef KESTREL_PDL_WAIT_ONLY
+#ifdef KESTREL_PDL_TRIGGER
   asm volatile("griddepcontrol.launch_dependents;" :::);
 #endif
 #endif

@@ -36,8 +36,8 @@ def _blocks(n: int, per: int) -> int:
 
 def launch(k, grid, block, stream, *args, shared: int = 0) -> None:
     """One kernel launch on `stream` (None: the default stream); with PDL while a decode graph
-    captures on it (pdl.py). shared: dynamic shared memory bytes (above 48 KB the kernel has
-    opted in: select_kernels)."""
+    captures on it (pdl.py). shared: dynamic shared memory bytes (the kernel has opted in to
+    them: select_kernels)."""
     if pdl.route(k, grid, block, stream, args, shared):
         return
     extra = {"shared_size": shared} if shared else {}
@@ -68,7 +68,8 @@ def pv_spread_bytes(rt) -> int:
     free: exact +0.62 ms a full-size step; with the spread the trigger makes both paths faster.
     Without the trigger (the default) the spread is worth ~0.02 ms a step of exact
     (results/gpu-h200-issue6.md, session 7). 0 (no spread) where the runtime does not know the
-    SMs' shared memory, or with KESTREL_PV_SPREAD=0."""
+    SMs' shared memory, where an SM has 96 KB or less (two blocks' static memory may not fit
+    anyway), or with KESTREL_PV_SPREAD=0."""
     per_sm = int(getattr(rt, "smem_per_sm", 0) or 0)
     if os.environ.get("KESTREL_PV_SPREAD", "1") == "0" or per_sm <= 2 * 48 * 1024:
         return 0
@@ -107,7 +108,7 @@ def select_kernels(b) -> None:
         else:
             b.k_att_a, b.k_att_b = k("attention", "attn_fast_part_q8"), k("attention", "attn_fast_combine")
     b.pv_spread = pv_spread_bytes(b.rt) if b.attn_split and b.attn_exact else 0
-    if b.pv_spread > 48 * 1024:  # above 48 KB a kernel must opt in (pdl.py does it for its own load)
+    if b.pv_spread:  # past 48 KB less the static memory a kernel must opt in (pdl.py: its own load)
         b.k_att_b.set_attribute(b.rt.cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, b.pv_spread)
     b.k_router = k("moe", f"router_{pick('moe')}")
     b.k_silu = k("moe", f"silu_mul_{pick('moe')}")

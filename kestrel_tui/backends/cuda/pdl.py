@@ -4,12 +4,16 @@ At M = 1 a decode step is ~16 small kernels a layer, and in a CUDA graph part of
 each one's time is the gap between the end of one kernel and the start of the
 next. With PDL (sm_90+) a kernel is launched with the attribute
 CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, so it may be scheduled
-once every block of the kernel before it has exited, ahead of that grid's
+once every block of the kernel before it has exited (or, built with
+KESTREL_PDL_TRIGGER=1, once each has passed its own wait), ahead of that grid's
 teardown; every kernel begins with kernels/common.cuh pdl_wait()
 (griddepcontrol.wait), which holds it until its predecessors have finished and
-their writes are visible. Nothing is read or written before that wait, so the
-kernels compute exactly what they compute without PDL (tests/test_cuda.py
-compares graph steps with direct launches bit for bit).
+their writes are visible. Nothing a step writes is read or written before that
+wait (the dense GEMVs load their first weights ahead of it), so the kernels
+compute exactly what they compute without PDL (tests/test_cuda.py compares
+graph steps with direct launches bit for bit). A launch with dynamic shared
+memory (the exact P·V kernel's, launches.pv_spread_bytes) opts this module's
+copy of the kernel in with cuFuncSetAttribute first.
 
 PyCUDA 2026.1 launches through cuLaunchKernel only, so this module loads the
 same compiled code (pycuda.compiler.compile: the cubin SourceModule built, from
@@ -99,7 +103,7 @@ class PdlLauncher:
         values = [_ARG[c](int(a) if c != "f" else float(a)) for c, a in zip(fmt, args)]
         params = (ctypes.c_void_p * len(values))(*[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in values])
         fn = self._function(module, name)
-        if shared > 48 * 1024 and self.opted_in.get(name, 0) < shared:  # above 48 KB a kernel must opt in
+        if shared and self.opted_in.get(name, 0) < shared:  # past 48 KB less its static memory: opt in
             _check(self.lib.cuFuncSetAttribute(fn, FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, ctypes.c_int(shared)),
                    f"cuFuncSetAttribute({name})")
             self.opted_in[name] = shared

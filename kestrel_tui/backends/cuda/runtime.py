@@ -30,7 +30,7 @@ def nvcc_options() -> list[str]:
     """The kernels' nvcc options: no FMA contraction; wait-only PDL unless KESTREL_PDL_TRIGGER=1
     (then each kernel triggers its successor early: kernels/common.cuh pdl_wait)."""
     trigger = os.environ.get("KESTREL_PDL_TRIGGER") == "1"
-    return ["-fmad=false", "-std=c++17"] + ([] if trigger else ["-DKESTREL_PDL_WAIT_ONLY"])
+    return ["-fmad=false", "-std=c++17"] + (["-DKESTREL_PDL_TRIGGER"] if trigger else [])
 
 
 NVCC_OPTIONS = nvcc_options()
