@@ -68,8 +68,8 @@ def pv_spread_bytes(rt) -> int:
     free: exact +0.62 ms a full-size step; with the spread the trigger makes both paths faster.
     Without the trigger (the default) the spread is worth ~0.02 ms a step of exact
     (results/gpu-h200-issue6.md, session 7). 0 (no spread) where the runtime does not know the
-    SMs' shared memory, where an SM has 96 KB or less (two blocks' static memory may not fit
-    anyway), or with KESTREL_PV_SPREAD=0."""
+    SMs' shared memory, where an SM has 96 KB or less (there half of it plus the kernel's ~36 KB
+    of static memory can pass what one block may have), or with KESTREL_PV_SPREAD=0."""
     per_sm = int(getattr(rt, "smem_per_sm", 0) or 0)
     if os.environ.get("KESTREL_PV_SPREAD", "1") == "0" or per_sm <= 2 * 48 * 1024:
         return 0
