@@ -7,7 +7,9 @@ graph — with and without programmatic dependent launch (PDL), for a one-block 
 one-wave grid — replays it and prints the device time per node: the floor a step with that
 many kernels pays before any of them does work. Then the alternative a persistent kernel
 would use: one launch of a one-wave grid that runs the same N phases with a grid-wide
-barrier (an arrival counter and a generation word) between them, and the time per barrier.
+barrier (an arrival counter and a generation word) between them, and the time per barrier;
+and with tile-level dependencies instead (a block waits on the progress flags of the few
+blocks whose output it reads), the time per phase for several fan-ins.
 
     python3 scripts/gpu_chain_floor.py [--nodes 576] [--reps 50]
 """
@@ -51,6 +53,34 @@ __device__ __forceinline__ void grid_barrier(unsigned int nblocks) {
     __threadfence();
   }
   __syncthreads();
+}
+
+// Per-block progress words for the flag version: the phases a block has finished, counted on
+// from launch to launch (base), so they never need a reset.
+__device__ unsigned int flag_done[4096];
+
+// The same phases with tile-level dependencies instead of a grid barrier, as a persistent
+// "megakernel" would have them: a block waits only for the fanin blocks whose output it reads
+// (itself and the next fanin - 1) to have finished the phase before, then publishes its own.
+extern "C" __global__ void phases_flags(float *p, int n, int nphases, int fanin, unsigned int base) {
+  const unsigned int b = blockIdx.x;
+  const int i = b * blockDim.x + threadIdx.x;
+  for (int k = 0; k < nphases; k++) {
+    if (k > 0 && threadIdx.x < fanin) {
+      const unsigned int *f = flag_done + (b + threadIdx.x) % gridDim.x;
+      unsigned int v;
+      do {
+        asm volatile("ld.acquire.gpu.u32 %0, [%1];" : "=r"(v) : "l"(f) : "memory");
+      } while (v < base + k);
+    }
+    __syncthreads();
+    if (i < n) p[i] += 1.0f;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      __threadfence();
+      asm volatile("st.release.gpu.u32 [%0], %1;" ::"l"(flag_done + b), "r"(base + k + 1) : "memory");
+    }
+  }
 }
 
 extern "C" __global__ void phases(float *p, int n, int nphases) {
@@ -136,6 +166,32 @@ def main() -> None:
         ms = t1.time_since(t0) / args.reps
         print(f"  one persistent kernel, grid {n_sm:4d} x {threads:3d}, {args.nodes} grid barriers  "
               f"{ms:7.3f} ms a launch = {ms * 1e3 / args.nodes:5.2f} us a barrier")
+
+    flags = cuda.module_from_buffer(cubin).get_function("phases_flags")
+    launches = 0
+    threads = 256  # a thread a flag: up to every block of the grid
+    n = n_sm * threads
+    for fanin in (1, 2, 8, 32, n_sm):
+        if fanin > threads:
+            continue
+
+        def run() -> None:
+            nonlocal launches
+            flags(buf, np.int32(n), np.int32(args.nodes), np.int32(fanin), np.uint32(launches * args.nodes),
+                  block=(threads, 1, 1), grid=(n_sm, 1))
+            launches += 1
+
+        for _ in range(3):  # warm
+            run()
+        t0, t1 = cuda.Event(), cuda.Event()
+        t0.record()
+        for _ in range(args.reps):
+            run()
+        t1.record()
+        t1.synchronize()
+        ms = t1.time_since(t0) / args.reps
+        print(f"  one persistent kernel, grid {n_sm:4d} x {threads:3d}, {args.nodes} phases, a block waits on "
+              f"{fanin:3d} blocks' flags  {ms:7.3f} ms a launch = {ms * 1e3 / args.nodes:5.2f} us a phase")
 
 
 if __name__ == "__main__":
