@@ -151,45 +151,40 @@ def main() -> None:
             lib.cuGraphDestroy(graph)
     lib.cuModuleUnload(mod)
 
-    phases = cuda.module_from_buffer(cubin).get_function("phases")  # the cubin compiled above
-    for threads in (128, 256):
-        n = n_sm * threads
-        args_ = (buf, np.int32(n), np.int32(args.nodes))
+    def ms_a_launch(run) -> float:
         for _ in range(3):  # warm
-            phases(*args_, block=(threads, 1, 1), grid=(n_sm, 1))
+            run()
         t0, t1 = cuda.Event(), cuda.Event()
         t0.record()
         for _ in range(args.reps):
-            phases(*args_, block=(threads, 1, 1), grid=(n_sm, 1))
+            run()
         t1.record()
         t1.synchronize()
-        ms = t1.time_since(t0) / args.reps
+        return t1.time_since(t0) / args.reps
+
+    module = cuda.module_from_buffer(cubin)  # the cubin compiled above
+    phases, flags = module.get_function("phases"), module.get_function("phases_flags")
+    for threads in (128, 256):
+        n = n_sm * threads
+        ms = ms_a_launch(lambda: phases(buf, np.int32(n), np.int32(args.nodes), block=(threads, 1, 1),
+                                        grid=(n_sm, 1)))
         print(f"  one persistent kernel, grid {n_sm:4d} x {threads:3d}, {args.nodes} grid barriers  "
               f"{ms:7.3f} ms a launch = {ms * 1e3 / args.nodes:5.2f} us a barrier")
 
-    flags = cuda.module_from_buffer(cubin).get_function("phases_flags")
-    launches = 0
+    launches = 0  # the flags count on from launch to launch
     threads = 256  # a thread a flag: up to every block of the grid
     n = n_sm * threads
     for fanin in (1, 2, 8, 32, n_sm):
         if fanin > threads:
             continue
 
-        def run() -> None:
+        def run_flags() -> None:
             nonlocal launches
             flags(buf, np.int32(n), np.int32(args.nodes), np.int32(fanin), np.uint32(launches * args.nodes),
                   block=(threads, 1, 1), grid=(n_sm, 1))
             launches += 1
 
-        for _ in range(3):  # warm
-            run()
-        t0, t1 = cuda.Event(), cuda.Event()
-        t0.record()
-        for _ in range(args.reps):
-            run()
-        t1.record()
-        t1.synchronize()
-        ms = t1.time_since(t0) / args.reps
+        ms = ms_a_launch(run_flags)
         print(f"  one persistent kernel, grid {n_sm:4d} x {threads:3d}, {args.nodes} phases, a block waits on "
               f"{fanin:3d} blocks' flags  {ms:7.3f} ms a launch = {ms * 1e3 / args.nodes:5.2f} us a phase")
 
