@@ -20,6 +20,7 @@ import numpy as np
 from rich.table import Table
 
 from .cli import console
+from .errors import UsageError
 
 
 def _ms(seconds: float) -> str:
@@ -103,11 +104,14 @@ CUDA_BENCH_CTX = 1024
 
 def run_bench_cuda(args: argparse.Namespace) -> int:
     from .backends.cuda import perf
-    from .backends.cuda.runtime import runtime
+    from .backends.cuda.runtime import CudaUnavailable, runtime
     from .backends.cuda.weights import DeviceSyntheticModel
     from .model.config import qwen3_30b_a3b_config
 
-    rt = runtime()
+    try:
+        rt = runtime()
+    except CudaUnavailable as e:
+        raise UsageError(f"--subject cuda: {e.reason}; plain `kestrel-tui bench` gives the CPU figures") from None
     if args.model:
         from .commands import load_model_args
 
@@ -140,7 +144,7 @@ def run_bench_cuda(args: argparse.Namespace) -> int:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    from .commands import load_model_args, resolve_prompt
+    from .commands import load_model_args, resolve_prompt, whole_columns_table
 
     if getattr(args, "subject", "cpu") == "cuda":
         return run_bench_cuda(args)
@@ -169,11 +173,10 @@ def run_bench(args: argparse.Namespace) -> int:
         console.print(t)
     if what in ("toggle", "all"):
         tog = bench_toggle(model, prompt, args.tokens)
-        t = Table(title=f"toggle -> first DIFF (sim subject; reference computed once in {tog['reference_s']:.2f} s)",
-                  title_justify="left")
-        for col in ("change", "first DIFF", "to first DIFF (s)", "full run (s)", "after full run"):
-            t.add_column(col)
-        for change, first, t_first, t_full, full in tog["rows"]:
-            t.add_row(change, first, f"{t_first:.2f}", f"{t_full:.2f}", full)
-        console.print(t)
+        rows = [[change, first, f"{t_first:.2f}", f"{t_full:.2f}", full]
+                for change, first, t_first, t_full, full in tog["rows"]]
+        console.print(whole_columns_table(
+            f"toggle -> first DIFF (sim subject; reference computed once in {tog['reference_s']:.2f} s)",
+            [("change", True), ("first DIFF", True), ("to first DIFF (s)", True), ("full run (s)", True),
+             ("after full run", True)], rows))
     return 0

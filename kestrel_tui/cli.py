@@ -6,14 +6,17 @@ Every failure the user can cause ends in one line on stderr and exit status 2;
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
 from rich.console import Console
 
 from .errors import UsageError
 
-console = Console(highlight=False)
-err_console = Console(stderr=True, highlight=False)
+# Output carries tags, paths and names from outside: never markup, never wrapped
+# mid-line (styled parts are rich.text.Text; tables fold their own columns).
+console = Console(highlight=False, markup=False, soft_wrap=True)
+err_console = Console(stderr=True, highlight=False, markup=False, soft_wrap=True)
 
 
 def _model_args(p: argparse.ArgumentParser, tokens_default: int = 16) -> None:
@@ -73,9 +76,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="print speed figures")
     _model_args(p)
-    p.add_argument("--what", default="reference", help="reference | toggle | all")
+    p.add_argument("--what", choices=("reference", "toggle", "all"), default="reference")
     p.add_argument("--subject", choices=("cpu", "cuda"), default="cpu", help="cuda: full-size GPU decode figures")
     return ap
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,13 +92,19 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from . import commands
 
+    if args.cmd != "tui" and not getattr(args, "tui", False):
+        # `kill` (SIGTERM) stops a headless command like Ctrl-C: output files are kept as .partial
+        signal.signal(signal.SIGTERM, _interrupt)
+
     try:
         return getattr(commands, f"cmd_{args.cmd}")(args)
     except UsageError as e:
-        err_console.print(f"kestrel-tui {args.cmd}: error: {e}", markup=False, soft_wrap=True)
+        err_console.print(f"kestrel-tui {args.cmd}: error: {e}")
         return 2
-    except KeyboardInterrupt:
-        err_console.print("interrupted")
+    except KeyboardInterrupt as e:
+        partial = getattr(e, "partial", None)  # set by files.create_whole
+        err_console.print("interrupted" + (f"; the unfinished output is kept as {partial} (not a whole file)"
+                                           if partial else ""))
         return 130
 
 

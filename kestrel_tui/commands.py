@@ -6,9 +6,11 @@ import json
 from pathlib import Path
 
 from rich.table import Table
+from rich.text import Text
 
 from .cli import console
 from .errors import UsageError
+from .files import check_new_path
 from .model.weights import Model
 
 DEFAULT_PROMPT_LEN = 16
@@ -25,7 +27,12 @@ def load_model_args(args: argparse.Namespace) -> Model:
     return load_model(args.model, args.weights)
 
 
-def resolve_prompt(args: argparse.Namespace, model: Model) -> list[int]:
+def resolve_prompt(args: argparse.Namespace, model: Model, n_new: int | None = None,
+                   flag: str = "--tokens") -> list[int]:
+    """The prompt ids, checked with the ``n_new`` positions (default --tokens) that follow it.
+
+    ``flag`` names the option that set ``n_new``, so an error blames what the user typed.
+    """
     cfg = model.cfg
     if getattr(args, "prompt_ids", None):
         try:
@@ -43,22 +50,14 @@ def resolve_prompt(args: argparse.Namespace, model: Model) -> list[int]:
         ids = default_prompt(cfg.vocab)
     if not ids:
         raise UsageError("the prompt is empty; give at least one token")
-    tokens = getattr(args, "tokens", 0)
-    if tokens < 1:
-        raise UsageError(f"--tokens {tokens}: must be at least 1")
-    if len(ids) + tokens > cfg.max_positions:
-        raise UsageError(f"prompt ({len(ids)}) + tokens ({tokens}) exceeds the model's context of"
-                         f" {cfg.max_positions} positions; shorten the prompt or use fewer --tokens")
+    n = getattr(args, "tokens", 0) if n_new is None else n_new
+    if n < 1:
+        raise UsageError(f"{flag} {n}: must be at least 1")
+    if len(ids) + n > cfg.max_positions:
+        raise UsageError(f"{flag} {n}: the prompt ({len(ids)}) + {n} positions exceed the model's context of"
+                         f" {cfg.max_positions}; use {flag} {cfg.max_positions - len(ids)} or less"
+                         f" or a shorter prompt")
     return ids
-
-
-def check_output_path(path: str) -> Path:
-    out = Path(path)
-    if out.exists():
-        raise UsageError(f"{out}: already exists; kestrel-tui never overwrites — choose another --out")
-    if not out.parent.is_dir():
-        raise UsageError(f"{out.parent}: no such directory for --out")
-    return out
 
 
 def cmd_dump(args: argparse.Namespace) -> int:
@@ -66,15 +65,11 @@ def cmd_dump(args: argparse.Namespace) -> int:
     from .engine.run import run_decode
     from .trace.dump import DumpWriter
 
-    out = check_output_path(args.out)
+    out = check_new_path(args.out, "dump")  # before the slow part; DumpWriter checks again
     model = load_model_args(args)
     prompt = resolve_prompt(args, model)
     backend = make_backend(args.backend, model, kv=args.kv, exact=args.exact, deep=args.deep)
-    try:
-        writer = DumpWriter(out)
-    except OSError as e:
-        raise UsageError(f"{out}: cannot create ({e.strerror}); choose a writable --out") from None
-    with writer, console.status(f"{backend.describe()}: {len(prompt)}+{args.tokens} positions"):
+    with DumpWriter(out) as writer, console.status(f"{backend.describe()}: {len(prompt)}+{args.tokens} positions"):
         def write(pos):
             for key, h in pos.hashes.items():
                 writer.write(key, h)
@@ -94,7 +89,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     ids = trace.generated[: args.tokens]
     console.print(" ".join(map(str, ids)))
     if model.tokenizer is not None:
-        console.print(model.tokenizer.decode(ids), markup=False)
+        console.print(model.tokenizer.decode(ids))
     return 0
 
 
@@ -109,22 +104,45 @@ def cmd_diff(args: argparse.Namespace) -> int:
         return run_diff_app(args.a, args.b, a, b)
     cmp = compare(a, b)
     if cmp.identical:
-        console.print(f"[green]identical[/]: {len(a)} keys")
+        console.print(Text.assemble(("identical", "green"), f": {len(a)} keys"))
         return 0
-    table = Table(title=f"{args.a} vs {args.b}")
-    table.add_column("status")
-    table.add_column("keys", justify="right")
-    for st in Status:
-        n = cmp.counts.get(st, 0)
-        if n:
-            table.add_row(st.value, str(n))
-    console.print(table)
+    console.print(f"{args.a} vs {args.b}")
+    console.print(counts_table(cmp.counts))
     first = cmp.first_diff or cmp.first_mismatch
     if cmp.first_diff:
-        console.print(f"first DIFF: [bold red]{cmp.first_diff}[/]  {a[cmp.first_diff]:016x} != {b[cmp.first_diff]:016x}")
+        console.print(Text.assemble("first DIFF: ", (cmp.first_diff, "bold red"),
+                                    f"  {a[cmp.first_diff]:016x} != {b[cmp.first_diff]:016x}"))
     if first != cmp.first_diff:
-        console.print(f"first missing: [yellow]{first}[/] ({cmp.status[first].value})")
+        console.print(Text.assemble("first missing: ", (first, "yellow"), f" ({cmp.status[first].value})"))
     return 1
+
+
+def counts_table(counts) -> Table:
+    table = Table()
+    table.add_column("status")
+    table.add_column("keys", justify="right", no_wrap=True)
+    for st, n in counts.items():
+        if n:
+            table.add_row(st.value, str(n))
+    return table
+
+
+def whole_columns_table(title: str | None, columns: list[tuple[str, bool]], rows: list[list]) -> Table:
+    """A table whose key and number columns (``whole``) never wrap or truncate; the rest fold.
+
+    Piped output is 80 columns wide: a cut key (``t16_l0_kr…``) is worse than no key.
+    """
+    table = Table(title=title, title_justify="left")
+    for i, (name, whole) in enumerate(columns):
+        if whole:
+            width = max([len(name), *(Text(r[i]).cell_len if isinstance(r[i], str) else r[i].cell_len
+                                      for r in rows)])
+            table.add_column(name, no_wrap=True, min_width=width)
+        else:
+            table.add_column(name, overflow="fold")
+    for r in rows:
+        table.add_row(*r)
+    return table
 
 
 def _session(args: argparse.Namespace):
@@ -176,17 +194,12 @@ def run_report(res) -> dict:
 def print_run(res) -> None:
     cmp = res.comparison
     console.print(f"reference cpu vs subject {res.sub.backend}, {len(res.sub.positions)} positions")
-    table = Table()
-    for col in ("status", "keys"):
-        table.add_column(col, justify="right" if col == "keys" else "left")
-    for st, n in cmp.counts.items():
-        if n:
-            table.add_row(st.value, str(n))
-    console.print(table)
+    console.print(counts_table(cmp.counts))
     if res.all_ok:
-        console.print(f"[bold green]all ok[/]: {len(cmp.status)} keys over {len(res.sub.positions)} positions")
+        console.print(Text.assemble(("all ok", "bold green"),
+                                    f": {len(cmp.status)} keys over {len(res.sub.positions)} positions"))
         return
-    console.print(f"first DIFF: [bold red]{cmp.first_diff}[/]")
+    console.print(Text.assemble("first DIFF: ", (str(cmp.first_diff), "bold red")))
     st = res.stats(cmp.first_diff) if cmp.first_diff else None
     if st is not None:
         console.print(f"  {st.n_diff}/{st.n} elements differ, max {st.max_ulp} ULP, max abs {st.max_abs_err:.3g},"
@@ -213,10 +226,10 @@ def cmd_bisect(args: argparse.Namespace) -> int:
                           "all_ok": result.all_ok, "final": sorted(result.final),
                           "minimal": sorted(result.minimal) if result.minimal is not None else None}, indent=2))
     elif result.all_ok:
-        console.print(f"[bold green]all ok[/] with {len(result.final)} exact ops;"
-                      f" minimal set: [bold]{','.join(sorted(result.minimal)) or '(none)'}[/]")
+        console.print(Text.assemble(("all ok", "bold green"), f" with {len(result.final)} exact ops; minimal set: ",
+                                    (",".join(sorted(result.minimal)) or "(none)", "bold")))
     else:
-        console.print("[bold red]still DIFF with every op exact[/]")
+        console.print(Text("still DIFF with every op exact", "bold red"))
     return 0 if result.all_ok else 1
 
 
@@ -229,23 +242,20 @@ def cmd_iso(args: argparse.Namespace) -> int:
     if args.m < 1:
         raise UsageError(f"--m {args.m}: the batch-verify width must be at least 1")
     model = load_model_args(args)
-    args.tokens = max(args.tokens, args.m)
-    prompt = resolve_prompt(args, model)
+    prompt = resolve_prompt(args, model, n_new=args.m, flag="--m")  # iso decodes M tokens, not --tokens
     exact = parse_exact(args.exact)
     with console.status(f"iso M={args.m}"):
         cols = iso(lambda: make_backend(args.subject, model, kv=args.kv, exact=exact), prompt, args.m)
     if args.json:
         print(json.dumps([c.__dict__ for c in cols], indent=2))
     else:
-        table = Table(title=f"batch-verify M={args.m} vs M=1 ({args.subject}, exact: {args.exact})",
-                      title_justify="left")
-        for col in ("col", "pos", "token", "ndiff", "first logit", "max ULP", "first DIFF key", "top1 M=1/batch"):
-            table.add_column(col)
-        for c in cols:
-            table.add_row(str(c.j), str(c.t), str(c.token), f"[{'red' if c.ndiff else 'green'}]{c.ndiff}[/]",
-                          "-" if c.first_index is None else str(c.first_index), str(c.max_ulp),
-                          c.first_diff_key or "-", f"{c.top1_single}/{c.top1_batch}")
-        console.print(table)
+        rows = [[str(c.j), str(c.t), str(c.token), Text(str(c.ndiff), "red" if c.ndiff else "green"),
+                 "-" if c.first_index is None else str(c.first_index), str(c.max_ulp),
+                 c.first_diff_key or "-", f"{c.top1_single}/{c.top1_batch}"] for c in cols]
+        columns = [("col", True), ("pos", True), ("token", True), ("ndiff", True), ("first logit", True),
+                   ("max ULP", True), ("first DIFF key", True), ("top1 M=1/batch", False)]
+        console.print(whole_columns_table(f"batch-verify M={args.m} vs M=1 ({args.subject}, exact: {args.exact})",
+                                          columns, rows))
     return 0 if all(c.ndiff == 0 for c in cols) else 1
 
 

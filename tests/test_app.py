@@ -8,14 +8,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
+import html
 import json
+import re
 import threading
+import time
+from types import SimpleNamespace
 from pathlib import Path
 
 import pytest
 
 from kestrel_tui.app.app import KestrelApp
-from kestrel_tui.app.export import new_export_dir
+from kestrel_tui import commands
+from kestrel_tui.app import export
+from kestrel_tui.app.export import new_export_dir, publish
 from kestrel_tui.app.screens.help import HelpScreen
 from kestrel_tui.app.screens.iso import IsoScreen
 from kestrel_tui.app.source import DiffSource, LiveSource, args_loader, loaded
@@ -26,9 +33,10 @@ from kestrel_tui.commands import default_prompt
 from kestrel_tui.engine.build import make_backend
 from kestrel_tui.engine.iso import iso
 from kestrel_tui.engine.session import RunSettings, Session
+from kestrel_tui.errors import UsageError
 from kestrel_tui.trace.compare import Status, compare
 from kestrel_tui.trace.dump import read_dump, write_dump
-from kestrel_tui.trace.keys import order_key, token_keys
+from kestrel_tui.trace.keys import emb_key, key_name, logits_key, order_key, token_keys
 
 N_TOKENS = 4
 
@@ -67,6 +75,21 @@ async def settle(pilot, timeout: float = 120.0) -> None:
 
 def notes(app) -> list[str]:
     return [n.message for n in app._notifications]
+
+
+def svg_text(svg: str) -> str:
+    """The text an SVG screenshot shows: its terminal's text runs (not the window title), unescaped."""
+    runs = re.findall(r"<text[^>]*clip-path[^>]*>(.*?)</text>", svg, re.S)
+    return html.unescape("".join(runs)).replace("\xa0", " ")
+
+
+def screen_text(app) -> str:
+    return svg_text(app.export_screenshot())
+
+
+def diff_app(tmp_path: Path, pa, pb) -> KestrelApp:
+    """The diff --tui app over two dump files."""
+    return KestrelApp(DiffSource(str(pa), str(pb), read_dump(pa), read_dump(pb)), export_dir=tmp_path / "exports")
 
 
 # ---- toggles ---------------------------------------------------------------
@@ -122,6 +145,26 @@ async def test_switches_and_all_exact(small_model, tmp_path):
         await settle(pilot)
         assert main.result.settings.exact == frozenset()
 
+
+
+async def test_history_counts_changes_not_words(small_model, tmp_path):
+    """Two switches in one run (the first run cancelled by the second key) are two changes."""
+    gate = threading.Event()
+    session = make_session(small_model, cls=gated_session_class(gate, after=17))
+    app = make_app(session, tmp_path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        main = app.main
+        gate.set()
+        await settle(pilot)
+        gate.clear()
+        await pilot.press("m")
+        await wait_for(pilot, lambda: main.phase == "running" and sum(main.board.arrived) >= 17)
+        await pilot.press("p")  # cancels the "m" run: the next entry holds both switches
+        gate.set()
+        await settle(pilot)
+        assert [h.change for h in session.history] == ["start", "mode isolate prefill subject"]
+        shown = screen_text(app)
+        assert "2 changes" in shown and "4 changes" not in shown
 
 # ---- bisection ---------------------------------------------------------------
 
@@ -222,8 +265,16 @@ def test_new_export_dir_picks_another_name(tmp_path):
     a = new_export_dir(tmp_path, now)
     (a / "keep").write_text("x")
     b = new_export_dir(tmp_path, now)
-    assert a != b and a.name == "20250102-030405-1" and b.name == "20250102-030405-2"
-    assert (a / "keep").read_text() == "x"
+    assert a != b and a.name == "20250102-030405-1.partial" and b.name == "20250102-030405-2.partial"
+    done = publish(a)
+    assert done.name == "20250102-030405-1" and (done / "keep").read_text() == "x" and not a.exists()
+    # neither a finished folder nor one left unfinished is ever reused
+    assert new_export_dir(tmp_path, now).name == "20250102-030405-3.partial"
+    # a folder that took the finished name meanwhile is not replaced
+    (tmp_path / "20250102-030405-2" / "theirs").mkdir(parents=True)
+    with pytest.raises(UsageError, match="appeared"):
+        publish(b)
+    assert b.exists() and (tmp_path / "20250102-030405-2" / "theirs").is_dir()
 
 
 async def test_export_refused_while_running(small_model, tmp_path):
@@ -237,6 +288,61 @@ async def test_export_refused_while_running(small_model, tmp_path):
         await settle(pilot)
         assert not (tmp_path / "exports").exists() or not any((tmp_path / "exports").iterdir())
 
+
+
+def no_space(data, f, **kw):
+    f.write('{"kestrel_tui": ')  # half a report, then the disk is full
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+@pytest.mark.parametrize("where", ["report", "screenshot"])
+async def test_failed_export_is_never_a_whole_looking_folder(tmp_path, monkeypatch, where):
+    app = diff_app(tmp_path, *write_dumps(tmp_path))
+    if where == "report":
+        monkeypatch.setattr(export, "json", SimpleNamespace(dump=no_space))
+        name = "report.json"
+    else:
+        monkeypatch.setattr(app, "export_screenshot", lambda **kw: "<svg>\ud800</svg>")  # cannot be encoded
+        name = "screenshot.svg"
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        main = app.main
+        await pilot.press("x")
+        await settle(pilot)
+        [folder] = (tmp_path / "exports").iterdir()
+        assert folder.name.endswith(".partial")  # never renamed to the finished name
+        assert not (folder / name).exists()  # and no half-written file under its real name
+        assert (folder / f"{name}.partial").exists()
+        assert main.last_export is None
+        assert main.status.text.startswith("export failed") and str(folder) in main.status.text
+
+
+async def test_failed_export_replaces_exported_status(tmp_path):
+    app = diff_app(tmp_path, *write_dumps(tmp_path))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        main = app.main
+        await pilot.press("x")
+        await settle(pilot)
+        assert main.status.text.startswith("exported to")
+        (tmp_path / "a-file").write_text("")
+        main.export_dir = tmp_path / "a-file"  # no folder can be made there
+        await pilot.press("x")
+        await settle(pilot)
+        assert main.status.text.startswith("export failed") and "a-file" in main.status.text
+
+
+async def test_export_screenshot_leaves_toasts_out(tmp_path):
+    app = diff_app(tmp_path, *write_dumps(tmp_path))
+    async with app.run_test(size=(120, 40), notifications=True) as pilot:  # run_test hides toasts by default
+        await settle(pilot)
+        app.notify("TOASTMARKER", timeout=60)
+        await wait_for(pilot, lambda: "TOASTMARKER" in screen_text(app))
+        await pilot.press("x")
+        await settle(pilot)
+        shot = svg_text((app.main.last_export / "screenshot.svg").read_text())
+        assert "diff mode (no model)" in shot and "TOASTMARKER" not in shot
+        assert "TOASTMARKER" in screen_text(app)  # the toast is back on screen
 
 # ---- diff mode ---------------------------------------------------------------
 
@@ -289,6 +395,69 @@ async def test_diff_mode_over_two_dump_files(tmp_path):
         assert read_dump(main.last_export / "b.dump") == b
         assert json.loads(files["report.json"])["first_diff"] == "t1_l1_attn"
 
+
+
+async def test_diff_mode_shows_tags_and_paths_as_written(tmp_path, monkeypatch):
+    """Tags and paths are data: `[/x]` and `[red]` are shown, never read as markup."""
+    monkeypatch.chdir(tmp_path)
+    folder = Path("run[/x]/[red]x")  # the folders "run[", "x]", "[red]x"
+    folder.mkdir(parents=True)
+    keys = token_keys(0, 1)
+    a = {k: i + 1 for i, k in enumerate(keys)} | {"a[/b]": 11, "t0_l0_[/x]": 12, "[red]x": 13}
+    b = dict(a, **{"a[/b]": 99})
+    del b["[red]x"]
+    pa, pb = folder / "a.dump", folder / "b.dump"
+    write_dump(pa, a.items())
+    write_dump(pb, b.items())
+    app = KestrelApp(DiffSource(str(pa), str(pb), read_dump(pa), read_dump(pb)), export_dir=tmp_path / "ex[/x]")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        main = app.main
+        assert main.board.first_diff == "a[/b]"
+        text = screen_text(app)
+        for literal in ("A run[/x]/[red]x/a.dump", "B run[/x]/[red]x/b.dump", "first DIFF a[/b]", "1 only in A",
+                        "3 keys outside the grid", "t0 position 1/1"):
+            assert literal in text, literal
+        await pilot.press("n")  # the only mismatches are foreign tags: no cell to go to
+        assert notes(app)[-1] == "no DIFF in the grid (only keys outside it)"
+        await pilot.press("x")  # the export folder's path holds "[/x]" too
+        await settle(pilot)
+        assert main.status.text == f"exported to {main.last_export}" and "ex[/x]" in main.status.text
+        assert str(main.last_export) in notes(app)
+        assert json.loads((main.last_export / "report.json").read_text())["first_diff"] == "a[/b]"
+
+
+async def test_diff_grid_is_sized_by_the_positions_present(tmp_path):
+    far = (0, 1_000_000_000, 1_000_000_001)
+    keys = [k for t in far for k in (emb_key(t), key_name(t, 7, "attn"), logits_key(t))]
+    a = {k: i + 1 for i, k in enumerate(keys)} | {"zz[/x]": 1}  # and a foreign tag, outside the grid
+    b = dict(a, **{"zz[/x]": 2})
+    b["t1000000000_l7_attn"] ^= 1
+    pa, pb = tmp_path / "a.dump", tmp_path / "b.dump"
+    write_dump(pa, a.items())
+    write_dump(pb, b.items())
+    start = time.perf_counter()
+    app = diff_app(tmp_path, pa, pb)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        main = app.main
+        board = main.board
+        # one slot per position present, one row per layer present: not a cell per index
+        assert board.positions == far and len(board.arrived) == len(board.n_diff) == 3
+        assert board.rows == ("emb", "L7", "logits")
+        assert board.key(main.cursor.t, main.cursor.row, main.cursor.col) == "t1000000000_l7_attn"
+        strip = main.query_one("TokenStrip").render().plain.splitlines()
+        assert strip[0].startswith("t1000000000 position 2/3")
+        assert strip[1].split() == ["✓", "✗", "✓"]
+        await pilot.press("right_square_bracket")
+        assert main.query_one("TokenStrip").render().plain.startswith("t1000000001 ")
+        assert "…000001" in screen_text(app)  # the grid's header names the position by its last digits
+        await pilot.press("N")
+        assert board.key(main.cursor.t, main.cursor.row, main.cursor.col) == "t1000000000_l7_attn"
+        await pilot.press("n")  # steps over the foreign DIFF and wraps round to the only one with a cell
+        assert board.key(main.cursor.t, main.cursor.row, main.cursor.col) == "t1000000000_l7_attn"
+        assert not notes(app)
+    assert time.perf_counter() - start < 10
 
 # ---- errors ------------------------------------------------------------------
 
@@ -346,6 +515,21 @@ async def test_run_error_shows_message_and_app_stays_usable(small_model, tmp_pat
         await settle(pilot)
         assert main.phase == "idle" and main.result.first_diff is not None
 
+
+
+@pytest.mark.parametrize("kw, why", [(dict(prompt_ids="1,99999"), "outside the vocabulary"),
+                                     (dict(tokens=100_000), "exceed the model's context"),
+                                     (dict(tokens=0), "must be at least 1")])
+async def test_prompt_errors_are_not_called_model_errors(small_model, tmp_path, monkeypatch, kw, why):
+    monkeypatch.setattr(commands, "load_model_args", lambda args: small_model)  # the model loads fine
+    app = KestrelApp(LiveSource(args_loader(cli_args(**kw))), export_dir=tmp_path / "exports")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        main = app.main
+        assert main.phase == "error"
+        assert main.status.text.startswith("bad prompt or token count: ") and why in main.status.text
+        assert [n.title for n in app._notifications] == ["bad prompt or token count"]
+        assert "cannot load the model" not in screen_text(app)
 
 # ---- cancellation ------------------------------------------------------------
 
@@ -535,6 +719,26 @@ async def test_narrow_terminal_is_usable(small_model, tmp_path):
         await settle(pilot)
         assert main.result.settings.exact == frozenset({"norm"})
 
+
+
+async def test_below_80x24_one_line_asks_for_room(small_model, tmp_path):
+    app = make_app(make_session(small_model), tmp_path)
+    async with app.run_test(size=(60, 20)) as pilot:
+        await settle(pilot)
+        main = app.main
+        assert main.has_class("-too-small")
+        assert " ".join(screen_text(app).split()) == "enlarge the terminal to at least 80×24"
+        label = main.query_one("#too-small")
+        assert label.region.y == 9 and label.region.height == 1  # centred
+        for size, small in (((80, 23), True), ((79, 24), True), ((80, 24), False), ((60, 20), True)):
+            await pilot.resize_terminal(*size)
+            await pilot.pause()
+            assert main.has_class("-too-small") is small, size
+            assert ("enlarge the terminal" in screen_text(app)) is small
+            assert ("kestrel-tui │" in screen_text(app)) is not small
+        await pilot.press("1")  # keys still work while the screen asks for room
+        await settle(pilot)
+        assert main.result.settings.exact == frozenset({"norm"})
 
 @pytest.mark.slow
 async def test_default_model_grid_fills_and_scrolls(default_model, tmp_path):

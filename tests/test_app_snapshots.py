@@ -50,3 +50,8 @@ def test_main_screen_after_toggles(snap_compare, small_model, tmp_path):
             await settle(pilot)
 
     assert snap_compare(make_app(small_model, tmp_path), terminal_size=(120, 40), run_before=run_before)
+
+
+def test_main_screen_too_small(snap_compare, small_model, tmp_path):
+    """Below 80x24: one centred line asking for room, instead of panels that cannot fit."""
+    assert snap_compare(make_app(small_model, tmp_path), terminal_size=(60, 20), run_before=settle)

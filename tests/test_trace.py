@@ -143,20 +143,23 @@ def test_dump_round_trip_exact_bytes(tmp_path):
     assert list(d.items()) == items
 
 
-def test_writer_context_manager_and_flush(tmp_path):
+def test_writer_publishes_only_a_whole_file(tmp_path):
     p = tmp_path / "d.txt"
     with DumpWriter(p) as w:
         w.write("t0_emb", 0xAF63DC4C8601EC8C)
         w.flush()
-        assert p.read_text() == "t0_emb af63dc4c8601ec8c\n"
+        assert not p.exists()  # still under a hidden temporary name
+        (tmp,) = tmp_path.iterdir()
+        assert tmp.name.startswith(".d.txt.") and tmp.read_text() == "t0_emb af63dc4c8601ec8c\n"
         w.write("t0_logits", 1)
     assert read_dump(p) == {"t0_emb": 0xAF63DC4C8601EC8C, "t0_logits": 1}
+    assert [f.name for f in tmp_path.iterdir()] == ["d.txt"]
 
 
 def test_writer_never_overwrites(tmp_path):
     p = tmp_path / "old.txt"
     p.write_bytes(b"t0_emb 0000000000000001\n")
-    with pytest.raises(DumpError, match="exists.*choose another path"):
+    with pytest.raises(DumpError, match="exists.*choose another name"):
         DumpWriter(p)
     with pytest.raises(DumpError, match="exists"):
         write_dump(p, [("t0_emb", 2)])
@@ -188,16 +191,22 @@ GOOD = "t0_emb 0000000000000001\n"
 
 
 @pytest.mark.parametrize("bad_line,why", [
-    ("t0_l0_nrm", "fields"),
-    ("t0_l0_nrm 0000000000000001 extra", "fields"),
-    ("t0_l0_nrm  0000000000000001", "fields"),        # two spaces
-    ("t0_l0_nrm\t0000000000000001", "fields"),
+    ("t0_l0_nrm", "no space"),
+    ("t0_l0_nrm 0000000000000001 extra", "3 fields"),
+    ("t0_l0_nrm  0000000000000001", "more than one space"),
+    ("t0_l0_nrm\t0000000000000001", "tab at column 10"),
+    ("t0_l0_nrm 0000000000000001 ", "trailing space after the hash"),
+    ("t0_l0_nrm 0000000000000001\t", "tab at column 27"),
+    ("t0_l0_nrm 00000000\r00000001", "carriage return at column 19"),
+    ("t1000000000000_emb 0000000000000001", "position index 1000000000000"),
+    ("t0_l2147483648_x 0000000000000001", "layer index 2147483648"),
+    ("t" + "9" * 30 + "_emb 0000000000000001", "(30 digits)"),
     ("t0_l0_nrm 000000000000001", "15 hex digits"),
     ("t0_l0_nrm 00000000000000001", "17 hex digits"),
     ("t0_l0_nrm 000000000000000g", "not hexadecimal"),
     ("t0_l0_nrm 0x00000000000001", "not hexadecimal"),
-    (" 0000000000000001", "empty tag"),
-    ("t0_l0_\x01nrm 0000000000000001", "bad characters"),
+    (" 0000000000000001", "starts with a space"),
+    ("t0_l0_\x01nrm 0000000000000001", "control character 0x01 at column 7"),
     ("", "blank line"),
 ])
 def test_reader_malformed_lines_name_file_and_line(tmp_path, bad_line, why):
@@ -213,8 +222,25 @@ def test_reader_malformed_lines_name_file_and_line(tmp_path, bad_line, why):
 def test_reader_non_ascii(tmp_path):
     p = tmp_path / "u.txt"
     p.write_bytes(GOOD.encode() + "t0_l0_é 0000000000000001\n".encode())
-    with pytest.raises(DumpError, match=r"u\.txt:2: non-ASCII"):
+    with pytest.raises(DumpError, match=r"u\.txt:2: non-ASCII byte 0xc3 at column 7"):
         read_dump(p)
+
+
+def test_reader_names_a_byte_order_mark(tmp_path):
+    p = tmp_path / "bom.txt"
+    p.write_bytes(b"\xef\xbb\xbf" + GOOD.encode())
+    with pytest.raises(DumpError, match=r"bom\.txt:1: .*byte-order mark \(BOM\); save it without one"):
+        read_dump(p)
+
+
+def test_reader_refuses_a_partial_dump_and_a_large_position_is_kept(tmp_path):
+    p = tmp_path / "run.txt.partial"
+    p.write_text(GOOD)
+    with pytest.raises(DumpError, match=r"partial dump .*interrupted"):
+        read_dump(p)
+    big = tmp_path / "big.txt"
+    big.write_text("t2147483647_emb 0000000000000001\n")  # the largest index still accepted
+    assert read_dump(big) == {"t2147483647_emb": 1}
 
 
 def test_reader_duplicate_names_both_lines(tmp_path):

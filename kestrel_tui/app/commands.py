@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from functools import partial
 
+from rich.markup import escape
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
 
@@ -26,11 +27,12 @@ class KestrelCommands(Provider):
 
     async def discover(self) -> Hits:
         for title, help_text, action in self._commands():
-            yield DiscoveryHit(title, partial(self._run, action), help=help_text)
+            # the palette reads help as markup; key names such as "[" must stay literal
+            yield DiscoveryHit(title, partial(self._run, action), help=escape(help_text))
 
     async def search(self, query: str) -> Hits:
         matcher = self.matcher(query)
         for title, help_text, action in self._commands():
             score = matcher.match(title)
             if score > 0:
-                yield Hit(score, matcher.highlight(title), partial(self._run, action), help=help_text)
+                yield Hit(score, matcher.highlight(title), partial(self._run, action), help=escape(help_text))

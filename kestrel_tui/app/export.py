@@ -1,21 +1,27 @@
-"""Export snapshots: each in a folder of its own that did not exist before.
+"""Export snapshots: each in a folder of its own that did not exist before, whole or marked unfinished.
 
-A snapshot is evidence, so nothing here ever replaces a file: the folder is
-created exclusively (a clash picks the next name), and every file inside is
-opened with exclusive create. Contents: both dump files in the L2 format,
-report.json, and the SVG screenshot the app saves into the folder first (the
-screenshot has to be taken on the UI thread; the rest runs in a worker).
+A snapshot is evidence, so nothing here ever replaces a file. The folder is
+built as ``<stamp>-<n>.partial`` (created exclusively, and only for an n whose
+finished name does not exist either) and renamed to ``<stamp>-<n>`` once every
+file is in, so a folder without the suffix is always complete; an export that
+fails part way stays ``.partial`` (files.py marks a half-written file the same
+way). Every file is written with files.create_whole. Contents: both dump files
+in the L2 format, report.json, and the SVG screenshot, which the app takes on
+the UI thread and hands over as text (the files are written in a worker).
 """
 from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
 
 from ..backends.toggles import TOGGLES
 from ..engine.session import HistoryEntry, RunResult, Session
+from ..errors import UsageError
+from ..files import PARTIAL_SUFFIX, create_whole
 from ..trace.compare import Comparison, DiffStats, Status
 from ..trace.dump import write_dump
 
@@ -34,18 +40,45 @@ REPORT = "report.json"
 
 
 def new_export_dir(root: str | Path, now: datetime | None = None) -> Path:
-    """root/<YYYYmmdd-HHMMSS>-<n>, the first n whose folder does not exist yet."""
+    """root/<YYYYmmdd-HHMMSS>-<n>.partial, the first n free under both names; publish() finishes it."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     stamp = (now or datetime.now()).strftime("%Y%m%d-%H%M%S")
     n = 1
     while True:
-        path = root / f"{stamp}-{n}"
+        final = root / f"{stamp}-{n}"
+        n += 1
+        if final.exists():
+            continue
         try:
-            path.mkdir()  # atomic: two exports in the same second get different folders
-            return path
-        except FileExistsError:
-            n += 1
+            partial = final.with_name(final.name + PARTIAL_SUFFIX)
+            partial.mkdir()  # atomic: two exports in the same second get different folders
+            return partial
+        except FileExistsError:  # taken, or left by an export that failed: never reused
+            continue
+
+
+def final_name(folder: Path) -> Path:
+    """Where an export folder being built will be once it is whole."""
+    return folder.with_name(folder.name.removesuffix(PARTIAL_SUFFIX))
+
+
+def publish(folder: Path) -> Path:
+    """Give a filled <name>.partial folder its finished name; never onto anything that holds files.
+
+    rename(2) fails on a non-empty target; an empty folder of that name made by
+    someone else in the moment since the check holds nothing to lose.
+    """
+    final = final_name(folder)
+    if final.exists():
+        raise UsageError(f"{final}: appeared while the export was written; it is kept as {folder}")
+    os.rename(folder, final)
+    return final
+
+
+def write_screenshot(folder: Path, svg: str) -> None:
+    with create_whole(folder / SCREENSHOT, what="screenshot") as f:
+        f.write(svg)
 
 
 def _finite(x):
@@ -67,7 +100,7 @@ def history_json(entries: list[HistoryEntry]) -> list[dict]:
 
 
 def _write_json(path: Path, data: dict) -> None:
-    with open(path, "x", encoding="utf-8") as f:
+    with create_whole(path, what="report") as f:
         json.dump(data, f, indent=1)
         f.write("\n")
 

@@ -26,6 +26,11 @@ class Loaded:
 Loader = Callable[[], Loaded]
 
 
+class PromptError(UsageError):
+    """The model loaded, but the prompt or the token count does not fit it: the user fixes
+    --prompt-ids / --prompt / --tokens, not the model, so the app must say which."""
+
+
 @dataclass
 class LiveSource:
     loader: Loader
@@ -78,7 +83,10 @@ def args_loader(args: argparse.Namespace) -> Loader:
         from ..commands import load_model_args, resolve_prompt
 
         model = load_model_args(args)
-        prompt = resolve_prompt(args, model)
+        try:
+            prompt = resolve_prompt(args, model)
+        except UsageError as e:
+            raise PromptError(str(e)) from e
         subject, note, device = pick_subject(getattr(args, "subject", "auto") or "auto", model)
         session = Session(model, prompt, args.tokens, subject=subject, kv=args.kv, deep=args.deep)
         return Loaded(session, model_label(session), device, note)

@@ -5,6 +5,11 @@ them on the UI thread, so widgets can read it while rendering without locks.
 The same Board serves a live run (reference vs subject, positions arriving in
 order) and diff mode (two dump files, complete at once, keys possibly missing
 on either side).
+
+The board has a slot per position present and a row per layer present, not
+one per index: a dump's indices are whatever its engine wrote (t1000000000
+is a valid key), and sizing by the largest index would allocate billions of
+cells. A live run's positions and layers are 0..n-1, so there slot == position.
 """
 from __future__ import annotations
 
@@ -28,23 +33,30 @@ def _no_raw(_key: str) -> None:
 
 @dataclass(frozen=True)
 class Cursor:
-    t: int
-    row: int  # 0 = emb, 1..n_layers = L0.., n_layers+1 = logits
+    t: int  # slot: index into Board.positions (the position itself in a live run)
+    row: int  # 0 = emb, 1..n_layers = the layers present, n_layers+1 = logits
     col: int  # field column; kept while on emb/logits so moving back restores it
 
 
 class Board:
-    """Statuses of every key of one comparison, addressed by (position, row, column)."""
+    """Statuses of every key of one comparison, addressed by (slot, row, column).
 
-    def __init__(self, n_positions: int, n_layers: int, fields: Sequence[str], *,
+    positions and layers: the indices present, ascending (range(n) for a live run).
+    """
+
+    def __init__(self, positions: Sequence[int], layers: Sequence[int], fields: Sequence[str], *,
                  prompt_len: int | None = None, sides: tuple[str, str] = ("ref", "sub"), live: bool = True):
-        self.n_positions = n_positions
-        self.n_layers = n_layers
+        self.positions = tuple(positions) or (0,)  # never empty: the cursor needs a slot to stand on
+        self.layers = tuple(layers)
+        self.n_positions = len(self.positions)
+        self.n_layers = len(self.layers)
         self.fields = tuple(fields)
         self.prompt_len = prompt_len  # None: unknown (dump files carry no prompt boundary)
         self.sides = sides
         self.live = live  # live: absent keys of a position not yet run are PENDING
-        self.rows = ("emb", *(f"L{i}" for i in range(n_layers)), "logits")
+        self.rows = ("emb", *(f"L{layer}" for layer in self.layers), "logits")
+        self._slot = {t: i for i, t in enumerate(self.positions)}
+        self._row = {layer: i + 1 for i, layer in enumerate(self.layers)}
         self._col = {f: i for i, f in enumerate(self.fields)}
         self.ref_hashes: dict[str, int] = {}
         self.raw_ref: RawGetter = _no_raw
@@ -72,11 +84,12 @@ class Board:
     def add_position(self, t: int, statuses: Mapping[str, Status], sub_hashes: Mapping[str, int],
                      top1: tuple[int, int] | None = None) -> None:
         """One subject position arrived (statuses come in dataflow order)."""
-        if not 0 <= t < self.n_positions:
+        i = self._slot.get(t)
+        if i is None:
             return
         self.version += 1
-        self.arrived[t] = True
-        self.top1[t] = top1
+        self.arrived[i] = True
+        self.top1[i] = top1
         self.sub_hashes.update(sub_hashes)
         for k, s in statuses.items():
             self._set(k, s)
@@ -102,12 +115,12 @@ class Board:
     def _set(self, k: str, s: Status) -> None:
         self.status[k] = s
         if s in MISMATCH:
-            t = order_key(k)[0]
-            if isinstance(t, int) and 0 <= t < self.n_positions:
+            i = self._slot.get(order_key(k)[0])
+            if i is not None:
                 if s is Status.DIFF:
-                    self.n_diff[t] += 1
+                    self.n_diff[i] += 1
                 else:
-                    self.n_missing[t] += 1
+                    self.n_missing[i] += 1
             self._note_mismatch(k, s)
 
     def _note_mismatch(self, k: str, s: Status) -> None:
@@ -122,25 +135,30 @@ class Board:
 
     # ---- reading ---------------------------------------------------------
 
-    def key(self, t: int, row: int, col: int) -> str | None:
+    def key(self, i: int, row: int, col: int) -> str | None:
+        t = self.positions[i]
         if row == 0:
             return emb_key(t)
         if row == self.n_layers + 1:
             return logits_key(t)
         if 0 <= col < len(self.fields):
-            return key_name(t, row - 1, self.fields[col])
+            return key_name(t, self.layers[row - 1], self.fields[col])
         return None
 
-    def cell(self, key: str | None, t: int) -> Status | None:
-        """A key's status; None when the key is not part of this comparison at all."""
+    def cell(self, key: str | None, i: int) -> Status | None:
+        """A key's status (i: its slot); None when the key is not part of this comparison at all."""
         if key is None:
             return None
         s = self.status.get(key)
         if s is not None:
             return s
-        if not self.arrived[t]:
+        if not self.arrived[i]:
             return Status.PENDING
         return None
+
+    def slot(self, t: int) -> int | None:
+        """The slot of position t; None when the board has no such position."""
+        return self._slot.get(t)
 
     def locate(self, key: str) -> Cursor | None:
         """The cell of a key (col -1 for emb/logits: the caller keeps its column)."""
@@ -148,13 +166,15 @@ class Board:
             k = parse_key(key)
         except ValueError:
             return None
-        if not 0 <= k.t < self.n_positions:
+        i = self._slot.get(k.t)
+        if i is None:
             return None
         if k.layer is None:
-            return Cursor(k.t, 0 if k.field == "emb" else self.n_layers + 1, -1)
-        if k.layer >= self.n_layers or k.field not in self._col:
+            return Cursor(i, 0 if k.field == "emb" else self.n_layers + 1, -1)
+        row = self._row.get(k.layer)
+        if row is None or k.field not in self._col:
             return None
-        return Cursor(k.t, k.layer + 1, self._col[k.field])
+        return Cursor(i, row, self._col[k.field])
 
     def step_mismatch(self, key: str | None, forward: bool = True) -> str | None:
         """The next (or previous) DIFF/missing key after `key` in dataflow order, wrapping around."""
@@ -169,25 +189,25 @@ class Board:
         i = bisect.bisect_left(self._mm_order, o) - 1
         return self.mismatches[i]  # -1 wraps to the last
 
-    def position_state(self, t: int) -> str:
-        """pending | ok | diff | flip | missing — one token-strip cell."""
-        if not self.arrived[t]:
+    def position_state(self, i: int) -> str:
+        """pending | ok | diff | flip | missing — one token-strip cell (i: a slot)."""
+        if not self.arrived[i]:
             return "pending"
-        top = self.top1[t]
+        top = self.top1[i]
         if top is not None and top[0] != top[1]:
             return "flip"
-        if self.n_diff[t]:
+        if self.n_diff[i]:
             return "diff"
-        if self.n_missing[t]:
+        if self.n_missing[i]:
             return "missing"
         return "ok"
 
-    def is_prompt(self, t: int) -> bool | None:
-        return None if self.prompt_len is None else t < self.prompt_len
+    def is_prompt(self, i: int) -> bool | None:
+        return None if self.prompt_len is None else self.positions[i] < self.prompt_len
 
-    def row_has_mismatch(self, t: int, row: int) -> bool:
+    def row_has_mismatch(self, i: int, row: int) -> bool:
         for col in range(len(self.fields) if 0 < row <= self.n_layers else 1):
-            if self.status.get(self.key(t, row, col)) in MISMATCH:
+            if self.status.get(self.key(i, row, col)) in MISMATCH:
                 return True
         return False
 
@@ -205,22 +225,23 @@ class Board:
         return self.ref_hashes.get(key), self.sub_hashes.get(key)
 
 
-def fields_of(keys: Iterable[str]) -> tuple[int, int, tuple[str, ...]]:
-    """(positions, layers, field columns) covering a set of dump keys.
+def axes_of(keys: Iterable[str]) -> tuple[list[int], list[int], tuple[str, ...]]:
+    """(positions, layers, field columns) present in a set of dump keys, positions and layers ascending.
 
     Known fields keep the dataflow order; fields of other engines follow, sorted.
     """
-    n_pos = n_layers = 0
+    positions: set[int] = set()
+    layers: set[int] = set()
     seen: set[str] = set()
     for name in keys:
         try:
             k = parse_key(name)
         except ValueError:
             continue
-        n_pos = max(n_pos, k.t + 1)
+        positions.add(k.t)
         if k.layer is not None:
-            n_layers = max(n_layers, k.layer + 1)
+            layers.add(k.layer)
             seen.add(k.field)
     known = [f for f in ALL_FIELDS if f in seen]
     foreign = sorted(seen - set(ALL_FIELDS))
-    return n_pos, n_layers, tuple(known + foreign)
+    return sorted(positions), sorted(layers), tuple(known + foreign)

@@ -16,7 +16,7 @@ from ..engine.bisect import bisect
 from ..engine.run import Cancelled
 from ..engine.session import RunSettings, Session
 from . import messages as msg
-from .export import write_diff, write_live
+from .export import publish, write_diff, write_live, write_screenshot
 from .source import Loader
 
 Post = Callable[[object], object]
@@ -67,14 +67,19 @@ def bisection(session: Session, start: RunSettings, run_id: int, cancel: threadi
             post(msg.RunFailed(run_id, e))
 
 
-def export(folder: Path, write: Callable[[], None], post: Post) -> None:
-    """Write an export folder (`write` fills it); ExportDone carries the error, if any."""
+def export(folder: Path, svg: str, write: Callable[[], None], post: Post) -> None:
+    """Fill an export folder (the screenshot, then `write`) and publish it; ExportDone carries the error, if any.
+
+    On failure the folder keeps its .partial name: whatever was written stays, marked unfinished.
+    """
     try:
+        write_screenshot(folder, svg)
         write()
+        final = publish(folder)
     except Exception as e:  # noqa: BLE001
         post(msg.ExportDone(str(folder), e))
         return
-    post(msg.ExportDone(str(folder)))
+    post(msg.ExportDone(str(final)))
 
 
 def export_live(folder: Path, session: Session, result, device: str, note: str | None) -> Callable[[], None]:

@@ -53,7 +53,7 @@ def bisect(session: Session, start: RunSettings = RunSettings(),
         if tried is None:  # every toggle is on and keys still differ: not an op we control
             break
         op, settings, trial = tried
-        move = HistoryEntry(f"+{op}", settings, current.first_diff, trial.first_diff)
+        move = HistoryEntry((f"+{op}",), settings, current.first_diff, trial.first_diff)
         result.moves.append(move)
         session.history.append(move)
         if on_move:

@@ -79,10 +79,14 @@ class RunResult:
 
 @dataclass(frozen=True)
 class HistoryEntry:
-    change: str  # "+expf", "-norm", "mode isolate", "start"
+    changes: tuple[str, ...]  # ("+expf",), ("-norm", "mode isolate"); () for the first run
     settings: RunSettings
     before: str | None
     after: str | None  # None: all ok
+
+    @property
+    def change(self) -> str:
+        return " ".join(self.changes) if self.changes else "start"
 
     def line(self) -> str:
         def show(k):
@@ -90,14 +94,15 @@ class HistoryEntry:
         return f"{self.change:<14} {show(self.before)} -> {show(self.after)}"
 
 
-def change_label(old: RunSettings | None, new: RunSettings) -> str:
+def setting_changes(old: RunSettings | None, new: RunSettings) -> tuple[str, ...]:
+    """One item per setting that changed: "+op", "-op", "mode isolate"; ("rerun",) when none did."""
     if old is None:
-        return "start"
+        return ()
     parts = [f"+{t}" for t in sorted(new.exact - old.exact)] + [f"-{t}" for t in sorted(old.exact - new.exact)]
     for name in ("mode", "prefill", "forcing"):
         if getattr(old, name) != getattr(new, name):
             parts.append(f"{name} {getattr(new, name)}")
-    return " ".join(parts) or "rerun"
+    return tuple(parts) or ("rerun",)
 
 
 def summarize(ref: Trace, sub: Trace, cmp: Comparison) -> list[TokenSummary]:
@@ -159,7 +164,7 @@ class Session:
         result = RunResult(settings, ref, sub, cmp, summarize(ref, sub, cmp))
         if record:
             prev = self.last
-            self.history.append(HistoryEntry(change_label(prev.settings if prev else None, settings), settings,
+            self.history.append(HistoryEntry(setting_changes(prev.settings if prev else None, settings), settings,
                                              prev.first_diff if prev else None, result.first_diff))
         self.last = result
         return result

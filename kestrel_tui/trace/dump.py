@@ -16,12 +16,15 @@ Dumps are evidence: a writer never truncates or replaces an existing file.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from collections.abc import Iterable
 
 from ..errors import UsageError
+from ..files import create_whole, is_partial_name
 from .fnv import hex16
+from .keys import index_problem
 
 _TAG_RE = re.compile(r"[\x21-\x7e]+")
 _HEX16_RE = re.compile(r"[0-9A-Fa-f]{16}")
@@ -36,7 +39,7 @@ def _check_tag(tag: str) -> str | None:
         return "empty tag"
     if not _TAG_RE.fullmatch(tag):
         return f"bad characters in tag {_clip(tag)} (printable ASCII, no spaces)"
-    return None
+    return index_problem(tag)
 
 
 def _clip(s: str, n: int = 60) -> str:
@@ -44,18 +47,20 @@ def _clip(s: str, n: int = 60) -> str:
 
 
 class DumpWriter:
-    """Appends ``<tag> <hash16>`` lines to a new file (exclusive create)."""
+    """Writes ``<tag> <hash16>`` lines to a new file that appears only when complete.
+
+    Until ``close`` (or the end of the ``with`` block) the lines go to a hidden
+    temporary file beside ``path``; an exception or Ctrl-C keeps it as
+    ``<path>.partial`` (files.py), which read_dump refuses.
+    """
 
     def __init__(self, path: str | os.PathLike):
         self.path = os.fspath(path)
+        self._stack = contextlib.ExitStack()
         try:
-            # newline="" keeps "\n" on every platform: the format is byte-defined.
-            self._f = open(self.path, "x", encoding="ascii", newline="")
-        except FileExistsError:
-            raise DumpError(f"{self.path}: file exists; dumps are never overwritten, "
-                            f"choose another path") from None
-        except OSError as e:
-            raise DumpError(f"{self.path}: cannot create dump file: {e.strerror}") from None
+            self._f = self._stack.enter_context(create_whole(self.path, encoding="ascii", what="dump"))
+        except UsageError as e:
+            raise DumpError(str(e)) from None
         self._seen: set[str] = set()
 
     def write(self, tag: str, h: int) -> None:
@@ -76,13 +81,15 @@ class DumpWriter:
         self._f.flush()
 
     def close(self) -> None:
-        self._f.close()
+        """Publish the file (it is whole now)."""
+        self._stack.close()
 
     def __enter__(self) -> DumpWriter:
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, *exc) -> bool:
+        # hand the exception to create_whole, which keeps the partial file and re-raises
+        return self._stack.__exit__(*exc)
 
 
 def write_dump(path: str | os.PathLike, items: Iterable[tuple[str, int]]) -> None:
@@ -92,13 +99,27 @@ def write_dump(path: str | os.PathLike, items: Iterable[tuple[str, int]]) -> Non
 
 
 def _parse_line(line: str) -> tuple[str, int] | str:
-    """(tag, hash) or a reason why the line is malformed."""
-    if not line.strip():
+    """(tag, hash) or the reason why the line is malformed, naming the character at fault."""
+    if not line.strip(" "):
         return "blank line (blank lines are only allowed at the end of the file)"
-    parts = line.split(" ")
-    if len(parts) != 2:
-        return f"expected 2 fields '<tag> <hash16>' separated by one space, got {len(parts)}"
-    tag, hx = parts
+    for col, ch in enumerate(line, start=1):
+        if ch == "\t":
+            return f"tab at column {col}; separate tag and hash with one space"
+        if ch == "\r":
+            return f"carriage return at column {col} (a lone CR; line ends must be LF or CRLF)"
+        if not " " <= ch <= "~":
+            return f"control character {ord(ch):#04x} at column {col}"
+    if line.startswith(" "):
+        return "line starts with a space; expected '<tag> <hash16>'"
+    if line.endswith(" "):
+        return "trailing space after the hash"
+    tag, sep, hx = line.partition(" ")
+    if not sep:
+        return "no space: expected '<tag> <hash16>'"
+    if hx.startswith(" "):
+        return "more than one space between tag and hash"
+    if " " in hx:
+        return f"{hx.count(' ') + 2} fields; expected '<tag> <hash16>' (a tag has no spaces)"
     problem = _check_tag(tag)
     if problem:
         return problem
@@ -109,9 +130,23 @@ def _parse_line(line: str) -> tuple[str, int] | str:
     return tag, int(hx, 16)
 
 
+def _decode(path: str, n: int, bline: bytes) -> str:
+    try:
+        return bline.decode("ascii")
+    except UnicodeDecodeError as e:
+        if n == 1 and bline.startswith(b"\xef\xbb\xbf"):
+            raise DumpError(f"{path}:1: the file starts with a UTF-8 byte-order mark (BOM); "
+                            f"save it without one") from None
+        raise DumpError(f"{path}:{n}: non-ASCII byte {bline[e.start]:#04x} at column {e.start + 1}; "
+                        f"dump lines are ASCII") from None
+
+
 def read_dump(path: str | os.PathLike) -> dict[str, int]:
     """Read a dump into ``{tag: hash}`` in file order; raises DumpError."""
     path = os.fspath(path)
+    if is_partial_name(path) and os.path.isfile(path):
+        raise DumpError(f"{path}: a partial dump (its run was interrupted before the end); "
+                        f"run the dump again")
     try:
         with open(path, "rb") as f:
             raw = f.read()
@@ -127,11 +162,7 @@ def read_dump(path: str | os.PathLike) -> dict[str, int]:
     for n, bline in enumerate(lines, start=1):
         if bline.endswith(b"\r"):
             bline = bline[:-1]
-        try:
-            line = bline.decode("ascii")
-        except UnicodeDecodeError:
-            raise DumpError(f"{path}:{n}: non-ASCII bytes in line") from None
-        parsed = _parse_line(line)
+        parsed = _parse_line(_decode(path, n, bline))
         if isinstance(parsed, str):
             raise DumpError(f"{path}:{n}: malformed line: {parsed}")
         tag, h = parsed

@@ -40,6 +40,9 @@ _STRIDE = len(ALL_FIELDS) + 1  # one slot per known field + one for foreign ones
 _NUM = r"(0|[1-9][0-9]*)"
 _TOKEN_RE = re.compile(rf"t{_NUM}_(emb|logits)")
 _LAYER_RE = re.compile(rf"t{_NUM}_l{_NUM}_([A-Za-z][A-Za-z0-9_]*)")
+# Positions and layers are int32 in every engine we know; a larger index is a
+# corrupt or hostile tag, and code that sizes anything by it must never see it.
+MAX_INDEX = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,19 @@ def parse_key(name: str) -> Key:
         return Key(int(m[1]), int(m[2]), m[3])
     raise ValueError(f"malformed probe key {name!r}: expected t<T>_emb, t<T>_logits "
                      f"or t<T>_l<L>_<field>")
+
+
+def index_problem(name: str) -> str | None:
+    """Why a key-shaped tag cannot be a real key (an index beyond MAX_INDEX), or None."""
+    try:
+        k = parse_key(name)
+    except ValueError:
+        return None  # another engine's tag: kept as it is
+    for what, i in (("position", k.t), ("layer", k.layer)):
+        if i is not None and i > MAX_INDEX:
+            shown = str(i) if len(str(i)) <= 20 else f"{str(i)[:12]}... ({len(str(i))} digits)"
+            return f"{what} index {shown} in {name[:40]!r} is beyond {MAX_INDEX} (2^31-1)"
+    return None
 
 
 @functools.lru_cache(maxsize=1 << 16)

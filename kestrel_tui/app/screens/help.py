@@ -62,9 +62,9 @@ class HelpScreen(ModalScreen):
                 table.add_row("", "")
                 table.add_row(Text(sec, style="bold underline"), "")
                 section = sec
-            table.add_row(keys, what)
+            table.add_row(Text(keys), Text(what))  # a str cell would be read as markup: "[" is a key
         table.add_row("", "")
         table.add_row(Text("legend", style="bold underline"), "")
         for sym, what, style in LEGEND:
-            table.add_row(Text(sym, style=style), what)
+            table.add_row(Text(sym, style=style), Text(what))
         return table

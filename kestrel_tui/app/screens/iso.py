@@ -133,8 +133,10 @@ class IsoScreen(Screen):
             ndiff = Text(str(c.ndiff), style="bold red" if c.ndiff else "green")
             ulp = "NaN" if c.max_ulp == NAN_ULP else str(c.max_ulp)
             top = Text(f"{c.top1_single}/{c.top1_batch}", style="bold red" if c.top1_single != c.top1_batch else "")
-            table.add_row(str(c.j), str(c.t), str(c.token), ndiff,
-                          "—" if c.first_index is None else str(c.first_index), ulp, c.first_diff_key or "—", top)
+            cells = (str(c.j), str(c.t), str(c.token), ndiff, "—" if c.first_index is None else str(c.first_index),
+                     ulp, c.first_diff_key or "—", top)
+            # DataTable reads str cells as markup; a probe key is data, never markup
+            table.add_row(*(Text(x) if isinstance(x, str) else x for x in cells))
         bad = sum(1 for c in m.cols if c.ndiff)
         if bad:
             status.update(f"{bad}/{len(m.cols)} columns differ from M=1: batch-verify is not bit-exact here")

@@ -21,7 +21,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
-from textual.widgets import Footer
+from textual.widgets import Footer, Label
 
 from ...backends.toggles import OWNERS, TOGGLES
 from ...engine.run import Position, Trace
@@ -30,9 +30,9 @@ from ...trace.compare import Status, compare
 from ...trace.keys import layer_fields, parse_key
 from .. import messages as msg
 from .. import workers
-from ..export import SCREENSHOT, new_export_dir
-from ..source import DiffSource, LiveSource, Loaded, Loader, default_loader
-from ..state import Board, Cursor, fields_of
+from ..export import final_name, new_export_dir
+from ..source import DiffSource, LiveSource, Loaded, Loader, PromptError, default_loader
+from ..state import Board, Cursor, axes_of
 from ..widgets.detail import DetailPanel, key_info
 from ..widgets.grid import HashGrid
 from ..widgets.header import InfoHeader
@@ -42,6 +42,7 @@ from ..widgets.tokens import TokenStrip
 from ..widgets.toggles import SWITCHES, TOGGLE_KEYS, TogglePanel
 from .navigation import GridNavigation
 
+MIN_SIZE = (80, 24)  # the smallest terminal the layout supports (app.tcss's narrow form)
 DIFFS = Binding.Group("DIFF")
 TOKEN = Binding.Group("token")
 
@@ -124,12 +125,17 @@ class MainScreen(GridNavigation, Screen):
                 yield HistoryPanel(id="history")
         yield StatusBar(id="status")
         yield Footer()
+        yield Label(f"enlarge the terminal to at least {MIN_SIZE[0]}×{MIN_SIZE[1]}", id="too-small", markup=False)
 
     def on_unmount(self) -> None:
         self.cancel_all()
         quiet_gc(False)
 
     def on_resize(self) -> None:
+        # Below 80x24 the panels cannot fit and the footer runs its words together: app.tcss then
+        # shows one line asking for more room instead (keys keep working).
+        w, h = MIN_SIZE
+        self.set_class(self.size.width < w or self.size.height < h, "-too-small")
         # at 80 columns every footer key must still fit: drop the padding, and the palette hint
         # (ctrl+p still works and the help screen lists it)
         footer = self.query_one(Footer)
@@ -164,8 +170,8 @@ class MainScreen(GridNavigation, Screen):
     def _open_diff(self, src: DiffSource) -> None:
         cmp = compare(src.a, src.b)
         self._diff_cmp = cmp
-        n_pos, n_layers, fields = fields_of(cmp.status)
-        board = Board(max(1, n_pos), n_layers, fields or layer_fields(), sides=("A", "B"), live=False)
+        positions, layers, fields = axes_of(cmp.status)
+        board = Board(positions, layers, fields or layer_fields(), sides=("A", "B"), live=False)
         board.load(cmp, src.a, src.b)
         self.board = board
         self.add_class("-diff")  # app.tcss hides the toggles and history: nothing runs here
@@ -181,8 +187,10 @@ class MainScreen(GridNavigation, Screen):
             self.status.set_text(f"first DIFF {cmp.first_diff or '—'} · " + " · ".join(parts)
                                  + (f" · {len(board.outside)} keys outside the grid" if board.outside else ""),
                                  "diff")
+        self._set_cursor(Cursor(0, 1, 0))  # also when the first mismatch is a foreign tag, with no cell to go to
         first = board.first_diff or board.first_mismatch
-        self._goto(first) if first else self._set_cursor(Cursor(0, 1, 0))
+        if first:
+            self._goto(first)
         self.query_one(HistoryPanel).show([])
         quiet_gc(True)
 
@@ -204,7 +212,7 @@ class MainScreen(GridNavigation, Screen):
         self.session, self.info = s, info
         self.result, self._ref, self._sub = None, None, {}
         P = len(s.prompt)
-        self.board = Board(P + s.n_tokens, s.model.cfg.n_layers, layer_fields(s.deep), prompt_len=P)
+        self.board = Board(range(P + s.n_tokens), range(s.model.cfg.n_layers), layer_fields(s.deep), prompt_len=P)
         self.board.raw_sub = self._raw_sub
         self.grid.set_board(self.board)
         self.cursor = Cursor(min(P, self.board.n_positions - 1), 1, 0)
@@ -217,12 +225,17 @@ class MainScreen(GridNavigation, Screen):
         self.phase = "error"
         self.status.set_progress(None, None)
         text = _one_line(m.error)
-        self.query_one(InfoHeader).show([("", "no model loaded")])
-        self.status.set_text(f"cannot load the model: {text}", "error")
-        self.query_one(DetailPanel).show(None, "No model loaded. Quit (q), or open the embedded default model "
+        if isinstance(m.error, PromptError):
+            what, header = "bad prompt or token count", "prompt rejected: nothing to run"
+            hint = "The model loaded, but the prompt or --tokens does not fit it (see the status line)."
+        else:
+            what, header, hint = "cannot load the model", "no model loaded", "No model loaded."
+        self.query_one(InfoHeader).show([("", header)])
+        self.status.set_text(f"{what}: {text}", "error")
+        self.query_one(DetailPanel).show(None, f"{hint} Quit (q), or open the embedded default model "
                                                "from the command palette (ctrl+p).")
         self.query_one(TogglePanel).show(self.settings, enabled=False)
-        self.notify(text, title="cannot load the model", severity="error", timeout=10, markup=False)
+        self.notify(text, title=what, severity="error", timeout=10, markup=False)
 
     def _header(self) -> None:
         info, s = self.info, self.session
@@ -302,7 +315,7 @@ class MainScreen(GridNavigation, Screen):
             self._goto(board.first_diff, keep_follow=True)
         else:
             self.query_one(TokenStrip).refresh()
-            if pos.t == self.cursor.t:
+            if board.slot(pos.t) == self.cursor.t:
                 self.grid.refresh()
                 self._refresh_detail()
 
@@ -475,28 +488,44 @@ class MainScreen(GridNavigation, Screen):
             return
         try:
             folder = new_export_dir(self.export_dir).resolve()  # shown in full: it is where to look
-            # the screenshot must come from the UI thread, and before the toast announcing the export
-            self.app.save_screenshot(filename=SCREENSHOT, path=str(folder))
         except OSError as e:
-            self.notify(f"{self.export_dir}: {e.strerror or e}", title="export failed", severity="error",
-                        markup=False)
+            self._export_failed(f"{self.export_dir}: {e.strerror or e}")
             return
         self._exporting = True
-        self.status.set_text(f"exporting to {folder}…", "busy")
         write = (workers.export_diff(folder, self.source, self._diff_cmp) if self.diff_mode
                  else workers.export_live(folder, self.session, self.result, self.info.device, self.info.note))
-        self.run_worker(partial(workers.export, folder, write, self.post_message), thread=True, group="export",
-                        exit_on_error=False)
+        # A toast is not part of the evidence: hide the toast rack for the frame the screenshot is
+        # taken from (the screenshot must come from the UI thread, and before the status says "exporting").
+        toasts = self.query("#textual-toastrack")
+        toasts.set(display=False)
+        self.call_after_refresh(self._shoot, folder, write, toasts)
+
+    def _shoot(self, folder: Path, write, toasts) -> None:
+        try:
+            svg = self.app.export_screenshot()
+        except Exception as e:  # noqa: BLE001 - a failed export is a message, not a crash
+            self._exporting = False
+            self._export_failed(f"screenshot: {_one_line(e)}; the unfinished export is {folder}")
+            return
+        finally:
+            toasts.set(display=True)
+        self.status.set_text(f"exporting to {final_name(folder)}…", "busy")
+        self.run_worker(partial(workers.export, folder, svg, write, self.post_message), thread=True,
+                        group="export", exit_on_error=False)
 
     def on_export_done(self, m: msg.ExportDone) -> None:
         self._exporting = False
         if m.error is not None:
-            self.status.set_text(f"export failed: {_one_line(m.error)}", "error")
-            self.notify(_one_line(m.error), title="export failed", severity="error", markup=False)
+            self._export_failed(f"{_one_line(m.error)} (the unfinished export is {m.path})")
             return
         self.last_export = Path(m.path)
         self.status.set_text(f"exported to {m.path}", "ok")
         self.notify(m.path, title="exported", timeout=8, markup=False)
+
+    def _export_failed(self, text: str) -> None:
+        # the status bar must not keep saying "exported to" an earlier folder
+        self.status.set_text(f"export failed: {text}", "error")
+        self.notify(text, title="export failed", severity="error", markup=False)
 
     def action_load_default(self) -> None:
         self.cancel_all()

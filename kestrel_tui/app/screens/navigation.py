@@ -50,7 +50,14 @@ class GridNavigation:
         if board is None:
             return
         key = board.step_mismatch(board.key(self.cursor.t, self.cursor.row, self.cursor.col), forward)
+        # keys outside the grid (foreign tags) have no cell to go to: step over them
+        for _ in board.mismatches:
+            if key is None or board.locate(key) is not None:
+                break
+            key = board.step_mismatch(key, forward)
         if key is None:
             self.notify("no DIFF" + (" so far" if self.busy else ""), markup=False)
-            return
-        self._goto(key)
+        elif board.locate(key) is None:
+            self.notify("no DIFF in the grid (only keys outside it)", markup=False)
+        else:
+            self._goto(key)

@@ -45,6 +45,12 @@ def cell_text(status: Status | None, sides: tuple[str, str]) -> str:
     return "-" + (sides[1] if status is Status.MISSING_SUB else sides[0])[:3]
 
 
+def position_label(t: int) -> str:
+    """t<n> in the label column; a long one keeps its last digits, which tell neighbours apart."""
+    text = f"t{t}"
+    return (text if len(text) <= LABEL_W else "…" + text[-(LABEL_W - 1):]).ljust(LABEL_W)
+
+
 class HashGrid(ScrollView, can_focus=False):
     """Navigation keys live on the screen; the grid only draws and reports clicks."""
 
@@ -165,7 +171,7 @@ class HashGrid(ScrollView, can_focus=False):
         board, cur, st = self.board, self.cursor, self._st
         head = st["grid--header"]
         hot = head + st["grid--label-cursor"]
-        label = [Segment(f"t{cur.t}".ljust(LABEL_W)[:LABEL_W], hot)]
+        label = [Segment(position_label(board.positions[cur.t]), hot)]
         cells: list[Segment] = []
         single = self._single(cur.row)
         for c, f in enumerate(board.fields):

@@ -23,10 +23,9 @@ def entry_text(e: HistoryEntry) -> tuple[str, str, str | None]:
         return "start", "", e.after
     change = e.change
     if len(change) > CHANGE_W:  # "a" after "0": seven ops at once; the keys matter more than the list
-        parts = change.split()
-        signs = {p[0] for p in parts}
-        change = f"{signs.pop()}{len(parts)} ops" if signs <= {"+", "-"} and len(signs) == 1 else \
-            f"{len(parts)} changes"
+        signs = {c[0] if c[0] in "+-" else "switch" for c in e.changes}
+        n = len(e.changes)
+        change = f"{signs.pop()}{n} ops" if len(signs) == 1 and signs <= {"+", "-"} else f"{n} changes"
     return change, e.before or "all ok", e.after
 
 

@@ -4,6 +4,8 @@ A cell is a glyph as well as a colour (ok ✓, DIFF ✗, top-1 flip !, pending �
 missing ?), so the strip still reads without colour. Prompt positions sit on
 a shaded background left of a bar, generated ones plain right of it. With more
 positions than fit, the strip shows a window around the current position.
+Cells are the board's slots (the positions present, which a dump may number
+t0, t1000000000, ...); the line above names the real position.
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ class TokenStrip(Widget, can_focus=False):
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self.board: Board | None = None
-        self.t = 0
+        self.t = 0  # the cursor's slot
 
     def show(self, board: Board | None, t: int) -> None:
         self.board, self.t = board, t
@@ -47,7 +49,7 @@ class TokenStrip(Widget, can_focus=False):
     def _info(self, board: Board) -> Text:
         t = self.t
         kind = {True: "prompt", False: "generated", None: "position"}[board.is_prompt(t)]
-        out = Text(f"t{t} ", style=self._s("tokens--info"))
+        out = Text(f"t{board.positions[t]} ", style=self._s("tokens--info"))
         out.append(f"{kind} {t + 1}/{board.n_positions}", style=self._s("tokens--dim"))
         state = board.position_state(t)
         top = board.top1[t]
@@ -74,12 +76,12 @@ class TokenStrip(Widget, can_focus=False):
         fits = max(1, (width - 4) // CELL)  # room for the '‹' '›' clip marks and the prompt bar
         start = 0 if n <= fits else min(max(0, self.t - fits // 2), n - fits)
         stop = min(n, start + fits)
-        first_t = None
-        if board.first_diff is not None:
-            first_t = int(board.first_diff[1:board.first_diff.index("_")])
+        # a foreign first DIFF (a tag that is no probe key) has no cell to mark
+        first = board.locate(board.first_diff) if board.first_diff else None
+        first_t = first.t if first else None
         out = Text("‹" if start > 0 else " ", style=self._s("tokens--dim"))
         for t in range(start, stop):
-            if board.prompt_len is not None and t == board.prompt_len and t > start:
+            if board.prompt_len is not None and board.positions[t] == board.prompt_len and t > start:
                 out.append("│", style=self._s("tokens--dim"))
             state = board.position_state(t)
             style = self._s(f"tokens--{state}")
@@ -90,8 +92,8 @@ class TokenStrip(Widget, can_focus=False):
             if t == self.t:
                 style += self._s("tokens--cursor")
             out.append(GLYPH[state], style=style)
-            out.append(" ", style=self._s("tokens--prompt") if board.is_prompt(t) and t + 1 != board.prompt_len
-                       else Style())
+            out.append(" ", style=self._s("tokens--prompt")
+                       if board.is_prompt(t) and board.positions[t] + 1 != board.prompt_len else Style())
         if stop < n:
             out.append("›", style=self._s("tokens--dim"))
         return out

@@ -36,6 +36,14 @@ def nvcc_options() -> list[str]:
 NVCC_OPTIONS = nvcc_options()
 FALLBACK = "the sim subject is the fallback (--subject sim)"
 
+
+class CudaUnavailable(UsageError):
+    """No usable GPU; ``reason`` alone lets a caller with another fallback (bench) word its own line."""
+
+    def __init__(self, reason: str):
+        super().__init__(f"cuda subject: {reason}; {FALLBACK}")
+        self.reason = reason
+
 # Every kernel's PyCUDA argument format (P: pointer, i: int, f: float), in the
 # .cu parameter order. tests/test_kernels_compile.py checks it against the PTX.
 SIGNATURES = {
@@ -101,19 +109,17 @@ class Runtime:
             import pycuda.driver as cuda
             from pycuda.compiler import SourceModule
         except ImportError as e:
-            raise UsageError(f"cuda subject: PyCUDA is not installed ({e}; pip install 'kestrel-tui[cuda]');"
-                             f" {FALLBACK}") from None
+            raise CudaUnavailable(f"PyCUDA is not installed ({e}; pip install 'kestrel-tui[cuda]')") from None
         self.cuda = cuda
         try:
             cuda.init()
             count = cuda.Device.count()
         except Exception as e:  # pycuda.driver.Error, or a missing libcuda
-            raise UsageError(f"cuda subject: no usable CUDA driver ({str(e).strip() or type(e).__name__});"
-                             f" {FALLBACK}") from None
+            raise CudaUnavailable(f"no usable CUDA driver ({str(e).strip() or type(e).__name__})") from None
         if count == 0:
-            raise UsageError(f"cuda subject: no CUDA device found; {FALLBACK}")
+            raise CudaUnavailable("no CUDA device found")
         if shutil.which("nvcc") is None:
-            raise UsageError(f"cuda subject: nvcc is not on PATH (the kernels are compiled at start); {FALLBACK}")
+            raise CudaUnavailable("nvcc is not on PATH (the kernels are compiled at start)")
         self.device = cuda.Device(0)
         major, minor = self.device.compute_capability()
         self.arch = f"sm_{major}{minor}"
@@ -130,8 +136,8 @@ class Runtime:
                                                       no_extern_c=True)
                 except Exception as e:  # CompileError, or nvcc failing to start
                     first = next((ln.strip() for ln in str(e).splitlines() if "error" in ln), str(e).strip())
-                    raise UsageError(f"cuda subject: kernels/{name}.cu failed to compile for {self.arch}"
-                                     f" ({first[:200]}); {FALLBACK}") from None
+                    raise CudaUnavailable(f"kernels/{name}.cu failed to compile for {self.arch}"
+                                          f" ({first[:200]})") from None
         self._prepared: dict[tuple[str, str], object] = {}
         self.kernel_names: dict[int, tuple[str, str]] = {}  # id(prepared kernel) -> (module, name)
         self.pdl = None  # pdl.PdlLauncher, made by the first graph capture that asks for it
