@@ -1,11 +1,16 @@
 """The headless commands: outputs, exit codes, one-line errors, never overwriting."""
 import json
 import os
+import re
 import stat
 
+import numpy as np
 import pytest
 
+from kestrel_tui.backends.base import NumpyBackend
+from kestrel_tui.backends.toggles import OWNERS, TOGGLES
 from kestrel_tui.cli import main
+from kestrel_tui.trace.keys import order_key
 
 
 def run(capsys, *argv):
@@ -71,10 +76,21 @@ def test_diff_missing_file(tmp_path, capsys):
     assert code == 2 and "nope.txt" in one_line_error(err)
 
 
-def test_generate_prints_ids(capsys):
-    code, out, _ = run(capsys, "generate", "--tokens", "3", "--prompt-ids", "1,2,3")
-    ids = out.split()
-    assert code == 0 and len(ids) == 3 and all(0 <= int(i) < 2048 for i in ids)
+def test_generate_prints_ids(capsys, default_model):
+    prompt, n = [1, 2, 3], 3
+    code, out, _ = run(capsys, "generate", "--tokens", str(n), "--prompt-ids", ",".join(map(str, prompt)))
+    # the greedy tokens, stepped here by hand on the reference (the embedded default model):
+    # the argmax of the last prompt position's logits, fed back in, and so on
+    backend = NumpyBackend(default_model, kv="q8")
+    backend.reset(len(prompt) + n)
+    logits = backend.step(np.array(prompt), 0, raw=False).logits[-1]
+    want = []
+    for i in range(n):
+        want.append(int(np.argmax(logits)))
+        if i < n - 1:
+            logits = backend.step(np.array(want[-1:]), len(prompt) + i, raw=False).logits[0]
+    assert code == 0 and out.split() == [str(t) for t in want]
+    assert all(0 <= t < default_model.cfg.vocab for t in want)
 
 
 @pytest.mark.parametrize("argv, needle", [
@@ -126,9 +142,27 @@ def test_iso_cli(capsys):
     assert code == 0 and [c["ndiff"] for c in cols] == [0, 0, 0]
 
 
+_MOVE = re.compile(r"\+(\w+) +(\S+) -> (all ok|\S+)")
+_FINAL = re.compile(r"all ok with (\d+) exact ops; minimal set: (\S+)")
+
+
 def test_bisect_cli_twice_same_output(capsys):
     first = run(capsys, "bisect")
     second = run(capsys, "bisect")
-    assert first[0] == 0 and "all ok" in first[1] and "minimal set" in first[1]
-    assert "->" in first[1]
-    assert first[1] == second[1]
+    assert first[0] == 0 and second[0] == 0 and first[1] == second[1]
+    *lines, final = first[1].strip().splitlines()
+    moves = [_MOVE.fullmatch(line.rstrip()) for line in lines]
+    assert moves and all(moves), first[1]
+    ops, befores, afters = ([m[i] for m in moves] for i in (1, 2, 3))
+    # all fast, the first DIFF is layer 0's input RMSNorm at the first decoded position; it reads
+    # only the embedding (never different), so switching the norm op is the first move and stays needed
+    assert befores[0] == "t16_l0_nrm" and ops[0] in OWNERS["nrm"]
+    # each move starts where the last one left the first DIFF, never moves it earlier, and the last ends all ok
+    assert befores[1:] == afters[:-1] and afters[-1] == "all ok"
+    assert all(order_key(a) >= order_key(b) for b, a in zip(befores, afters[:-1]))
+    assert len(set(ops)) == len(ops) and set(ops) <= set(TOGGLES)
+    # one op switched per move; the minimal set is a sorted subset of them
+    m = _FINAL.fullmatch(final.strip())
+    assert m and int(m[1]) == len(ops), final
+    minimal = m[2].split(",")
+    assert minimal == sorted(minimal) and ops[0] in minimal and set(minimal) <= set(ops), final

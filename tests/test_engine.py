@@ -6,6 +6,7 @@ from kestrel_tui.commands import default_prompt
 from kestrel_tui.engine.bisect import bisect
 from kestrel_tui.engine.build import make_backend
 from kestrel_tui.engine.iso import iso
+from kestrel_tui.engine.run import run_decode
 from kestrel_tui.engine.session import RunSettings, Session, first_diff_later
 from kestrel_tui.trace.compare import Status
 from kestrel_tui.trace.keys import order_key, parse_key
@@ -67,10 +68,24 @@ def test_isolate_shows_origin_diffs_of_several_ops(session):
 
 
 def test_teacher_forcing_keeps_tokens_and_free_can_diverge(session):
+    P = len(session.prompt)
     teacher = session.run(RunSettings())
-    assert [p.token for p in teacher.sub.positions] == [p.token for p in teacher.ref.positions]
+    ref_tokens = [p.token for p in teacher.ref.positions]
+    assert [p.token for p in teacher.sub.positions] == ref_tokens
     free = session.run(RunSettings(forcing="free"))
-    assert len(free.sub.positions) == len(free.ref.positions)
+    sub = free.sub.positions
+    assert len(sub) == len(free.ref.positions)
+    # free: after the prompt the subject consumes its own greedy token (the previous position's top-1)
+    assert [p.token for p in sub[P:]] == [p.top1 for p in sub[P - 1:-1]]
+    # ... which is what a plain greedy run of the same subject gives, over the reference's prompt positions
+    own = run_decode(make_backend("sim", session.model, exact=frozenset()), session.prompt, session.n_tokens,
+                     raw=False, prefill_from=session.reference())
+    assert [p.token for p in sub] == [p.token for p in own.positions] and free.sub.hashes() == own.hashes()
+    # fast numerics flip a greedy token here (test_all_fast_first_diff_...): right after the first
+    # flip the subject consumes its own token, not the reference's, so the sequences part
+    flip = next(s.t for s in free.tokens if s.flip)
+    assert P <= flip < len(sub) - 1
+    assert sub[flip + 1].token == free.tokens[flip].sub_top1 != ref_tokens[flip + 1]
 
 
 def test_history_records_moves(session):
