@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -314,3 +315,49 @@ def _assert_fused_equals_plain(head_dim, exact):
         for m, (hf, hp) in enumerate(zip(f.hashes, p.hashes)):
             bad = [k for k in hp if hf.get(k) != hp[k]]
             assert not bad, f"step {i} column {m}: {len(bad)} keys differ, first {sorted(bad, key=order_key)[0]}"
+
+def test_device_generator_equals_its_host_twin(rt):
+    """gen_q4's bytes on the device == model/device_synthetic.py's, so the twin is the reference's input."""
+    from kestrel_tui.backends.cuda.weights import DeviceSyntheticModel
+    from kestrel_tui.model.config import Config
+    from kestrel_tui.model.device_synthetic import gen_q4_blocks
+
+    cfg = Config(arch="qwen3_moe", n_layers=1, hidden=256, n_heads=4, n_kv_heads=2, head_dim=64, vocab=1000,
+                 rope_theta=1e6, eps=1e-6, tie_embeddings=False, max_positions=64, n_experts=8, top_k=2,
+                 moe_intermediate=96)
+    sm = DeviceSyntheticModel(cfg, seed=3)
+    with rt.active():
+        dm = sm.device_model(rt)
+        lin = dm.layers[0]["gate_proj"]  # an expert stack: blocks over [E, out, nb]
+        n = lin.experts * lin.out * lin.nb
+        w = np.empty((n, 16), np.uint8)
+        d = np.empty(n, np.float16)
+        rt.cuda.memcpy_dtoh(w, lin.w)
+        rt.cuda.memcpy_dtoh(d, lin.d)
+    # gate_proj is the 5th generated matrix of layer 0: embed, lm_head, router, then the experts
+    seed = (3 * 1_000_003 + 4) & 0x7FFFFFFF
+    dscale = float(np.float32(cfg.hidden ** -0.5 / DeviceSyntheticModel.UNIFORM_NIBBLE_STD))
+    host = gen_q4_blocks(n, seed, dscale)
+    assert np.array_equal(host[:, 2:], w) and np.array_equal(host[:, :2].copy().view(np.float16)[:, 0], d)
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "qwen3"])
+def test_device_synthetic_all_exact_equals_cpu_on_its_twin(rt, arch):
+    """The full-size proof's method at small size: cuda on device-made weights vs cpu on the host twin."""
+    from kestrel_tui.backends.base import NumpyBackend
+    from kestrel_tui.backends.cuda import make_cuda_backend
+    from kestrel_tui.backends.cuda.weights import DeviceSyntheticModel
+    from kestrel_tui.engine.run import run_decode
+    from kestrel_tui.model.config import qwen3_30b_a3b_config
+    from kestrel_tui.model.device_synthetic import device_synthetic_model
+    from kestrel_tui.trace.compare import compare
+
+    cfg = replace(qwen3_30b_a3b_config(2), vocab=4096)
+    if arch == "qwen3":
+        cfg = replace(cfg, arch="qwen3", n_experts=0, top_k=0, moe_intermediate=0, intermediate=1536)
+    prompt = [(1 + 7919 * i) % cfg.vocab for i in range(8)]
+    ref = run_decode(NumpyBackend(device_synthetic_model(cfg, seed=1)), prompt, 8, raw=False)
+    sub = run_decode(make_cuda_backend(DeviceSyntheticModel(cfg, seed=1), exact=frozenset(TOGGLES)), prompt, 8,
+                     forced=ref.generated[:8], raw=False)
+    cmp = compare(ref.hashes(), sub.hashes())
+    assert cmp.identical, (cmp.first_diff, cmp.counts)
