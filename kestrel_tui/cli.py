@@ -20,8 +20,8 @@ err_console = Console(stderr=True, highlight=False, markup=False, soft_wrap=True
 
 
 def _model_args(p: argparse.ArgumentParser, tokens_default: int = 16) -> None:
-    p.add_argument("--model", metavar="DIR", help="HF model directory (config.json + *.safetensors);"
-                   " default: the embedded synthetic Qwen3-MoE")
+    p.add_argument("--model", metavar="PATH", help="HF model directory (config.json + *.safetensors) or a"
+                   " .gguf file; default: the embedded synthetic Qwen3-MoE")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--prompt-ids", metavar="1,2,3", help="prompt as comma-separated token ids")
     g.add_argument("--prompt", metavar="TEXT", help="prompt text (needs the model's tokenizer.json)")
@@ -73,6 +73,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--m", type=int, default=5, help="batch-verify width M")
     p.add_argument("--exact", default="none")
     p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("export", help="write the model as a GGUF file (llama.cpp reads the same bytes)")
+    p.add_argument("--model", metavar="PATH", help="HF model directory or .gguf file; default: the embedded"
+                   " synthetic Qwen3-MoE")
+    p.add_argument("--weights", choices=("q4_0", "f32"), default="q4_0",
+                   help="tensor type of every matrix: Q4_0 (default) or F32")
+    p.add_argument("--out", required=True, metavar="FILE.gguf", help="GGUF file to create (never overwritten)")
 
     p = sub.add_parser("bench", help="print speed figures")
     _model_args(p)

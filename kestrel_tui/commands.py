@@ -259,6 +259,23 @@ def cmd_iso(args: argparse.Namespace) -> int:
     return 0 if all(c.ndiff == 0 for c in cols) else 1
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from .model.gguf import write_gguf
+
+    if not str(args.out).lower().endswith(".gguf"):
+        raise UsageError(f"--out {args.out}: a GGUF file name ends in .gguf (so that --model takes it back)")
+    out = check_new_path(args.out, "GGUF file")  # before the slow part; write_gguf checks again
+    model = load_model_args(args)
+    cfg = model.cfg
+    with console.status(f"writing {out} ({model.fmt})"):
+        notes = write_gguf(model, out)
+    for note in notes:
+        console.print(f"note: {note}")
+    console.print(f"wrote {out}: {cfg.arch.replace('_', '')}, {cfg.n_layers} layers, {model.fmt} weights,"
+                  f" {out.stat().st_size / 2**20:.1f} MiB")
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from .bench import run_bench
 

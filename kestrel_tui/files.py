@@ -59,17 +59,8 @@ def check_new_path(path: str | os.PathLike, what: str = "file") -> Path:
     return out
 
 
-@contextlib.contextmanager
-def create_whole(path: str | os.PathLike, *, text: bool = True, encoding: str = "utf-8",
-                 what: str = "file") -> Iterator[IO]:
-    """Open a new file for writing; it appears at ``path`` only when the block ends cleanly.
-
-    Raises UsageError when ``path`` exists or cannot be created; when the block
-    raises (Ctrl-C included) the unfinished file is kept as ``<path>.partial``
-    and PartialFileError (for an OSError or UsageError) or the original
-    exception (anything else, e.g. KeyboardInterrupt, with ``.partial`` set)
-    propagates.
-    """
+def _reserve(path: str | os.PathLike, what: str) -> tuple[Path, Path, int]:
+    """Check ``path`` and create its hidden temporary file (O_EXCL): (final, tmp, open fd)."""
     final = check_new_path(path, what)
     tmp = final.with_name(f".{final.name}.{secrets.token_hex(4)}.tmp")
     try:
@@ -77,22 +68,25 @@ def create_whole(path: str | os.PathLike, *, text: bool = True, encoding: str = 
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     except OSError as e:
         raise UsageError(f"{final}: cannot create ({e.strerror}); choose a writable path") from None
-    # newline="" keeps "\n" on every platform: the formats we write are byte-defined.
-    f = os.fdopen(fd, "w", encoding=encoding, newline="") if text else os.fdopen(fd, "wb")
-    try:
-        with f:
-            yield f
-    except BaseException as e:
-        partial = _keep_partial(tmp, final)
-        if partial is None:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-        if isinstance(e, (OSError, UsageError)) and not isinstance(e, PartialFileError):
-            reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
-            kept = f"; the unfinished file is kept as {partial}" if partial else ""
-            raise PartialFileError(f"{final}: not written ({reason}){kept}", partial) from None
-        e.partial = partial  # type: ignore[attr-defined]  # the CLI prints where it went
-        raise
+    return final, tmp, fd
+
+
+def _failed(tmp: Path, final: Path, e: BaseException) -> None:
+    """Writing stopped with ``e``: keep the temporary file as .partial and raise (always)."""
+    partial = _keep_partial(tmp, final)
+    if partial is None:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+    if isinstance(e, (OSError, UsageError)) and not isinstance(e, PartialFileError):
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        kept = f"; the unfinished file is kept as {partial}" if partial else ""
+        raise PartialFileError(f"{final}: not written ({reason}){kept}", partial) from None
+    e.partial = partial  # type: ignore[attr-defined]  # the CLI prints where it went
+    raise e
+
+
+def _publish(tmp: Path, final: Path) -> None:
+    """The whole file goes to its real name, never over a file that appeared meanwhile."""
     try:
         os.link(tmp, final)
     except FileExistsError:
@@ -108,3 +102,40 @@ def create_whole(path: str | os.PathLike, *, text: bool = True, encoding: str = 
         os.rename(tmp, final)
         return
     os.unlink(tmp)
+
+
+@contextlib.contextmanager
+def create_whole(path: str | os.PathLike, *, text: bool = True, encoding: str = "utf-8",
+                 what: str = "file") -> Iterator[IO]:
+    """Open a new file for writing; it appears at ``path`` only when the block ends cleanly.
+
+    Raises UsageError when ``path`` exists or cannot be created; when the block
+    raises (Ctrl-C included) the unfinished file is kept as ``<path>.partial``
+    and PartialFileError (for an OSError or UsageError) or the original
+    exception (anything else, e.g. KeyboardInterrupt, with ``.partial`` set)
+    propagates.
+    """
+    final, tmp, fd = _reserve(path, what)
+    # newline="" keeps "\n" on every platform: the formats we write are byte-defined.
+    f = os.fdopen(fd, "w", encoding=encoding, newline="") if text else os.fdopen(fd, "wb")
+    try:
+        with f:
+            yield f
+    except BaseException as e:
+        _failed(tmp, final, e)
+    _publish(tmp, final)
+
+
+@contextlib.contextmanager
+def create_whole_path(path: str | os.PathLike, *, what: str = "file") -> Iterator[Path]:
+    """create_whole for writers that open their output by name (gguf.GGUFWriter): yields the
+    hidden temporary path, created empty so that the name is taken; the writer may reopen and
+    truncate it, and must have closed it when the block ends. Published and kept as .partial
+    exactly as create_whole does."""
+    final, tmp, fd = _reserve(path, what)
+    os.close(fd)
+    try:
+        yield tmp
+    except BaseException as e:
+        _failed(tmp, final, e)
+    _publish(tmp, final)

@@ -361,3 +361,35 @@ def test_device_synthetic_all_exact_equals_cpu_on_its_twin(rt, arch):
                      forced=ref.generated[:8], raw=False)
     cmp = compare(ref.hashes(), sub.hashes())
     assert cmp.identical, (cmp.first_diff, cmp.counts)
+
+
+@pytest.fixture(scope="module")
+def real_shaped_dir(tmp_path_factory):
+    """A Qwen3-0.6B-shaped HF directory: vocab 151936, hidden 1024, head_dim 128, tied, 2 layers."""
+    from safetensors.numpy import save_file
+
+    from kestrel_tui.model.config import Config
+    from kestrel_tui.model.hf_export import hf_config, hf_state_dict
+    from kestrel_tui.model.weights import synthetic_model
+
+    folder = tmp_path_factory.mktemp("qwen3-0.6b-shaped")
+    cfg = Config(arch="qwen3", n_layers=2, hidden=1024, n_heads=16, n_kv_heads=8, head_dim=128, vocab=151936,
+                 rope_theta=1e6, eps=1e-6, tie_embeddings=True, max_positions=40960, intermediate=3072)
+    src = synthetic_model(cfg, "q4_0")
+    hf_config(src).to_json_file(str(folder / "config.json"))
+    save_file({k: np.ascontiguousarray(v, dtype=np.float32) for k, v in hf_state_dict(src).items()},
+              str(folder / "model.safetensors"))
+    return folder
+
+
+@pytest.mark.parametrize("weights", ["q4_0", "f32"])
+def test_real_shaped_checkpoint_all_exact_equals_cpu(rt, real_shaped_dir, weights):
+    """The loader's weights on the GPU: every key of prompt and decode equals the cpu reference."""
+    from kestrel_tui.engine.session import RunSettings, Session
+    from kestrel_tui.model.hf import load_model
+
+    model = load_model(real_shaped_dir, weights)
+    assert model.cfg.vocab == 151936 and model.cfg.tie_embeddings
+    session = Session(model, [1, 2, 3, 151935, 100000], 4, subject="cuda")
+    res = session.run(RunSettings(exact=frozenset(TOGGLES), prefill="subject"))
+    assert res.all_ok, (res.first_diff, res.comparison.counts)

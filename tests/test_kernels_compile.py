@@ -27,7 +27,7 @@ import pytest
 from kestrel_tui.backends.cuda.layout import FNV_PRIME, HASH_CHUNK, HASH_PIECE, HashWork, Layout
 from kestrel_tui.backends.cuda.runtime import KERNEL_DIR, MODULES, SIGNATURES, nvcc_options
 from kestrel_tui.backends.cuda.selfcheck import replica_inputs
-from kestrel_tui.backends.cuda.weights import pack_q4_0
+from kestrel_tui.backends.cuda.weights import device_q4_0
 from kestrel_tui.model.config import default_config
 from kestrel_tui.model.quant import q4_0_to_ggml
 from kestrel_tui.numerics import transcend
@@ -163,11 +163,11 @@ def test_q4_0_device_layout_is_ggml():
     rng = np.random.default_rng(3)
     qs = rng.integers(-8, 8, (4, 5, 32)).astype(np.int8)  # [nb, out, 32]
     d = rng.uniform(-1, 1, (4, 5)).astype(np.float16).astype(np.float32)
-    packed, scales = pack_q4_0(qs, d)
     ggml = q4_0_to_ggml(qs, d)  # [out, nb, 18]
+    packed, scales = device_q4_0(ggml)
     assert np.array_equal(packed, ggml[..., 2:])
     assert np.array_equal(scales.view(np.uint8).reshape(5, 4, 2), ggml[..., :2])
-    stacked, _ = pack_q4_0(np.stack([qs, qs[::-1]]), np.stack([d, d[::-1]]))
+    stacked, _ = device_q4_0(q4_0_to_ggml(np.stack([qs, qs[::-1]]), np.stack([d, d[::-1]])))
     assert np.array_equal(stacked[0], packed)
 
 

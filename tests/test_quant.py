@@ -103,11 +103,13 @@ def test_q4_0_matches_gguf(dist, shape, seed):
         deq = dequantize_q4_0(qs, d)
         ref_deq = gg_dequantize(ref, QT.Q4_0).reshape(shape)
     _same(deq, ref_deq)
-    # the Linear a checkpoint becomes holds exactly these blocks
+    # the Linear a checkpoint becomes holds exactly these blocks, as gguf's bytes
     lin = make_linear(x, "q4_0")
+    _same(lin.ggml.reshape(ref.shape), ref)
     _same(lin.qs, qs)
     _same(lin.d, d)
-    _same(lin.qsf, qs.astype(np.float32))
+    with np.errstate(invalid="ignore", over="ignore"):
+        _same(lin.dense(), deq)
 
 
 @pytest.mark.parametrize("dist,shape,seed", CASES, ids=[f"{d}-{'x'.join(map(str, s))}" for d, s, _ in CASES])

@@ -16,7 +16,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..model.weights import Model
+from ..model.weights import Model, rope_attention_factor
 from ..numerics import transcend
 from . import ops_exact
 
@@ -86,12 +86,17 @@ def step(model: Model, cache: KVCache, tokens: np.ndarray, pos0: int, ops: Ops =
     x = model.embed_tokens.rows(np.asarray(tokens))  # [M, hidden]
     emit("emb", None, x)
     cos, sin = ops.rope_cos_sin(pos, model.inv_freq)  # [M, hd/2], reused by every layer
+    rope_scale = rope_attention_factor(cfg)
+    if rope_scale is not None:  # yarn: HF scales its cos/sin tables (one f32 multiply each)
+        cos, sin = cos * rope_scale, sin * rope_scale
     for li, L in enumerate(model.layers):
         x = own("x", li - 1, x) if li else own("emb", None, x)
         nrm = ops.rmsnorm(x, L.input_layernorm, cfg.eps)  # [M, hidden]
         emit("nrm", li, nrm)
         nrm = own("nrm", li, nrm)
         q, kraw, vraw = ops.project((L.q_proj, L.k_proj, L.v_proj), nrm)
+        if L.q_bias is not None:  # attention_bias: nn.Linear adds it to the product (one f32 add)
+            q, kraw, vraw = q + L.q_bias, kraw + L.k_bias, vraw + L.v_bias
         emit("kraw", li, kraw)
         kraw = own("kraw", li, kraw).reshape(M, cfg.n_kv_heads, cfg.head_dim)
         knorm = ops.qknorm(kraw, L.k_norm, cfg.eps)  # [M, n_kv, hd]
@@ -122,6 +127,8 @@ def step(model: Model, cache: KVCache, tokens: np.ndarray, pos0: int, ops: Ops =
         emit("attn", li, attn)
         attn = own("attn", li, attn)
         (o,) = ops.project((L.o_proj,), attn)
+        if L.o_bias is not None:
+            o = o + L.o_bias  # before the residual add, as HF's o_proj(attn) + residual
         ores = x + o
         emit("ores", li, ores)
         ores = own("ores", li, ores)
@@ -136,9 +143,18 @@ def step(model: Model, cache: KVCache, tokens: np.ndarray, pos0: int, ops: Ops =
 def _ffn(model: Model, L, h_in: np.ndarray, ops: Ops, emit: Emit | None, li: int) -> np.ndarray:
     cfg = model.cfg
     h = ops.rmsnorm(h_in, L.post_attention_layernorm, cfg.eps)  # [M, hidden]
-    if not cfg.is_moe:
+    if L.gate is None:  # a dense MLP: every qwen3 layer, a qwen3_moe layer in mlp_only_layers / off-step
         g, u = ops.project((L.gate_proj, L.up_proj), h)
         (y,) = ops.project((L.down_proj,), ops.silu(g, ops.expf) * u)
+        if emit is not None:
+            # the deep keys of a dense layer (docs/decisions.md): no router, so router/topk/topw are
+            # empty [M, 0] buffers; moe is the MLP output that is added to the residual
+            none = np.zeros((len(h), 0), F32)
+            emit("pnrm", li, h)
+            emit("router", li, none)
+            emit("topk", li, none.astype(np.int32))
+            emit("topw", li, none)
+            emit("moe", li, y)
         return y
     (router,) = ops.project((L.gate,), h)  # [M, E]
     idx, w = ops.route(router, cfg.top_k, cfg.norm_topk_prob, ops.expf)  # [M, k]

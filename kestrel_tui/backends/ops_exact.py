@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..model.quant import quantize_rows_q8
-from ..model.weights import Linear, concat_rows
+from ..model.weights import Linear
 from ..numerics import transcend
-from ..numerics.linalg import gemv
+from ..numerics.linalg import gemv_parts
 from ..numerics.reduce import lane_sum, seq_sum, sumsq_block8
 
 F32 = np.float32
@@ -33,32 +33,18 @@ def qknorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     return _normalize(x, seq_sum(x * x), w, eps)
 
 
-_FUSED: dict[tuple[int, ...], tuple[tuple[Linear, ...], Linear]] = {}
-
-
-def fused(lins: tuple[Linear, ...]) -> Linear:
-    """The row-stacked matrix of several Linears, built once per model (saves numpy calls)."""
-    if len(lins) == 1:
-        return lins[0]
-    key = tuple(map(id, lins))
-    hit = _FUSED.get(key)
-    if hit is None:
-        hit = _FUSED[key] = (lins, concat_rows(lins))  # the tuple keeps the ids alive
-    return hit[1]
-
-
 def _split(y: np.ndarray, lins: tuple[Linear, ...]) -> tuple[np.ndarray, ...]:
     return tuple(np.split(y, np.cumsum([l.out for l in lins[:-1]]), axis=-1))
 
 
 def project(lins: tuple[Linear, ...], x: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Several GEMVs of one input (the q8_0 activation quantized once)."""
-    return _split(gemv(fused(lins), x), lins)
+    """Several GEMVs of one input (the q8_0 activation quantized once), walked as one stack of rows."""
+    return _split(gemv_parts(lins, x), lins)
 
 
 def project_experts(lins: tuple[Linear, ...], x: np.ndarray, expert: np.ndarray) -> tuple[np.ndarray, ...]:
     """GEMVs of stacked experts: x [M, k or 1, in], expert [M, k] -> ([M, k, out], ...)."""
-    return _split(gemv(fused(lins), x, expert=expert), lins)
+    return _split(gemv_parts(lins, x, expert=expert), lins)
 
 
 def rope_cos_sin(pos: np.ndarray, inv_freq: np.ndarray):

@@ -32,7 +32,7 @@ import numpy as np
 
 from ..model.weights import Linear
 from ..numerics import transcend
-from ..numerics.linalg import quantize_act
+from ..numerics.linalg import q4_gemv, quantize_act
 from .decoder import EXACT, Ops
 
 F32 = np.float32
@@ -62,9 +62,9 @@ def qknorm(x, w, eps):
     return _normalize(x, tree_sum(x * x), w, eps)
 
 
-def _split_k(terms: np.ndarray, n_split: int) -> np.ndarray:
-    """terms [..., nb, out] -> [..., out]: sequential within each split, then splits added."""
-    parts = np.array_split(np.moveaxis(terms, -2, 0), n_split)
+def _split_k(terms: np.ndarray, n_split: int, axis: int = -2) -> np.ndarray:
+    """terms [..., nb, ...] -> the block axis summed: sequential within each split, then splits added."""
+    parts = np.array_split(np.moveaxis(terms, axis, 0), n_split)
     sums = [np.add.accumulate(p, axis=0)[-1] for p in parts if len(p)]
     out = sums[0]
     for s in sums[1:]:
@@ -72,29 +72,37 @@ def _split_k(terms: np.ndarray, n_split: int) -> np.ndarray:
     return out
 
 
-def _gemv_fast(lin: Linear, x: np.ndarray, xq, M: int, expert=None) -> np.ndarray:
-    if lin.w is not None:
-        w = lin.w if expert is None else lin.w[expert]
-        return np.matmul(w, x[..., None])[..., 0]
-    qx, dx = xq
-    if expert is None:
-        wq, wd = lin.qsf, lin.d
-    else:
-        wq = lin.qsf[expert] if lin.qsf is not None else lin.qs[expert].astype(F32)
-        wd = lin.d[expert]
-    isum = np.matmul(wq, qx[..., None])[..., 0]  # [..., nb, out]
-    terms = (isum * wd) * dx[..., None]
-    return _split_k(terms, 1 if M == 1 else 2)
+def _fast_terms(M: int):
+    """term = (float(isum)*dw)*dx, split-K over the blocks: 1 split for M=1, 2 for M>1."""
+    n_split = 1 if M == 1 else 2
+
+    def reduce(isum, dw, dx):
+        return _split_k((isum * dw) * dx, n_split, axis=1)
+    return reduce
+
+
+def _gemv_f32_fast(lin: Linear, x: np.ndarray, expert=None) -> np.ndarray:
+    """numpy matmul (BLAS order), one GEMV per column — kept call for call as it always was:
+    OpenBLAS's summation order is its own, so a different call shape could change bits."""
+    w = lin.w if expert is None else lin.w[expert]
+    return np.matmul(w, x[..., None])[..., 0]
+
+
+def _project_fast(lins, x, expert=None):
+    if lins[0].w is not None:
+        return tuple(_gemv_f32_fast(lin, x, expert) for lin in lins)
+    # q4_0: the exact integer block dots of numerics/linalg.py (packed weights widened in chunks),
+    # then this module's term order; rows are independent, so the matrices run as one stack
+    y = q4_gemv(tuple(lins), quantize_act(x), expert, _fast_terms(x.shape[0]))
+    return tuple(np.split(y, np.cumsum([l.out for l in lins[:-1]]), axis=-1))
 
 
 def project(lins, x):
-    xq = quantize_act(x) if lins[0].w is None else None
-    return tuple(_gemv_fast(lin, x, xq, x.shape[0]) for lin in lins)
+    return _project_fast(lins, x)
 
 
 def project_experts(lins, x, expert):
-    xq = quantize_act(x) if lins[0].w is None else None
-    return tuple(_gemv_fast(lin, x, xq, x.shape[0], expert) for lin in lins)
+    return _project_fast(lins, x, expert)
 
 
 def rope_cos_sin(pos, inv_freq):

@@ -4,6 +4,7 @@ from __future__ import annotations
 from ..backends.base import Backend, NumpyBackend
 from ..backends.toggles import describe, parse_exact
 from ..errors import UsageError
+from ..model.config import cuda_unsupported
 from ..model.weights import Model
 
 BACKENDS = ("cpu", "sim", "cuda")
@@ -19,6 +20,9 @@ def make_backend(name: str, model: Model, kv: str = "q8", exact: str | frozenset
 
         return NumpyBackend(model, kv=kv, ops=sim_ops(toggles), name=f"sim ({describe(toggles)})", deep=deep)
     if name == "cuda":
+        problem = cuda_unsupported(model.cfg)
+        if problem:  # refused before any device work: the kernels would silently decode another model
+            raise UsageError(f"cuda subject: {problem}; the sim subject is the fallback (--subject sim)")
         from ..backends.cuda import make_cuda_backend
 
         return make_cuda_backend(model, kv=kv, exact=toggles, deep=deep)

@@ -11,7 +11,7 @@ allocates the matrices. Norm weights come from the same numpy Generator calls.
 
 A block's ggml bytes are its f16 scale then the 16 nibble bytes the kernel
 stores as one uint4 — (a lo, a hi, b lo, b hi) little-endian — so the result is
-ggml q4_0 bytes that `linear_from_q4` takes after the usual unpacking.
+ggml q4_0 bytes, which a `Linear` holds as they are.
 """
 from __future__ import annotations
 
@@ -21,8 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from .config import Config
-from .quant import q4_0_from_ggml
-from .weights import Layer, Linear, Model, linear_from_q4, rope_tables
+from .weights import Layer, Linear, Model, linear_from_ggml, rope_tables
 
 U64 = np.uint64
 UNIFORM_NIBBLE_STD = float(np.sqrt((16 ** 2 - 1) / 12))  # std of q - 8, q uniform in 0..15
@@ -66,26 +65,20 @@ class _Generator:
         self.counter += 1
         seed = (self.seed * 1_000_003 + self.counter) & 0x7FFFFFFF
         dscale = float(np.float32(std / UNIFORM_NIBBLE_STD))  # the kernel's float argument
-        lead = (experts,) if experts else ()
-        qs = np.empty((*lead, nb, out, 32), np.int8)
-        d = np.empty((*lead, nb, out), np.float32)
-        rows_per_chunk = max(1, CHUNK_BLOCKS // nb)
-        flat_qs, flat_d = qs.reshape(-1, nb, out, 32), d.reshape(-1, nb, out)
+        # the kernel's block i is row-major over [experts, out, nb]: exactly ggml's byte order
+        raw = np.empty((n, 18), np.uint8)
+        starts = range(0, n, CHUNK_BLOCKS)
 
-        def fill(job: tuple[int, int]) -> None:
-            e, r0 = job
-            r1 = min(out, r0 + rows_per_chunk)
-            raw = gen_q4_blocks(n, seed, dscale, start=(e * out + r0) * nb, count=(r1 - r0) * nb)
-            q, dd = q4_0_from_ggml(raw, r1 - r0, inp)  # [nb, rows, 32], [nb, rows]
-            flat_qs[e, :, r0:r1], flat_d[e, :, r0:r1] = q, dd
+        def fill(start: int) -> None:
+            count = min(CHUNK_BLOCKS, n - start)
+            raw[start:start + count] = gen_q4_blocks(n, seed, dscale, start=start, count=count)
 
-        jobs = [(e, r0) for e in range(max(experts, 1)) for r0 in range(0, out, rows_per_chunk)]
         if self.pool is not None:  # numpy's ufuncs release the GIL: threads fill disjoint chunks at once
-            list(self.pool.map(fill, jobs))
+            list(self.pool.map(fill, starts))
         else:
-            for job in jobs:
-                fill(job)
-        return linear_from_q4(qs, d, self.fmt)
+            for start in starts:
+                fill(start)
+        return linear_from_ggml(raw, self.fmt, shape=(*((experts,) if experts else ()), out, inp))
 
     def norm(self, n: int) -> np.ndarray:
         return np.float32(0.9) + np.float32(0.2) * self.rng.random(n, dtype=np.float32)

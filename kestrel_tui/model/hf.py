@@ -1,9 +1,13 @@
 """HF checkpoints: a model directory (config.json + *.safetensors [+ tokenizer.json]) -> Model.
 
+Sharded checkpoints: when model.safetensors.index.json is present its weight_map says which shard
+holds each tensor (see _Checkpoint); otherwise every *.safetensors file of the directory is read.
+
 Tensors are read one at a time from the safetensors files (`safe_open`,
 framework "numpy"), widened to f32 and, for `--weights q4_0`, quantized at
-once, so at most one f32 tensor (one expert matrix for expert stacks) is alive
-next to the model being built. bf16 is not a numpy dtype: its raw bytes are
+once into ggml's q4_0 bytes; matrices are read a bounded number of rows at a
+time (weights.linear_from_rows; expert stacks one expert at a time), so only a
+few MB of f32 are alive next to the model being built. bf16 is not a numpy dtype: its raw bytes are
 read at the offsets in the file header and widened exactly (the 16 bits go
 into the top half of a uint32). f16 and f32 are read directly.
 
@@ -17,6 +21,9 @@ Tensor names (HF transformers `qwen3_moe` / `qwen3`):
   `self_attn.{q,k}_norm.weight` [head_dim].
 * dense `qwen3`: `mlp.{gate,up}_proj.weight` [ffn, hidden], `mlp.down_proj.weight`
   [hidden, ffn].
+* `attention_bias`: `self_attn.{q,k,v,o}_proj.bias` [out] (kept f32).
+* a qwen3_moe layer that is dense (`mlp_only_layers`, `decoder_sparse_step`;
+  Config.layer_is_moe) has the dense names below with `intermediate_size`.
 * `qwen3_moe`: the router `mlp.gate.weight` [E, hidden] and the experts in one
   of two layouts:
   - **per expert** (what `save_pretrained` writes, transformers 4.x and 5.x —
@@ -40,8 +47,8 @@ from pathlib import Path
 import numpy as np
 
 from .config import ModelError, default_config, load_config
-from .quant import quantize_q4_0
-from .weights import FORMATS, Layer, Linear, Model, linear_from_q4, make_linear, rope_tables, synthetic_model
+from .quant import BLOCK_BYTES, quantize_q4_0_ggml
+from .weights import FORMATS, Layer, Linear, Model, linear_from_rows, rope_tables, synthetic_model
 
 F32 = np.float32
 _DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": None}
@@ -55,8 +62,16 @@ def _fmt_shape(shape) -> str:
     return "[" + ", ".join(str(int(s)) for s in shape) + "]"
 
 
+INDEX = "model.safetensors.index.json"
+
+
 class _Checkpoint:
-    """Every tensor of the directory's *.safetensors files by name; reads one at a time as f32."""
+    """Every tensor of the checkpoint by name; reads one at a time as f32.
+
+    With model.safetensors.index.json (what save_pretrained writes for a sharded model) its weight_map
+    is the authority: each tensor is read from the shard it names, and other *.safetensors files in the
+    directory are not opened. Without it, every *.safetensors file is read and a name held twice is an
+    error."""
 
     def __init__(self, model_dir: Path, stack: ExitStack):
         try:
@@ -65,12 +80,24 @@ class _Checkpoint:
             raise ModelError("reading HF checkpoints needs the safetensors package; pip install safetensors"
                              " (or pip install kestrel-tui[hf])") from None
         self.dir = model_dir
-        files = sorted(model_dir.glob("*.safetensors"))
+        self.where: dict[str, tuple[Path, object]] = {}
+        self._headers: dict[Path, tuple[int, dict]] = {}
+        index = model_dir / INDEX
+        weight_map = self._weight_map(index) if index.is_file() else None
+        if weight_map is None:
+            files = sorted(model_dir.glob("*.safetensors"))
+        else:
+            by_shard: dict[Path, list[str]] = {}
+            for name, shard in weight_map.items():
+                by_shard.setdefault(model_dir / shard, []).append(name)
+            files = list(by_shard)  # in index order
+            for path in files:
+                if not path.is_file():
+                    raise ModelError(f"{path.name}: named in {index} but missing from {model_dir};"
+                                     f" download that shard again")
         if not files:
             raise ModelError(f"{model_dir}: no *.safetensors files; an HF model directory needs its weights"
                              f" as safetensors (convert .bin/.pt checkpoints with transformers' save_pretrained)")
-        self.where: dict[str, tuple[Path, object]] = {}
-        self._headers: dict[Path, tuple[int, dict]] = {}
         for path in files:
             try:
                 handle = stack.enter_context(safe_open(str(path), framework="numpy"))
@@ -78,11 +105,34 @@ class _Checkpoint:
             except Exception as e:  # safetensors raises its own error type for a corrupt file
                 raise ModelError(f"{path}: not a readable safetensors file ({_one_line(e)});"
                                  f" re-download or re-export it") from None
+            if weight_map is not None:
+                held = set(names)
+                names = by_shard[path]
+                for name in names:
+                    if name not in held:
+                        raise ModelError(f"{name}: {INDEX} puts it in {path.name}, which does not hold it;"
+                                         f" that shard is stale or truncated, download it again")
             for name in names:
                 if name in self.where:
                     raise ModelError(f"{name}: present in both {self.where[name][0].name} and {path.name};"
                                      f" remove the stale file from {model_dir}")
                 self.where[name] = (path, handle)
+
+    @staticmethod
+    def _weight_map(index: Path) -> dict[str, str]:
+        try:
+            raw = json.loads(index.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ModelError(f"{index}: not valid JSON ({_one_line(e)}); re-download it") from None
+        wm = raw.get("weight_map") if isinstance(raw, dict) else None
+        if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
+            raise ModelError(f"{index}: no \"weight_map\" of tensor name -> shard file; re-download it")
+        for shard in wm.values():
+            p = Path(shard)
+            if p.is_absolute() or ".." in p.parts or not shard.endswith(".safetensors"):
+                raise ModelError(f"{index}: shard {shard!r} is not a .safetensors file inside the model"
+                                 f" directory; re-download the index")
+        return wm
 
     def __contains__(self, name: str) -> bool:
         return name in self.where
@@ -94,10 +144,14 @@ class _Checkpoint:
                 self._headers[path] = (8 + n, json.loads(f.read(n)))
         return self._headers[path]
 
-    def get(self, name: str, shape: tuple[int, ...], hint: str = "") -> np.ndarray:
-        """The tensor as a fresh f32 array, checked for presence, shape, dtype and finiteness."""
+    def get(self, name: str, shape: tuple[int, ...], hint: str = "",
+            rows: tuple[int, int] | None = None) -> np.ndarray:
+        """The tensor as a fresh f32 array, checked for presence, shape, dtype and finiteness.
+        rows=(r0, r1): only rows r0..r1-1 of the first axis are read (the shape check is the whole
+        tensor's) — how the loader streams a vocabulary-sized matrix without an f32 copy of it."""
         if name not in self.where:
-            raise ModelError(f"{name}: missing from the checkpoint in {self.dir}{hint};"
+            where = f" (and from {INDEX})" if (self.dir / INDEX).is_file() else ""
+            raise ModelError(f"{name}: missing from the checkpoint in {self.dir}{where}{hint};"
                              f" the safetensors files do not match config.json (re-export the model)")
         path, handle = self.where[name]
         sl = handle.get_slice(name)
@@ -115,10 +169,13 @@ class _Checkpoint:
             if end - start != 2 * n:
                 raise ModelError(f"{name}: {path.name} holds {end - start} bytes for {n} bf16 values;"
                                  f" the file is corrupt, re-download it")
-            raw = np.fromfile(path, dtype="<u2", count=n, offset=base + start)
-            w = (raw.astype(np.uint32) << np.uint32(16)).view(F32).reshape(shape)
+            r0, r1 = rows if rows is not None else (0, shape[0])
+            per_row = n // shape[0] if shape[0] else 0
+            raw = np.fromfile(path, dtype="<u2", count=(r1 - r0) * per_row, offset=base + start + 2 * r0 * per_row)
+            w = (raw.astype(np.uint32) << np.uint32(16)).view(F32).reshape(r1 - r0, *shape[1:])
         else:
-            w = handle.get_tensor(name)  # a fresh, writable array (not a view of the file)
+            # a fresh, writable array (not a view of the file)
+            w = handle.get_tensor(name) if rows is None else sl[rows[0]:rows[1]]
             w = w.astype(F32) if w.dtype != F32 else np.ascontiguousarray(w)
         if not np.isfinite(w).all():
             raise ModelError(f"{name}: contains NaN or inf values (in {path.name}); the checkpoint is corrupt")
@@ -132,27 +189,22 @@ def _experts(ck: _Checkpoint, p: str, E: int, F: int, H: int, fmt: str) -> tuple
     shapes = {"gate": (F, H), "up": (F, H), "down": (H, F)}
     if fmt == "f32":
         bufs = {k: np.empty((E, *s), F32) for k, s in shapes.items()}
-    else:
-        bufs = {k: (np.empty((E, s[1] // 32, s[0], 32), np.int8), np.empty((E, s[1] // 32, s[0]), F32))
-                for k, s in shapes.items()}
+    else:  # ggml q4_0 bytes [E, out, nb, 18], filled expert by expert
+        bufs = {k: np.empty((E, s[0], s[1] // 32, BLOCK_BYTES), np.uint8) for k, s in shapes.items()}
 
     def put(kind: str, e: int, w: np.ndarray) -> None:
         if fmt == "f32":
             bufs[kind][e] = w
         else:  # per-expert quantization == quantizing the stack (q4_0 blocks never span rows)
-            qs, d = quantize_q4_0(w)
-            bufs[kind][0][e], bufs[kind][1][e] = qs, d
+            quantize_q4_0_ggml(w, out=bufs[kind][e])
 
-    if fused:
-        gu = ck.get(f"{p}mlp.experts.gate_up_proj", (E, 2 * F, H))
+    if fused:  # read one expert at a time: the stacks are never whole in f32
         for e in range(E):
-            put("gate", e, gu[e, :F])
-            put("up", e, gu[e, F:])
-        del gu
-        down = ck.get(f"{p}mlp.experts.down_proj", (E, H, F))
+            gu = ck.get(f"{p}mlp.experts.gate_up_proj", (E, 2 * F, H), rows=(e, e + 1))[0]
+            put("gate", e, gu[:F])
+            put("up", e, gu[F:])
         for e in range(E):
-            put("down", e, down[e])
-        del down
+            put("down", e, ck.get(f"{p}mlp.experts.down_proj", (E, H, F), rows=(e, e + 1))[0])
     else:
         hint = f" (nor the fused {p}mlp.experts.gate_up_proj)" if not per_expert else ""
         for e in range(E):
@@ -164,7 +216,7 @@ def _experts(ck: _Checkpoint, p: str, E: int, F: int, H: int, fmt: str) -> tuple
         out, inp = shapes[kind]
         if fmt == "f32":
             return Linear(out, inp, w=bufs[kind])
-        return linear_from_q4(*bufs[kind], fmt)
+        return Linear(out, inp, blocks=bufs[kind])
 
     return lin("gate"), lin("up"), lin("down")
 
@@ -204,19 +256,26 @@ def load_hf_model(model_dir: str | Path, weights: str = "q4_0", kv: str | None =
         ck = _Checkpoint(model_dir, stack)
 
         def lin(name: str, shape: tuple[int, int]) -> Linear:
-            return make_linear(ck.get(name, shape), weights)
+            # read and quantized a bounded number of rows at a time: a vocabulary-sized matrix
+            # never exists whole in f32 (the bytes equal quantizing it at once)
+            return linear_from_rows(lambda r0, r1: ck.get(name, shape, rows=(r0, r1)), *shape, weights)
 
         layers = []
         for i in range(cfg.n_layers):
             p = f"model.layers.{i}."
-            if cfg.is_moe:
+            if cfg.layer_is_moe(i):
                 gate = lin(p + "mlp.gate.weight", (cfg.n_experts, h))
                 ffn = _experts(ck, p, cfg.n_experts, cfg.moe_intermediate, h, weights)
-            else:
+            else:  # dense qwen3, or a qwen3_moe layer in mlp_only_layers / off decoder_sparse_step
                 f = cfg.intermediate
                 gate = None
                 ffn = (lin(p + "mlp.gate_proj.weight", (f, h)), lin(p + "mlp.up_proj.weight", (f, h)),
                        lin(p + "mlp.down_proj.weight", (h, f)))
+            bias = {}
+            if cfg.attention_bias:  # vectors: kept f32 in both weight formats
+                for proj, n in (("q", cfg.q_dim), ("k", cfg.kv_dim), ("v", cfg.kv_dim), ("o", h)):
+                    bias[f"{proj}_bias"] = ck.get(f"{p}self_attn.{proj}_proj.bias", (n,),
+                                                  " (config.json has attention_bias: true)")
             layers.append(Layer(
                 input_layernorm=ck.get(p + "input_layernorm.weight", (h,)),
                 post_attention_layernorm=ck.get(p + "post_attention_layernorm.weight", (h,)),
@@ -226,7 +285,7 @@ def load_hf_model(model_dir: str | Path, weights: str = "q4_0", kv: str | None =
                 k_proj=lin(p + "self_attn.k_proj.weight", (cfg.kv_dim, h)),
                 v_proj=lin(p + "self_attn.v_proj.weight", (cfg.kv_dim, h)),
                 o_proj=lin(p + "self_attn.o_proj.weight", (h, cfg.q_dim)),
-                gate=gate, gate_proj=ffn[0], up_proj=ffn[1], down_proj=ffn[2],
+                gate=gate, gate_proj=ffn[0], up_proj=ffn[1], down_proj=ffn[2], **bias,
             ))
         embed = lin("model.embed_tokens.weight", (cfg.vocab, h))
         if cfg.tie_embeddings:
@@ -245,7 +304,8 @@ def load_hf_model(model_dir: str | Path, weights: str = "q4_0", kv: str | None =
 
 def load_model(spec: str | Path | None, weights: str = "q4_0", kv: str | None = None,
                n_layers: int | None = None) -> Model:
-    """The CLI's model argument: None / "default" -> the embedded synthetic model; a directory -> HF."""
+    """The CLI's model argument: None / "default" -> the embedded synthetic model; a directory -> HF;
+    a file ending .gguf -> GGUF (model/gguf.py)."""
     if weights not in FORMATS:
         raise ModelError(f"weights {weights!r}: unknown format; use one of {', '.join(FORMATS)}")
     if spec is None or str(spec) == "default":
@@ -256,7 +316,11 @@ def load_model(spec: str | Path | None, weights: str = "q4_0", kv: str | None = 
                                  f" pick 1..{cfg.n_layers}")
             cfg = cfg.with_layers(n_layers)
         return synthetic_model(cfg, weights)
+    if str(spec).lower().endswith(".gguf") and not Path(spec).is_dir():
+        from .gguf import load_gguf_model
+
+        return load_gguf_model(spec, weights, kv, n_layers=n_layers)
     if not Path(spec).is_dir():
         raise ModelError(f"{spec}: no such model directory; pass an HF model directory"
-                         f" (config.json + *.safetensors) or 'default'")
+                         f" (config.json + *.safetensors), a .gguf file or 'default'")
     return load_hf_model(spec, weights, kv, n_layers=n_layers)

@@ -15,15 +15,23 @@ def hf_config(model: Model):
     from transformers import Qwen3Config, Qwen3MoeConfig
 
     cfg = model.cfg
+    rope = {"rope_type": "default", "rope_theta": cfg.rope_theta}
+    if cfg.yarn is not None:
+        y = cfg.yarn
+        rope = {"rope_type": "yarn", "rope_theta": cfg.rope_theta, "factor": y.factor,
+                "original_max_position_embeddings": y.original_max_positions,
+                "attention_factor": y.attention_factor, "beta_fast": y.beta_fast, "beta_slow": y.beta_slow,
+                "truncate": y.truncate}
     common = dict(vocab_size=cfg.vocab, hidden_size=cfg.hidden, num_hidden_layers=cfg.n_layers,
                   num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_kv_heads, head_dim=cfg.head_dim,
                   rms_norm_eps=cfg.eps, max_position_embeddings=cfg.max_positions,
-                  tie_word_embeddings=cfg.tie_embeddings, rope_parameters={"rope_type": "default",
-                                                                           "rope_theta": cfg.rope_theta})
+                  tie_word_embeddings=cfg.tie_embeddings, attention_bias=cfg.attention_bias, rope_parameters=rope)
     if cfg.is_moe:
+        dense = dict(intermediate_size=cfg.intermediate) if cfg.is_mixed else {}
         return Qwen3MoeConfig(num_experts=cfg.n_experts, num_experts_per_tok=cfg.top_k,
                               moe_intermediate_size=cfg.moe_intermediate, norm_topk_prob=cfg.norm_topk_prob,
-                              **common)
+                              mlp_only_layers=list(cfg.mlp_only_layers),
+                              decoder_sparse_step=cfg.decoder_sparse_step, **dense, **common)
     return Qwen3Config(intermediate_size=cfg.intermediate, **common)
 
 
@@ -38,7 +46,10 @@ def hf_state_dict(model: Model) -> dict[str, np.ndarray]:
                    p + "self_attn.q_norm.weight": L.q_norm, p + "self_attn.k_norm.weight": L.k_norm})
         for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
             sd[p + f"self_attn.{name}.weight"] = getattr(L, name).dense()
-        if model.cfg.is_moe:
+            bias = getattr(L, name[0] + "_bias")
+            if bias is not None:
+                sd[p + f"self_attn.{name}.bias"] = bias
+        if L.gate is not None:  # this layer is sparse (a qwen3_moe model may have dense layers)
             sd[p + "mlp.gate.weight"] = L.gate.dense()
             sd[p + "mlp.experts.gate_up_proj"] = np.concatenate([L.gate_proj.dense(), L.up_proj.dense()], axis=1)
             sd[p + "mlp.experts.down_proj"] = L.down_proj.dense()

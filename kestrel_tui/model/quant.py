@@ -6,9 +6,13 @@ cross-checked with llama.cpp tooling. The q8 *row* format (one f32 scale per
 row, int8 values) is ours: it is the KV cache and query quantization of the
 numerics contract (docs/numerics.md).
 
-In memory a q4_0 matrix [out, in] is kept block-major: `qs` int8 [nb, out, 32]
-holding q-8 in -8..7 and `d` f32 [nb, out] (the f16 scales widened), because
-the reference GEMV runs one batched integer matmul per 32-block.
+In memory a q4_0 matrix [out, in] is kept exactly as ggml (and so a GGUF
+file) stores it: `blocks` uint8 [out, nb, 18], each block of 32 weights an f16
+scale `d` (2 bytes, little-endian) then 16 bytes of nibbles — byte j holds
+element j in its low nibble and element j+16 in its high one, value
+`d * (nibble - 8)`. 18 bytes per 32 weights, so a GGUF tensor's bytes are used
+as they are. The block-major pair (`qs` int8 [nb, out, 32] holding q-8,
+`d` f32 [nb, out]) is the older exchange form, kept for the converters below.
 """
 from __future__ import annotations
 
@@ -32,9 +36,13 @@ def _inverse(d: np.ndarray) -> np.ndarray:
     return np.where(np.isfinite(inv), inv, np.float32(0)).astype(np.float32)
 
 
-def quantize_q4_0(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """[..., out, in] f32 -> (qs int8 [..., nb, out, 32] in -8..7, d f32 [..., nb, out])."""
-    w = np.asarray(w, dtype=np.float32)
+BLOCK_BYTES = 18  # one q4_0 block: f16 scale + 16 nibble bytes
+_CHUNK = 1 << 20  # elements per step of the whole-matrix conversions: bounds their temporaries
+
+
+def _q4_0_codes(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """[..., out, in] f32 -> (nibbles uint8 [..., out, nb, 32] in 0..15, d f32 [..., out, nb]):
+    ggml's quantize_row_q4_0_ref, vectorised."""
     *lead, out, inp = w.shape
     blocks = w.reshape(*lead, out, inp // QK, QK)  # [..., out, nb, 32]
     imax = np.abs(blocks).argmax(axis=-1)[..., None]
@@ -43,9 +51,63 @@ def quantize_q4_0(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     with np.errstate(divide="ignore"):
         inv = np.where(d == 0, np.float32(0), np.float32(1) / d).astype(np.float32)
     q = np.trunc(blocks * inv + np.float32(8.5)).astype(np.uint8).clip(0, 15)
-    d16 = d[..., 0].astype(np.float16).astype(np.float32)
+    return q, d[..., 0]
+
+
+def _row_chunks(n_rows: int, row_len: int):
+    step = max(1, _CHUNK // max(row_len, 1))
+    for r0 in range(0, n_rows, step):
+        yield r0, min(n_rows, r0 + step)
+
+
+def quantize_q4_0(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """[..., out, in] f32 -> (qs int8 [..., nb, out, 32] in -8..7, d f32 [..., nb, out])."""
+    w = np.asarray(w, dtype=np.float32)
+    q, d = _q4_0_codes(w)
+    d16 = d.astype(np.float16).astype(np.float32)
     qs = (q.astype(np.int8) - np.int8(8))
     return np.ascontiguousarray(np.moveaxis(qs, -2, -3)), np.ascontiguousarray(np.moveaxis(d16, -1, -2))
+
+
+def quantize_q4_0_ggml(w: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """[..., rows, in] f32 -> ggml q4_0 bytes [..., rows, nb, 18] (written into `out` if given).
+    Row by row the same blocks as quantize_q4_0 (blocks never span rows), a bounded number of
+    rows at a time so the temporaries stay small whatever the matrix."""
+    w = np.asarray(w, dtype=np.float32)
+    *lead, rows, inp = w.shape
+    nb = inp // QK
+    if out is None:
+        out = np.empty((*lead, rows, nb, BLOCK_BYTES), np.uint8)
+    elif not out.flags.c_contiguous:  # the flat view below would be a copy, the bytes lost
+        raise ValueError("quantize_q4_0_ggml: `out` must be C-contiguous")
+    flat_w, flat_o = w.reshape(-1, inp), out.reshape(-1, nb, BLOCK_BYTES)
+    for r0, r1 in _row_chunks(flat_w.shape[0], inp):
+        q, d = _q4_0_codes(flat_w[r0:r1])
+        flat_o[r0:r1, :, :2] = d.astype(np.float16)[..., None].view(np.uint8)
+        flat_o[r0:r1, :, 2:] = q[..., :16] | (q[..., 16:] << np.uint8(4))
+    return out
+
+
+def ggml_scales(blocks: np.ndarray) -> np.ndarray:
+    """The f16 scales of ggml q4_0 bytes [..., nb, 18] as f32 [..., nb]."""
+    return blocks[..., :2].view(np.float16)[..., 0].astype(np.float32)
+
+
+def dequantize_ggml(blocks: np.ndarray) -> np.ndarray:
+    """ggml q4_0 bytes [..., out, nb, 18] -> f32 [..., out, nb*32], value = d * f32(nibble - 8) —
+    bit for bit dequantize_q4_0 of the same blocks (and the gguf package's)."""
+    *lead, out, nb, _ = blocks.shape
+    res = np.empty((*lead, out, nb, QK), np.float32)
+    flat_b, flat_r = blocks.reshape(-1, nb, BLOCK_BYTES), res.reshape(-1, nb, QK)
+    for r0, r1 in _row_chunks(flat_b.shape[0], nb * QK):
+        b = flat_b[r0:r1]
+        nib = b[..., 2:]
+        vals = np.empty((r1 - r0, nb, QK), np.float32)
+        vals[..., :16] = nib & np.uint8(15)
+        vals[..., 16:] = nib >> np.uint8(4)
+        vals -= np.float32(8)
+        np.multiply(ggml_scales(b)[..., None], vals, out=flat_r[r0:r1])
+    return res.reshape(*lead, out, nb * QK)
 
 
 def dequantize_q4_0(qs: np.ndarray, d: np.ndarray) -> np.ndarray:
@@ -56,20 +118,30 @@ def dequantize_q4_0(qs: np.ndarray, d: np.ndarray) -> np.ndarray:
 
 
 def q4_0_to_ggml(qs: np.ndarray, d: np.ndarray) -> np.ndarray:
-    """Block-major (qs, d) of one matrix -> ggml bytes [out, nb, 18] (f16 d, 16 packed nibble bytes)."""
-    q = (np.moveaxis(qs, -3, -2).astype(np.int16) + 8).astype(np.uint8)  # [out, nb, 32]
-    packed = q[..., :16] | (q[..., 16:] << np.uint8(4))
-    d16 = np.moveaxis(d, -2, -1).astype(np.float16)[..., None].view(np.uint8)  # [out, nb, 2]
-    return np.concatenate([d16, packed], axis=-1)
+    """Block-major (qs [..., nb, out, 32], d [..., nb, out]) -> ggml bytes [..., out, nb, 18]
+    (f16 d, 16 packed nibble bytes)."""
+    q = np.moveaxis(qs, -3, -2).view(np.uint8) + np.uint8(8)  # [..., out, nb, 32]: int8 -8..7 -> 0..15
+    raw = np.empty((*q.shape[:-1], BLOCK_BYTES), np.uint8)  # C order, whatever the inputs' layout
+    raw[..., :2] = np.moveaxis(d, -2, -1).astype(np.float16)[..., None].view(np.uint8)
+    raw[..., 2:] = q[..., :16] | (q[..., 16:] << np.uint8(4))
+    return raw
 
 
 def q4_0_from_ggml(raw: np.ndarray, out: int, inp: int) -> tuple[np.ndarray, np.ndarray]:
     """ggml q4_0 bytes of a [out, in] matrix -> block-major (qs, d)."""
-    blocks = np.asarray(raw, dtype=np.uint8).reshape(out, inp // QK, 18)
-    d = blocks[..., :2].copy().view(np.float16)[..., 0].astype(np.float32)
+    blocks = np.asarray(raw, dtype=np.uint8).reshape(out, inp // QK, BLOCK_BYTES)
+    d = ggml_scales(blocks)
     packed = blocks[..., 2:]
     q = np.concatenate([packed & np.uint8(15), packed >> np.uint8(4)], axis=-1).astype(np.int8) - np.int8(8)
     return np.ascontiguousarray(np.moveaxis(q, -2, -3)), np.ascontiguousarray(d.T)
+
+
+def ggml_to_q4_0(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """ggml q4_0 bytes [..., out, nb, 18] (a stack too) -> block-major (qs [..., nb, out, 32], d [..., nb, out])."""
+    packed = blocks[..., 2:]
+    q = np.concatenate([packed & np.uint8(15), packed >> np.uint8(4)], axis=-1).view(np.int8) - np.int8(8)
+    return (np.ascontiguousarray(np.moveaxis(q, -2, -3)),
+            np.ascontiguousarray(np.moveaxis(ggml_scales(blocks), -1, -2)))
 
 
 def quantize_q8_0(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -1,11 +1,11 @@
 """The model's weights resident on the device, in the GEMV kernels' layout.
 
-q4_0 matrices (host: block-major `qs` int8 [..., nb, out, 32] in -8..7 and
-`d` f32 [..., nb, out]) become row-major blocks: nibbles [..., out, nb, 16]
-packed like ggml (byte j = (q[j]+8) | (q[j+16]+8) << 4) and f16 scales
-[..., out, nb] — a warp reads one row's blocks contiguously. f32 matrices go up
-as they are. Uploaded once per Model object and shared by every backend
-instance made for it (the session makes a new backend for every run).
+q4_0 matrices (host: ggml's bytes `blocks` uint8 [..., out, nb, 18], model/weights.py)
+go up split into their two parts: nibbles [..., out, nb, 16] (byte j =
+(q[j]+8) | (q[j+16]+8) << 4, as ggml packs them) and f16 scales [..., out, nb] —
+a warp reads one row's blocks contiguously. f32 matrices go up as they are.
+Uploaded once per Model object and shared by every backend instance made for
+it (the session makes a new backend for every run).
 """
 from __future__ import annotations
 
@@ -31,12 +31,12 @@ class DeviceLinear:
     experts: int = 0  # 0: one matrix
 
 
-def pack_q4_0(qs: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Block-major (qs [..., nb, out, 32], d [..., nb, out]) -> (nibbles [..., out, nb, 16] uint8,
-    scales [..., out, nb] float16)."""
-    q = np.swapaxes(qs, -3, -2).view(np.uint8) + np.uint8(8)  # [..., out, nb, 32], 0..15
-    packed = q[..., :16] | (q[..., 16:] << np.uint8(4))
-    return np.ascontiguousarray(packed), np.ascontiguousarray(np.swapaxes(d, -2, -1).astype(np.float16))
+def device_q4_0(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """ggml q4_0 bytes [..., out, nb, 18] -> the kernels' arrays: (nibbles [..., out, nb, 16] uint8,
+    scales [..., out, nb] float16), each contiguous — the host bytes split, not re-encoded."""
+    nibbles = np.ascontiguousarray(blocks[..., 2:])
+    scales = np.ascontiguousarray(blocks[..., :2]).view(np.float16)[..., 0]
+    return nibbles, scales
 
 
 class DeviceModel:
@@ -62,8 +62,8 @@ class DeviceModel:
                 experts = L.w.shape[0] if L.w.ndim == 3 else 0
                 dl = DeviceLinear(L.out, L.inp, "f32", w=up(L.w.astype(F32)), experts=experts)
             else:
-                experts = L.qs.shape[0] if L.qs.ndim == 4 else 0
-                packed, scales = pack_q4_0(L.qs, L.d)
+                experts = L.blocks.shape[0] if L.blocks.ndim == 4 else 0
+                packed, scales = device_q4_0(L.blocks)
                 dl = DeviceLinear(L.out, L.inp, "q4_0", w=up(packed), d=up(scales), nb=L.inp // 32,
                                   experts=experts)
             done[id(L)] = dl
