@@ -8,7 +8,7 @@ from pathlib import Path
 from rich.table import Table
 from rich.text import Text
 
-from .cli import console
+from .cli import console, err_console
 from .errors import UsageError
 from .files import check_new_path
 from .model.weights import Model
@@ -21,10 +21,22 @@ def default_prompt(vocab: int, n: int = DEFAULT_PROMPT_LEN) -> list[int]:
     return [(1 + 7919 * i) % vocab for i in range(n)]
 
 
-def load_model_args(args: argparse.Namespace) -> Model:
+def load_model_args(args: argparse.Namespace, progress=None) -> Model:
+    """The model the options name; a checkpoint shows a progress bar on a terminal (or calls `progress`)."""
     from .model.hf import load_model
 
-    return load_model(args.model, args.weights)
+    if progress is not None or args.model is None or not err_console.is_terminal:
+        return load_model(args.model, args.weights, progress=progress)
+    from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("loading {task.fields[name]}"), BarColumn(), TaskProgressColumn(),
+                  TextColumn("{task.fields[line]}"), TimeElapsedColumn(), console=err_console,
+                  transient=True) as bar:
+        task = bar.add_task("load", total=None, name=Path(args.model).name, line="")
+
+        def show(step) -> None:
+            bar.update(task, total=step.bytes_total, completed=step.bytes_read, line=step.line())
+        return load_model(args.model, args.weights, progress=show)
 
 
 def resolve_prompt(args: argparse.Namespace, model: Model, n_new: int | None = None,

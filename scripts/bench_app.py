@@ -89,7 +89,7 @@ def ms(xs: list[float]) -> str:
 
 async def toggle_latency(frames: Frames, model, reps: int) -> dict[str, list[float]]:
     session = Session(model, default_prompt(model.cfg.vocab), 16, subject="sim")
-    app = KestrelApp(LiveSource(lambda: loaded(session)), export_dir="/tmp/kestrel-bench-exports")
+    app = KestrelApp(LiveSource(lambda _progress: loaded(session)), export_dir="/tmp/kestrel-bench-exports")
     out: dict[str, list[float]] = {"first cell": [], "first decoded cell": [], "final first DIFF": []}
     finals: list[str] = []
     async with app.run_test(size=SIZE) as pilot:
@@ -117,7 +117,7 @@ async def toggle_latency(frames: Frames, model, reps: int) -> dict[str, list[flo
 
 async def navigation(frames: Frames, model, n_tokens: int) -> tuple[dict[str, list[float]], list[float]]:
     session = Session(model, default_prompt(model.cfg.vocab), n_tokens, subject="sim")
-    app = KestrelApp(LiveSource(lambda: loaded(session)), export_dir="/tmp/kestrel-bench-exports")
+    app = KestrelApp(LiveSource(lambda _progress: loaded(session)), export_dir="/tmp/kestrel-bench-exports")
     plan = [("j", 49), ("k", 49), ("l", 10), ("h", 10), ("right_square_bracket", 120),
             ("left_square_bracket", 120), ("n", 60), ("N", 60)]
     out: dict[str, list[float]] = {}

@@ -274,7 +274,7 @@ def sec_app(args) -> None:
             await asyncio.sleep(0.02)
 
     async def drive():
-        app = KestrelApp(LiveSource(lambda: loaded(session)), export_dir=out_dir / "exports")
+        app = KestrelApp(LiveSource(lambda _progress: loaded(session)), export_dir=out_dir / "exports")
         async with app.run_test(size=(160, 50)) as pilot:
             await settle(pilot)
             first = app.main.result.first_diff

@@ -47,7 +47,7 @@ def save(app, out: Path, name: str) -> None:
 
 def new_app(model, exports: Path, n_tokens: int = 16) -> KestrelApp:
     session = Session(model, default_prompt(model.cfg.vocab), n_tokens, subject="sim")
-    return KestrelApp(LiveSource(lambda: loaded(session)), export_dir=exports)
+    return KestrelApp(LiveSource(lambda _progress: loaded(session)), export_dir=exports)
 
 
 async def main_states(model, out: Path, exports: Path) -> None:

@@ -21,3 +21,8 @@ def default_model():
 def small_model():
     """The default's dims with 4 layers: cheap enough for many runs."""
     return _model(4, "q4_0")
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"  # Textual runs on asyncio; async tests use anyio's pytest plugin

@@ -43,17 +43,12 @@ N_TOKENS = 4
 pytestmark = pytest.mark.anyio  # async tests run on anyio's pytest plugin (installed with httpx/textual deps)
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"  # Textual runs on asyncio
-
-
 def make_session(model, n_tokens=N_TOKENS, cls=Session):
     return cls(model, default_prompt(model.cfg.vocab), n_tokens, subject="sim")
 
 
 def make_app(session, tmp_path) -> KestrelApp:
-    return KestrelApp(LiveSource(lambda: loaded(session)), export_dir=tmp_path / "exports")
+    return KestrelApp(LiveSource(lambda _progress: loaded(session)), export_dir=tmp_path / "exports")
 
 
 async def settle(pilot, timeout: float = 120.0) -> None:

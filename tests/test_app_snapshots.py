@@ -21,7 +21,7 @@ N_TOKENS = 8
 
 def make_app(model, tmp_path) -> KestrelApp:
     session = Session(model, default_prompt(model.cfg.vocab), N_TOKENS, subject="sim")
-    return KestrelApp(LiveSource(lambda: loaded(session)), export_dir=tmp_path / "exports")
+    return KestrelApp(LiveSource(lambda _progress: loaded(session)), export_dir=tmp_path / "exports")
 
 
 async def settle(pilot) -> None:

@@ -21,6 +21,12 @@ class SessionLoaded(Message):
         self.info = info
 
 
+class LoadProgress(Message):
+    def __init__(self, step) -> None:  # model.progress.LoadStep
+        super().__init__()
+        self.step = step
+
+
 class LoadFailed(Message):
     def __init__(self, error: BaseException) -> None:
         super().__init__()

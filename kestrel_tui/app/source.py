@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from ..engine.session import Session
 from ..errors import UsageError
+from ..model.progress import Progress
 
 
 @dataclass
@@ -23,7 +24,8 @@ class Loaded:
     note: str | None = None  # why the subject is not what was asked for (no GPU -> sim)
 
 
-Loader = Callable[[], Loaded]
+# called in a worker with a callback for loading progress (model/progress.py)
+Loader = Callable[[Progress], Loaded]
 
 
 class PromptError(UsageError):
@@ -79,10 +81,10 @@ def pick_subject(requested: str, model) -> tuple[str, str | None, str]:
 
 def args_loader(args: argparse.Namespace) -> Loader:
     """The CLI's options -> a loader the app runs in a worker."""
-    def load() -> Loaded:
+    def load(progress: Progress) -> Loaded:
         from ..commands import load_model_args, resolve_prompt
 
-        model = load_model_args(args)
+        model = load_model_args(args, progress)
         try:
             prompt = resolve_prompt(args, model)
         except UsageError as e:
@@ -95,7 +97,7 @@ def args_loader(args: argparse.Namespace) -> Loader:
 
 def default_loader(n_layers: int | None = None, tokens: int = 16) -> Loader:
     """The embedded default model on sim: what the palette's recovery command opens."""
-    def load() -> Loaded:
+    def load(_progress: Progress) -> Loaded:  # generated in about a second: no progress to show
         from ..commands import default_prompt
         from ..model.hf import load_model
 

@@ -24,7 +24,7 @@ Post = Callable[[object], object]
 
 def load(loader: Loader, post: Post) -> None:
     try:
-        info = loader()
+        info = loader(lambda step: post(msg.LoadProgress(step)))
     except Exception as e:  # noqa: BLE001 - any load failure is shown, the app stays up
         post(msg.LoadFailed(e))
         return

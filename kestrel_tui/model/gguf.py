@@ -114,6 +114,7 @@ import numpy as np
 
 from ..files import create_whole_path, is_partial_name
 from .config import QK, Config, ModelError
+from .progress import Progress, Tally
 from .weights import FORMATS, Layer, Linear, Model, linear_from_ggml, make_linear, rope_tables
 
 F32 = np.float32
@@ -396,8 +397,12 @@ def _widen(t, sl=()) -> np.ndarray:
 
 
 class _Reader:
-    def __init__(self, f: _File, weights: str):
-        self.f, self.fmt = f, weights
+    def __init__(self, f: _File, weights: str, tally: Tally):
+        self.f, self.fmt, self.tally = f, weights, tally
+
+    def _counted(self, name: str, value):
+        self.tally.read(int(self.f.tensors[name].n_bytes), True)
+        return value
 
     def _finite(self, name: str, w: np.ndarray) -> np.ndarray:
         if not np.isfinite(w).all():
@@ -405,9 +410,12 @@ class _Reader:
         return w
 
     def vector(self, name: str) -> np.ndarray:
-        return self._finite(name, _widen(self.f.tensors[name]))
+        return self._counted(name, self._finite(name, _widen(self.f.tensors[name])))
 
     def linear(self, name: str, shape: tuple[int, ...]) -> Linear:
+        return self._counted(name, self._linear(name, shape))
+
+    def _linear(self, name: str, shape: tuple[int, ...]) -> Linear:
         t = self.f.tensors[name]
         out, inp = shape[-2:]
         if int(t.tensor_type) == _Q4_0:
@@ -430,12 +438,13 @@ class _Reader:
 
 
 def load_gguf_model(path: str | Path, weights: str = "q4_0", kv: str | None = None,
-                    n_layers: int | None = None, notes: list[str] | None = None) -> Model:
+                    n_layers: int | None = None, notes: list[str] | None = None,
+                    progress: Progress | None = None) -> Model:
     """Load a qwen3 / qwen3moe GGUF file; weights "q4_0" or "f32" (see the module docstring).
 
     `kv` is accepted for symmetry with load_hf_model and unused; `n_layers` keeps the first n
     layers; `notes` (when given) receives one line per thing the user should know (a tokenizer
-    that was not used)."""
+    that was not used); `progress` is called as tensors are read (model/progress.py)."""
     if weights not in FORMATS:
         raise ModelError(f"weights {weights!r}: unknown format; use one of {', '.join(FORMATS)}")
     path = Path(path)
@@ -452,7 +461,8 @@ def load_gguf_model(path: str | Path, weights: str = "q4_0", kv: str | None = No
         keep = n_layers
     shapes = _check_tensors(f, cfg, keep)
     cfg = replace(cfg, n_layers=keep)
-    rd = _Reader(f, weights)
+    tensors = list(f.tensors.values())
+    rd = _Reader(f, weights, Tally(progress, len(tensors), sum(int(t.n_bytes) for t in tensors)))
     layers = []
     for i in range(keep):
         p = f"blk.{i}."
@@ -465,6 +475,7 @@ def load_gguf_model(path: str | Path, weights: str = "q4_0", kv: str | None = No
     embed = rd.linear(TOKEN_EMBD, shapes[TOKEN_EMBD])
     lm_head = embed if cfg.tie_embeddings else rd.linear(OUTPUT, shapes[OUTPUT])
     norm = rd.vector(OUTPUT_NORM)
+    rd.tally.finish()
     tokenizer, note = _read_tokenizer(f)
     if note and notes is not None:
         notes.append(note)

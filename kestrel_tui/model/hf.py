@@ -47,6 +47,7 @@ from pathlib import Path
 import numpy as np
 
 from .config import ModelError, default_config, load_config
+from .progress import Progress, Tally
 from .quant import BLOCK_BYTES, quantize_q4_0_ggml
 from .weights import FORMATS, Layer, Linear, Model, linear_from_rows, rope_tables, synthetic_model
 
@@ -73,7 +74,7 @@ class _Checkpoint:
     directory are not opened. Without it, every *.safetensors file is read and a name held twice is an
     error."""
 
-    def __init__(self, model_dir: Path, stack: ExitStack):
+    def __init__(self, model_dir: Path, stack: ExitStack, progress: Progress | None = None):
         try:
             from safetensors import safe_open
         except ImportError:
@@ -117,6 +118,12 @@ class _Checkpoint:
                     raise ModelError(f"{name}: present in both {self.where[name][0].name} and {path.name};"
                                      f" remove the stale file from {model_dir}")
                 self.where[name] = (path, handle)
+        self.tally = Tally(progress, len(self.where), sum(self._nbytes(n) for n in self.where))
+
+    def _nbytes(self, name: str) -> int:
+        path, _ = self.where[name]
+        start, end = self._header(path)[1][name]["data_offsets"]
+        return end - start
 
     @staticmethod
     def _weight_map(index: Path) -> dict[str, str]:
@@ -179,6 +186,8 @@ class _Checkpoint:
             w = w.astype(F32) if w.dtype != F32 else np.ascontiguousarray(w)
         if not np.isfinite(w).all():
             raise ModelError(f"{name}: contains NaN or inf values (in {path.name}); the checkpoint is corrupt")
+        whole = rows is None or rows[1] >= shape[0]
+        self.tally.read(self._nbytes(name) * (1 if rows is None else rows[1] - rows[0]) // max(shape[0], 1), whole)
         return w
 
 
@@ -237,11 +246,12 @@ def _load_tokenizer(model_dir: Path):
 
 
 def load_hf_model(model_dir: str | Path, weights: str = "q4_0", kv: str | None = None,
-                  n_layers: int | None = None) -> Model:
+                  n_layers: int | None = None, progress: Progress | None = None) -> Model:
     """Load an HF Qwen3-MoE / Qwen3 directory; weights "q4_0" (quantized at load) or "f32".
 
     `kv` is accepted for symmetry with the CLI and unused (the KV format belongs to
-    the backend). `n_layers` keeps only the first n layers.
+    the backend). `n_layers` keeps only the first n layers; `progress` is called as tensors
+    are read (model/progress.py).
     """
     if weights not in FORMATS:
         raise ModelError(f"weights {weights!r}: unknown format; use one of {', '.join(FORMATS)}")
@@ -253,7 +263,7 @@ def load_hf_model(model_dir: str | Path, weights: str = "q4_0", kv: str | None =
         cfg = replace(cfg, n_layers=n_layers)
     h, hd = cfg.hidden, cfg.head_dim
     with ExitStack() as stack:
-        ck = _Checkpoint(model_dir, stack)
+        ck = _Checkpoint(model_dir, stack, progress)
 
         def lin(name: str, shape: tuple[int, int]) -> Linear:
             # read and quantized a bounded number of rows at a time: a vocabulary-sized matrix
@@ -296,6 +306,7 @@ def load_hf_model(model_dir: str | Path, weights: str = "q4_0", kv: str | None =
                 raise ModelError(f"lm_head.weight: missing from the checkpoint in {model_dir}; if the model ties"
                                  f" it to the embedding set \"tie_word_embeddings\": true in config.json")
         norm = ck.get("model.norm.weight", (h,))
+        ck.tally.finish()
     inv_freq, scale = rope_tables(cfg)
     return Model(cfg=cfg, fmt=weights, name=model_dir.resolve().name, embed_tokens=embed, layers=tuple(layers),
                  norm=norm, lm_head=lm_head, inv_freq=inv_freq, attn_scale=scale,
@@ -303,7 +314,7 @@ def load_hf_model(model_dir: str | Path, weights: str = "q4_0", kv: str | None =
 
 
 def load_model(spec: str | Path | None, weights: str = "q4_0", kv: str | None = None,
-               n_layers: int | None = None) -> Model:
+               n_layers: int | None = None, progress: Progress | None = None) -> Model:
     """The CLI's model argument: None / "default" -> the embedded synthetic model; a directory -> HF;
     a file ending .gguf -> GGUF (model/gguf.py)."""
     if weights not in FORMATS:
@@ -319,8 +330,8 @@ def load_model(spec: str | Path | None, weights: str = "q4_0", kv: str | None = 
     if str(spec).lower().endswith(".gguf") and not Path(spec).is_dir():
         from .gguf import load_gguf_model
 
-        return load_gguf_model(spec, weights, kv, n_layers=n_layers)
+        return load_gguf_model(spec, weights, kv, n_layers=n_layers, progress=progress)
     if not Path(spec).is_dir():
         raise ModelError(f"{spec}: no such model directory; pass an HF model directory"
                          f" (config.json + *.safetensors), a .gguf file or 'default'")
-    return load_hf_model(spec, weights, kv, n_layers=n_layers)
+    return load_hf_model(spec, weights, kv, n_layers=n_layers, progress=progress)

@@ -206,6 +206,11 @@ class MainScreen(GridNavigation, Screen):
         self.run_worker(partial(workers.load, loader, self.post_message), thread=True, group="load",
                         exclusive=True, exit_on_error=False)
 
+    def on_load_progress(self, m: msg.LoadProgress) -> None:
+        if self.phase == "loading":
+            self.status.set_text(f"loading the model… {m.step.line()}", "busy")
+            self.status.set_progress(m.step.bytes_read, m.step.bytes_total)
+
     def on_session_loaded(self, m: msg.SessionLoaded) -> None:
         info = m.info
         s = info.session
