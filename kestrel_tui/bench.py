@@ -144,7 +144,8 @@ def run_bench_cuda(args: argparse.Namespace) -> int:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    from .commands import load_model_args, resolve_prompt, whole_columns_table
+    from .commands import load_model_args, whole_columns_table
+    from .engine.inputs import resolve_prompt
 
     if getattr(args, "subject", "cpu") == "cuda":
         return run_bench_cuda(args)

@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 from gpu_report import RESULTS, row, run_sections  # noqa: E402
 
 from kestrel_tui.backends.toggles import OWNERS, TOGGLES  # noqa: E402
-from kestrel_tui.commands import default_prompt  # noqa: E402
+from kestrel_tui.engine.inputs import default_prompt  # noqa: E402
 from kestrel_tui.model.config import default_config, qwen3_30b_a3b_config  # noqa: E402
 from kestrel_tui.trace.keys import order_key, parse_key  # noqa: E402
 

@@ -20,7 +20,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kestrel_tui.backends.base import NumpyBackend  # noqa: E402
-from kestrel_tui.commands import default_prompt  # noqa: E402
+from kestrel_tui.engine.inputs import default_prompt  # noqa: E402
 from kestrel_tui.model.config import default_config, qwen3_30b_a3b_config  # noqa: E402
 from kestrel_tui.model.weights import synthetic_model  # noqa: E402
 

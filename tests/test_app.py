@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from kestrel_tui.app.app import KestrelApp
-from kestrel_tui import commands
+from kestrel_tui.engine import inputs
 from kestrel_tui.app import export
 from kestrel_tui.app.export import new_export_dir, publish
 from kestrel_tui.app.screens.help import HelpScreen
@@ -29,7 +29,7 @@ from kestrel_tui.app.source import DiffSource, LiveSource, args_loader, loaded
 from kestrel_tui.app.state import Cursor
 from kestrel_tui.app.widgets.grid import LABEL_W, STEP, cell_text
 from kestrel_tui.backends.toggles import TOGGLES
-from kestrel_tui.commands import default_prompt
+from kestrel_tui.engine.inputs import default_prompt
 from kestrel_tui.engine.build import make_backend
 from kestrel_tui.engine.iso import iso
 from kestrel_tui.engine.session import RunSettings, Session
@@ -480,7 +480,7 @@ async def test_unreadable_model_dir_shows_message_and_app_stays_usable(small_mod
         await pilot.press("1", "b", "x")
         assert any("no model is loaded" in n for n in notes(app))
         # recover without restarting: load a model in place
-        main._load(lambda: loaded(make_session(small_model)))
+        main._load(lambda _progress: loaded(make_session(small_model)))
         await settle(pilot)
         assert main.phase == "idle" and main.result is not None
 
@@ -516,7 +516,7 @@ async def test_run_error_shows_message_and_app_stays_usable(small_model, tmp_pat
                                      (dict(tokens=100_000), "exceed the model's context"),
                                      (dict(tokens=0), "must be at least 1")])
 async def test_prompt_errors_are_not_called_model_errors(small_model, tmp_path, monkeypatch, kw, why):
-    monkeypatch.setattr(commands, "load_model_args", lambda args: small_model)  # the model loads fine
+    monkeypatch.setattr(inputs, "model_from_options", lambda args, progress=None: small_model)  # loads fine
     app = KestrelApp(LiveSource(args_loader(cli_args(**kw))), export_dir=tmp_path / "exports")
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot)

@@ -13,7 +13,7 @@ import pytest
 
 from kestrel_tui.app.app import KestrelApp
 from kestrel_tui.app.source import LiveSource, loaded
-from kestrel_tui.commands import default_prompt
+from kestrel_tui.engine.inputs import default_prompt
 from kestrel_tui.engine.session import Session
 
 N_TOKENS = 8

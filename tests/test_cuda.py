@@ -75,7 +75,7 @@ def test_device_fnv_equals_host(rt):
 # ------------------------------------------------------------ runs against the cpu reference
 
 def _session(model, n_prompt=4, n_tokens=4, **kw):
-    from kestrel_tui.commands import default_prompt
+    from kestrel_tui.engine.inputs import default_prompt
     from kestrel_tui.engine.session import Session
 
     return Session(model, default_prompt(model.cfg.vocab, n_prompt), n_tokens, subject="cuda", **kw)
@@ -132,7 +132,7 @@ def test_toggles_one_by_one_move_first_diff_monotonically(default_session):
 
 def test_batch_verify_equals_single_decode(rt, small_model):
     from kestrel_tui.backends.cuda import make_cuda_backend
-    from kestrel_tui.commands import default_prompt
+    from kestrel_tui.engine.inputs import default_prompt
     from kestrel_tui.engine.iso import iso
 
     cols = iso(lambda: make_cuda_backend(small_model, exact=frozenset(TOGGLES)),
@@ -168,7 +168,7 @@ def test_step_graph_path_equals_direct_path(rt, small_model, exact):
     logits bit for bit, every key's hash (in token_keys order) and every raw buffer (name,
     shape, dtype, bytes), over a few decode positions; again after reset() (a new capture)."""
     from kestrel_tui.backends.cuda import make_cuda_backend
-    from kestrel_tui.commands import default_prompt
+    from kestrel_tui.engine.inputs import default_prompt
 
     ex = frozenset(TOGGLES) if exact == "all" else frozenset()
     g_b = make_cuda_backend(small_model, exact=ex, graph=True)

@@ -2,7 +2,7 @@
 import pytest
 
 from kestrel_tui.backends.toggles import OWNERS, TOGGLES
-from kestrel_tui.commands import default_prompt
+from kestrel_tui.engine.inputs import default_prompt
 from kestrel_tui.engine.bisect import bisect
 from kestrel_tui.engine.build import make_backend
 from kestrel_tui.engine.iso import iso

@@ -82,9 +82,9 @@ def pick_subject(requested: str, model) -> tuple[str, str | None, str]:
 def args_loader(args: argparse.Namespace) -> Loader:
     """The CLI's options -> a loader the app runs in a worker."""
     def load(progress: Progress) -> Loaded:
-        from ..commands import load_model_args, resolve_prompt
+        from ..engine.inputs import model_from_options, resolve_prompt
 
-        model = load_model_args(args, progress)
+        model = model_from_options(args, progress)
         try:
             prompt = resolve_prompt(args, model)
         except UsageError as e:
@@ -98,7 +98,7 @@ def args_loader(args: argparse.Namespace) -> Loader:
 def default_loader(n_layers: int | None = None, tokens: int = 16) -> Loader:
     """The embedded default model on sim: what the palette's recovery command opens."""
     def load(_progress: Progress) -> Loaded:  # generated in about a second: no progress to show
-        from ..commands import default_prompt
+        from ..engine.inputs import default_prompt
         from ..model.hf import load_model
 
         model = load_model(None, n_layers=n_layers)

@@ -167,7 +167,7 @@ def batch_verify(model, exact: frozenset, n_pos: int = 64, widths=range(2, 9), n
     the M=1 step of its position, and its keys' hashes. Returns per width: positions with a
     difference, total differing logits, per column index j the differing logits summed over
     the windows, and the first differing key."""
-    from ...commands import default_prompt
+    from ...engine.inputs import default_prompt
     from . import make_cuda_backend
 
     vocab = model.cfg.vocab
@@ -211,7 +211,7 @@ def batch_verify(model, exact: frozenset, n_pos: int = 64, widths=range(2, 9), n
 
 def graph_equals_direct(model, exact: frozenset, n_pos: int = 16) -> dict:
     """The graph replay's logits and hashes vs direct M=1 steps, positions 0..n_pos-1."""
-    from ...commands import default_prompt
+    from ...engine.inputs import default_prompt
     from . import make_cuda_backend
     from .graph import DecodeGraph
 

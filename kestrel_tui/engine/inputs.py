@@ -1,0 +1,59 @@
+"""What a run starts from, as the command-line options name it: the model and the prompt.
+
+The CLI, the app's loader and the benchmarks share these; they live below the
+CLI so that nothing imports from it.
+"""
+from __future__ import annotations
+
+import argparse
+
+from ..errors import UsageError
+from ..model.progress import Progress
+from ..model.weights import Model
+
+DEFAULT_PROMPT_LEN = 16
+
+
+def default_prompt(vocab: int, n: int = DEFAULT_PROMPT_LEN) -> list[int]:
+    """The embedded model has no tokenizer: a fixed, spread-out id sequence."""
+    return [(1 + 7919 * i) % vocab for i in range(n)]
+
+
+def resolve_prompt(args: argparse.Namespace, model: Model, n_new: int | None = None,
+                   flag: str = "--tokens") -> list[int]:
+    """The prompt ids, checked with the ``n_new`` positions (default --tokens) that follow it.
+
+    ``flag`` names the option that set ``n_new``, so an error blames what the user typed.
+    """
+    cfg = model.cfg
+    if getattr(args, "prompt_ids", None):
+        try:
+            ids = [int(tok) for tok in args.prompt_ids.split(",") if tok.strip()]
+        except ValueError:
+            raise UsageError(f"--prompt-ids {args.prompt_ids!r}: expected comma-separated integers like 1,2,3") from None
+        bad = [i for i in ids if not 0 <= i < cfg.vocab]
+        if bad:
+            raise UsageError(f"--prompt-ids: token id {bad[0]} is outside the vocabulary 0..{cfg.vocab - 1}")
+    elif getattr(args, "prompt", None) is not None:
+        if model.tokenizer is None:
+            raise UsageError("--prompt needs a model with tokenizer.json; use --prompt-ids for this model")
+        ids = model.tokenizer.encode(args.prompt).ids
+    else:
+        ids = default_prompt(cfg.vocab)
+    if not ids:
+        raise UsageError("the prompt is empty; give at least one token")
+    n = getattr(args, "tokens", 0) if n_new is None else n_new
+    if n < 1:
+        raise UsageError(f"{flag} {n}: must be at least 1")
+    if len(ids) + n > cfg.max_positions:
+        raise UsageError(f"{flag} {n}: the prompt ({len(ids)}) + {n} positions exceed the model's context of"
+                         f" {cfg.max_positions}; use {flag} {cfg.max_positions - len(ids)} or less"
+                         f" or a shorter prompt")
+    return ids
+
+
+def model_from_options(args: argparse.Namespace, progress: Progress | None = None) -> Model:
+    """--model (None: the embedded default; an HF directory; a .gguf file) in --weights' format."""
+    from ..model.hf import load_model
+
+    return load_model(args.model, args.weights, progress=progress)
