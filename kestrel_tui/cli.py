@@ -1,7 +1,8 @@
 """`kestrel-tui` command line: the app by default, and headless subcommands.
 
 Every failure the user can cause ends in one line on stderr and exit status 2;
-`diff` and `run` exit 1 when they find a DIFF and 0 when all keys agree.
+`diff` and `run` exit 1 when they find a DIFF and 0 when all keys agree
+(`run --tol SPEC`: 1 when a key is far, 0 when every key is ok or close).
 """
 from __future__ import annotations
 
@@ -60,11 +61,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", choices=("chain", "isolate"), default="chain")
     p.add_argument("--prefill", choices=("reference", "subject"), default="reference")
     p.add_argument("--forcing", choices=("teacher", "free"), default="teacher")
+    p.add_argument("--tol", metavar="SPEC", help="judge DIFF keys with raw values close/far: nmse=1e-7 (the default"
+                   " criterion), ulp=N, rel=X, comma-combined (all must hold); exit 0 when no key is far")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
     p = sub.add_parser("bisect", help="switch ops to exact one by one until all keys agree")
     _model_args(p)
     p.add_argument("--subject", default="sim")
+    p.add_argument("--target", choices=("ok", "far"), default="ok",
+                   help="ok: until all keys agree (default); far: until no key is far (see --tol)")
+    p.add_argument("--tol", metavar="SPEC", help="with --target far: the tolerance, as for run (default nmse=1e-7)")
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("iso", help="batch-verify (M columns) vs M=1 decode, full logits byte by byte")

@@ -13,6 +13,7 @@ from .errors import UsageError
 from .files import check_new_path
 from .engine.inputs import model_from_options, resolve_prompt
 from .model.weights import Model
+from .trace.compare import NAN_ULP, Status, parse_tolerance
 
 def load_model_args(args: argparse.Namespace, progress=None) -> Model:
     """The model the options name; a checkpoint shows a progress bar on a terminal (or calls `progress`)."""
@@ -133,19 +134,37 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .engine.session import RunSettings
 
     _check_subject(args.subject)
+    tol = parse_tolerance(args.tol) if getattr(args, "tol", None) is not None else None  # before the slow part
     settings = RunSettings(parse_exact(args.exact), args.mode, args.prefill, args.forcing)
     session = _session(args)
     with console.status(f"reference + {args.subject} ({settings.label()})"):
         res = session.run(settings)
-    report = run_report(res)
+    summary = res.tolerance(tol) if tol is not None else None
+    report = run_report(res, summary)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
-        print_run(res)
+        print_run(res, summary)
+    if summary is not None:
+        return 0 if summary.all_close else 1
     return 0 if res.all_ok else 1
 
 
-def run_report(res) -> dict:
+def run_report(res, summary=None) -> dict:
+    """The `run --json` object; a ToleranceSummary adds tolerance, first_far, counts_close_far, key_metrics."""
+    report = _base_report(res)
+    if summary is not None:
+        report["tolerance"] = summary.tolerance.spec()
+        report["first_far"] = summary.first_far
+        report["counts_close_far"] = {"close": summary.n_close, "far": summary.n_far,
+                                      "unjudged": summary.n_unjudged}
+        report["key_metrics"] = {
+            k: ({**summary.metrics[k].as_dict(), "verdict": summary.verdict[k]} if k in summary.metrics else None)
+            for k, st in res.comparison.status.items() if st is Status.DIFF}
+    return report
+
+
+def _base_report(res) -> dict:
     cmp = res.comparison
     return {
         "settings": {"exact": sorted(res.settings.exact), "mode": res.settings.mode,
@@ -161,45 +180,90 @@ def run_report(res) -> dict:
     }
 
 
-def print_run(res) -> None:
+def print_run(res, summary=None) -> None:
     cmp = res.comparison
     console.print(f"reference cpu vs subject {res.sub.backend}, {len(res.sub.positions)} positions")
     console.print(counts_table(cmp.counts))
     if res.all_ok:
         console.print(Text.assemble(("all ok", "bold green"),
                                     f": {len(cmp.status)} keys over {len(res.sub.positions)} positions"))
+        if summary is not None:
+            print_tolerance(summary)
         return
     console.print(Text.assemble("first DIFF: ", (str(cmp.first_diff), "bold red")))
     st = res.stats(cmp.first_diff) if cmp.first_diff else None
     if st is not None:
         console.print(f"  {st.n_diff}/{st.n} elements differ, max {st.max_ulp} ULP, max abs {st.max_abs_err:.3g},"
                       f" first at [{st.first_index}]: {st.first_a!r} vs {st.first_b!r}")
+    if summary is not None:
+        print_tolerance(summary)
     flips = [s for s in res.tokens if s.flip]
     console.print(f"top-1 flips: {len(flips)}" + "".join(f"  t{s.t}: {s.ref_top1}->{s.sub_top1}" for s in flips[:8]))
+
+
+def _fmt_metric(x: float) -> str:
+    return "inf" if x == float("inf") else f"{x:.3g}"
+
+
+def print_tolerance(summary) -> None:
+    """The first far key (with its metrics) and the close/far counts of a ToleranceSummary."""
+    if summary.first_far is None:
+        console.print(Text.assemble("first far: ", ("none", "bold green"), f" (tolerance {summary.tolerance.spec()})"))
+    else:
+        m = summary.metrics[summary.first_far]
+        ulp = "NaN" if m.max_ulp == NAN_ULP else str(m.max_ulp)
+        console.print(Text.assemble("first far: ", (summary.first_far, "bold magenta"),
+                                    f" (nmse {_fmt_metric(m.nmse)}, max rel {_fmt_metric(m.max_rel_err)},"
+                                    f" max ULP {ulp})"))
+    parts = [("close", summary.n_close, "yellow"), ("far", summary.n_far, "magenta")]
+    line = Text(f"tolerance {summary.tolerance.spec()}: ")
+    for i, (name, n, style) in enumerate(parts):
+        line.append((", " if i else "") + f"{n} ")
+        line.append(name, style)
+    if summary.n_unjudged:
+        line.append(f", {summary.n_unjudged} DIFF without raw values (not judged)")
+    console.print(line)
 
 
 def cmd_bisect(args: argparse.Namespace) -> int:
     from .engine.bisect import bisect
 
+    from .trace.compare import Tolerance
+
     _check_subject(args.subject)
+    far = getattr(args, "target", "ok") == "far"
+    if getattr(args, "tol", None) is not None and not far:
+        raise UsageError(f"--tol {args.tol!r}: a tolerance needs --target far (bisect --target ok wants all keys ok)")
+    tol = (parse_tolerance(args.tol) if args.tol is not None else Tolerance()) if far else None
     session = _session(args)
+
+    def line(move) -> str:
+        if tol is None:
+            return move.line()
+        return f"{move.change:<14} {move.before or 'no far key'} -> {move.after or 'no far key'}"
+
     with console.status("bisecting") as status:
         session.reference()
 
         def on_move(move):
-            status.update(f"bisecting: {move.line()}")
+            status.update(f"bisecting: {line(move)}")
             if not args.json:
-                console.print(move.line())
-        result = bisect(session, on_move=on_move)
+                console.print(line(move))
+        result = bisect(session, on_move=on_move, tol=tol)
     if args.json:
-        print(json.dumps({"moves": [{"change": m.change, "before": m.before, "after": m.after} for m in result.moves],
-                          "all_ok": result.all_ok, "final": sorted(result.final),
-                          "minimal": sorted(result.minimal) if result.minimal is not None else None}, indent=2))
+        report = {"moves": [{"change": m.change, "before": m.before, "after": m.after} for m in result.moves],
+                  "all_ok": result.all_ok, "final": sorted(result.final),
+                  "minimal": sorted(result.minimal) if result.minimal is not None else None}
+        if tol is not None:  # all_ok then means "no far key"
+            report.update(target="far", tolerance=tol.spec())
+        print(json.dumps(report, indent=2))
     elif result.all_ok:
-        console.print(Text.assemble(("all ok", "bold green"), f" with {len(result.final)} exact ops; minimal set: ",
+        console.print(Text.assemble(("all ok" if tol is None else f"no far key ({tol.spec()})", "bold green"),
+                                    f" with {len(result.final)} exact ops; minimal set: ",
                                     (",".join(sorted(result.minimal)) or "(none)", "bold")))
     else:
-        console.print(Text("still DIFF with every op exact", "bold red"))
+        console.print(Text("still DIFF with every op exact" if tol is None else
+                           f"still far ({tol.spec()}) with every op exact", "bold red"))
     return 0 if result.all_ok else 1
 
 

@@ -5,6 +5,11 @@ DIFF's field (backends/toggles.OWNERS), switch on the first of them that moves
 the first DIFF later, rerun, and record the move. When everything agrees, shrink
 the set: drop each op whose removal keeps the run all ok (one pass of
 delta debugging gives a 1-minimal set: removing any single op breaks it).
+
+With a tolerance (``tol``) the target is "no far key" instead of "all ok": the
+walk follows the first far key, and a run is done when every key is ok or
+close. Far keys need whole runs (a run cannot stop at its first far position
+yet), so this mode is slower.
 """
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from ..backends.toggles import OWNERS, TOGGLES
+from ..trace.compare import Tolerance
 from ..trace.keys import parse_key
 from .session import HistoryEntry, RunResult, RunSettings, Session, first_diff_later
 
@@ -21,8 +27,8 @@ from .session import HistoryEntry, RunResult, RunSettings, Session, first_diff_l
 class BisectResult:
     moves: list[HistoryEntry] = field(default_factory=list)
     final: frozenset[str] = frozenset()
-    minimal: frozenset[str] | None = None  # None: no toggle set reached all ok
-    all_ok: bool = False
+    minimal: frozenset[str] | None = None  # None: no toggle set reached the target
+    all_ok: bool = False  # the target reached: all ok, or with a tolerance no far key
 
 
 def _candidates(first_diff: str, exact: frozenset[str]) -> list[str]:
@@ -33,38 +39,45 @@ def _candidates(first_diff: str, exact: frozenset[str]) -> list[str]:
 
 def bisect(session: Session, start: RunSettings = RunSettings(),
            on_move: Callable[[HistoryEntry], None] | None = None,
-           cancel: threading.Event | None = None) -> BisectResult:
+           cancel: threading.Event | None = None, tol: Tolerance | None = None) -> BisectResult:
+    """tol None: walk to "all ok" (first DIFF); a Tolerance: walk to "no far key" (first far)."""
     result = BisectResult()
 
     def run(settings: RunSettings, full: bool = False) -> RunResult:
-        return session.run(settings, cancel=cancel, record=False, stop_at_first_diff=not full)
+        return session.run(settings, cancel=cancel, record=False, stop_at_first_diff=not full and tol is None)
+
+    def first(res: RunResult) -> str | None:
+        return res.first_diff if tol is None else res.tolerance(tol).first_far
+
+    def done(res: RunResult) -> bool:
+        return res.all_ok if tol is None else res.tolerance(tol).all_close
 
     settings = start
     current = run(settings)
-    while current.first_diff is not None:
+    while first(current) is not None:
         tried = None
-        for op in _candidates(current.first_diff, settings.exact):
+        for op in _candidates(first(current), settings.exact):
             trial_settings = replace(settings, exact=settings.exact | {op})
             trial = run(trial_settings)
             tried = tried or (op, trial_settings, trial)
-            if first_diff_later(current.first_diff, trial.first_diff):
+            if first_diff_later(first(current), first(trial)):
                 tried = (op, trial_settings, trial)
                 break
         if tried is None:  # every toggle is on and keys still differ: not an op we control
             break
         op, settings, trial = tried
-        move = HistoryEntry((f"+{op}",), settings, current.first_diff, trial.first_diff)
+        move = HistoryEntry((f"+{op}",), settings, first(current), first(trial))
         result.moves.append(move)
         session.history.append(move)
         if on_move:
             on_move(move)
         current = trial
     result.final = settings.exact
-    if current.first_diff is None and run(settings, full=True).all_ok:
+    if first(current) is None and done(run(settings, full=True)):
         result.all_ok = True
         minimal = set(settings.exact)
         for op in sorted(settings.exact, key=TOGGLES.index):
-            if run(replace(settings, exact=frozenset(minimal - {op})), full=True).all_ok:
+            if done(run(replace(settings, exact=frozenset(minimal - {op})), full=True)):
                 minimal.discard(op)
         result.minimal = frozenset(minimal)
     session.last = run(replace(settings, exact=result.minimal or settings.exact), full=True)

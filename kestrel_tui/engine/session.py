@@ -14,7 +14,8 @@ from typing import Callable
 
 from ..backends.toggles import describe
 from ..model.weights import Model
-from ..trace.compare import Comparison, DiffStats, Status, compare, diff_stats
+from ..trace.compare import (CLOSE, FAR, Comparison, DiffStats, KeyMetrics, Status, Tolerance, compare,
+                             diff_stats, key_metrics)
 from ..trace.keys import order_key
 from .build import make_backend
 from .run import Position, Trace, run_decode
@@ -50,6 +51,24 @@ class TokenSummary:
         return self.ref_top1 != self.sub_top1
 
 
+@dataclass(frozen=True)
+class ToleranceSummary:
+    """DIFF keys judged against a tolerance (ok keys stay ok; hash-only DIFF keys are not judged)."""
+    tolerance: Tolerance
+    first_far: str | None               # smallest far key in dataflow order
+    n_close: int
+    n_far: int
+    n_unjudged: int                     # DIFF keys without both raw buffers (they stay DIFF)
+    n_missing: int                      # keys on one side only
+    verdict: dict[str, str]             # DIFF key -> "close" | "far", in dataflow order
+    metrics: dict[str, KeyMetrics]      # same keys
+
+    @property
+    def all_close(self) -> bool:
+        """Every key ok or close: no far key, no hash-only DIFF, nothing missing."""
+        return self.n_far == 0 and self.n_unjudged == 0 and self.n_missing == 0
+
+
 @dataclass
 class RunResult:
     settings: RunSettings
@@ -58,6 +77,7 @@ class RunResult:
     comparison: Comparison
     tokens: list[TokenSummary]
     _stats: dict[str, DiffStats] = field(default_factory=dict, repr=False)
+    _metrics: dict[str, KeyMetrics | None] = field(default_factory=dict, repr=False)
 
     @property
     def first_diff(self) -> str | None:
@@ -75,6 +95,33 @@ class RunResult:
                 return None
             self._stats[key] = diff_stats(a, b)
         return self._stats[key]
+
+    def metrics(self, key: str) -> KeyMetrics | None:
+        """Tolerance metrics (NMSE, max rel. err, max ULP) for a key; None when either raw buffer is absent."""
+        if key not in self._metrics:
+            a, b = self.ref.raw(key), self.sub.raw(key)
+            self._metrics[key] = None if a is None or b is None else key_metrics(a, b)
+        return self._metrics[key]
+
+    def tolerance(self, tol: Tolerance = Tolerance()) -> ToleranceSummary:
+        """Judge every DIFF key against ``tol`` (metrics computed on first use, per key, then cached)."""
+        verdict: dict[str, str] = {}
+        metrics: dict[str, KeyMetrics] = {}
+        first_far, unjudged = None, 0
+        for key, st in self.comparison.status.items():  # already in order_key order
+            if st is not Status.DIFF:
+                continue
+            m = self.metrics(key)
+            if m is None:
+                unjudged += 1
+                continue
+            metrics[key] = m
+            verdict[key] = CLOSE if tol.holds(m) else FAR
+            if verdict[key] == FAR and (first_far is None or order_key(key) < order_key(first_far)):
+                first_far = key
+        n_far = sum(1 for v in verdict.values() if v == FAR)
+        n_missing = self.comparison.counts[Status.MISSING_REF] + self.comparison.counts[Status.MISSING_SUB]
+        return ToleranceSummary(tol, first_far, len(verdict) - n_far, n_far, unjudged, n_missing, verdict, metrics)
 
 
 @dataclass(frozen=True)

@@ -176,3 +176,144 @@ def ulp_bin_labels(bins: Sequence[int] = ULP_BINS) -> list[str]:
         labels.append(str(hi) if hi - lo == 1 else f"{lo + 1}-{hi}")
         lo = hi
     return labels + [f">{bins[-1]}"]
+
+
+# ---- tolerance: ok / close / far ------------------------------------------
+#
+# A DIFF key whose raw buffers both exist is *close* when every criterion of
+# the tolerance holds and *far* otherwise; ok keys (bits equal) stay ok, and a
+# DIFF key without raw values on both sides (hash-only dumps) stays DIFF.
+#
+# NMSE is llama.cpp test-backend-ops' metric, sum((a-b)^2) / sum(a^2), with
+# ``a`` the *reference* (the denominator's side), computed in float64. Pairs
+# whose bits are equal contribute nothing, so matching NaN/inf elements are
+# skipped on both sides; a pair where either side is NaN or inf and the bits
+# differ (NaN vs a number, inf vs -inf, inf vs finite) is a non-finite
+# mismatch, which makes the key far whatever the tolerance (nmse and
+# max_rel_err inf). A zero denominator gives nmse 0 when the numerator is 0
+# too (e.g. -0 vs +0) and inf otherwise. The sums are scaled by a power of two
+# near the largest magnitude so that float64 denormals do not underflow to 0/0
+# and large float64 values do not overflow.
+
+CLOSE = "close"
+FAR = "far"
+_TOL_NAMES = ("nmse", "ulp", "rel")
+_TOL_HELP = "want nmse=X, ulp=N or rel=X, comma-combined, e.g. nmse=1e-7,ulp=4"
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """Criteria that must all hold for a DIFF key to be close; None = not checked.
+
+    The default is NMSE <= 1e-7 alone; a spec string names exactly the
+    criteria it wants (``ulp=4`` checks ULPs only).
+    """
+    nmse: float | None = 1e-7
+    ulp: int | None = None
+    rel: float | None = None
+
+    def spec(self) -> str:
+        parts = [f"nmse={self.nmse:g}" if self.nmse is not None else None,
+                 f"ulp={self.ulp}" if self.ulp is not None else None,
+                 f"rel={self.rel:g}" if self.rel is not None else None]
+        return ",".join(p for p in parts if p)
+
+    def holds(self, m: "KeyMetrics") -> bool:
+        if m.nonfinite:
+            return False
+        return ((self.nmse is None or m.nmse <= self.nmse)
+                and (self.ulp is None or m.max_ulp <= self.ulp)
+                and (self.rel is None or m.max_rel_err <= self.rel))
+
+
+def parse_tolerance(spec: str) -> Tolerance:
+    """``nmse=1e-7``, ``ulp=4``, ``rel=1e-3`` or ``default``, comma-combined (all must hold)."""
+    from ..errors import UsageError
+
+    text = spec.strip()
+    if text == "default":
+        return Tolerance()
+    if not text:
+        raise UsageError(f"--tol {spec!r}: empty tolerance ({_TOL_HELP})")
+    seen: dict[str, float | int] = {}
+    for part in text.split(","):
+        p = part.strip()
+        name, eq, value = p.partition("=")
+        name, value = name.strip().lower(), value.strip()
+        if not eq or not name or not value:
+            raise UsageError(f"--tol {spec!r}: {p!r} is not name=value ({_TOL_HELP})")
+        if name not in _TOL_NAMES:
+            raise UsageError(f"--tol {spec!r}: unknown criterion {name!r} ({_TOL_HELP})")
+        if name in seen:
+            raise UsageError(f"--tol {spec!r}: {name} given twice")
+        if name == "ulp":
+            try:
+                v: float | int = int(value)
+            except ValueError:
+                raise UsageError(f"--tol {spec!r}: ulp={value!r} is not a whole number of ULPs") from None
+            if v < 0:
+                raise UsageError(f"--tol {spec!r}: ulp={value!r} must be >= 0")
+        else:
+            try:
+                v = float(value)
+            except ValueError:
+                raise UsageError(f"--tol {spec!r}: {name}={value!r} is not a number") from None
+            if not (v >= 0) or v == float("inf"):  # NaN fails >= 0
+                raise UsageError(f"--tol {spec!r}: {name}={value!r} must be a finite number >= 0")
+        seen[name] = v
+    return Tolerance(nmse=seen.get("nmse"), ulp=seen.get("ulp"), rel=seen.get("rel"))
+
+
+@dataclass(frozen=True)
+class KeyMetrics:
+    nmse: float          # sum((ref-sub)^2) / sum(ref^2) over finite pairs; inf on a non-finite mismatch
+    max_rel_err: float   # max |ref-sub| / |ref| (a zero ref with a nonzero sub: inf)
+    max_ulp: int         # ulp_distance's max (NAN_ULP for a NaN mismatch)
+    nonfinite: int = 0   # differing pairs with NaN or inf on either side
+
+    def as_dict(self) -> dict:
+        def num(x: float):
+            return x if x != float("inf") else "inf"  # JSON has no inf
+        return {"nmse": num(self.nmse), "max_rel_err": num(self.max_rel_err), "max_ulp": self.max_ulp}
+
+
+UNCOMPARABLE = KeyMetrics(float("inf"), float("inf"), NAN_ULP, 1)  # shapes or dtypes differ
+
+
+def key_metrics(ref: np.ndarray, sub: np.ndarray) -> KeyMetrics:
+    """Tolerance metrics of one key; ``ref`` is the reference (NMSE's and rel. err's denominator)."""
+    try:
+        a, b = _prepare(ref, sub)
+    except ValueError:
+        return UNCOMPARABLE
+    if a.size == 0:
+        return KeyMetrics(0.0, 0.0, 0)
+    max_ulp = int(ulp_distance(a, b).max())
+    diff = _bits_differ(a, b)
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    finite = np.isfinite(a64) & np.isfinite(b64)
+    nonfinite = int((diff & ~finite).sum())
+    if nonfinite:
+        return KeyMetrics(float("inf"), float("inf"), max_ulp, nonfinite)
+    a64, b64 = a64[finite], b64[finite]  # bit-equal NaN/inf pairs drop out of both sums
+    d = np.abs(a64 - b64)
+    biggest = float(np.max(np.maximum(np.abs(a64), np.abs(b64)), initial=0.0))
+    if biggest == 0.0:
+        return KeyMetrics(0.0, 0.0, max_ulp)
+    scale = float(np.ldexp(1.0, np.frexp(biggest)[1]))  # a power of two: scaling itself rounds nothing
+    num = float(np.sum(np.square(d / scale)))
+    den = float(np.sum(np.square(a64 / scale)))
+    nmse = (0.0 if num == 0.0 else float("inf")) if den == 0.0 else num / den
+    absa = np.abs(a64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rel = np.where(d == 0.0, 0.0, np.where(absa == 0.0, np.inf, d / np.where(absa == 0.0, 1.0, absa)))
+    return KeyMetrics(nmse, float(rel.max(initial=0.0)), max_ulp)
+
+
+def classify(status: Status, ref: np.ndarray | None, sub: np.ndarray | None,
+             tol: Tolerance = Tolerance()) -> tuple[str, KeyMetrics | None]:
+    """("ok" | "close" | "far" | status.value, metrics): only a DIFF with both raw buffers is judged."""
+    if status is not Status.DIFF or ref is None or sub is None:
+        return status.value, None
+    m = key_metrics(ref, sub)
+    return (CLOSE if tol.holds(m) else FAR), m
