@@ -115,7 +115,8 @@ import numpy as np
 from ..files import create_whole_path, is_partial_name
 from .config import QK, Config, ModelError
 from .progress import Progress, Tally
-from .weights import FORMATS, Layer, Linear, Model, linear_from_ggml, make_linear, rope_tables
+from .weights import (FORMATS, Layer, Linear, Model, linear_from_ggml, linear_from_rows, make_linear,
+                      rope_tables)
 
 F32 = np.float32
 
@@ -424,8 +425,9 @@ class _Reader:
             self._finite(name, scales)
             return _linear_from_q4_bytes(raw, out, inp, self.fmt)
         if len(shape) == 2 or self.fmt == "f32":
-            if len(shape) == 2:
-                return make_linear(self._finite(name, _widen(t)), self.fmt)
+            if len(shape) == 2:  # a bounded number of rows at a time: a vocabulary-sized F16 matrix
+                return linear_from_rows(  # never exists whole in f32 (the bytes equal make_linear's)
+                    lambda r0, r1: self._finite(name, _widen(t, slice(r0, r1))), out, inp, self.fmt)
             w = np.empty(shape, F32)
             for e in range(shape[0]):
                 w[e] = self._finite(name, _widen(t, e))
