@@ -16,7 +16,15 @@ from .model.weights import Model
 from .trace.compare import NAN_ULP, Status, parse_tolerance
 
 def load_model_args(args: argparse.Namespace, progress=None) -> Model:
-    """The model the options name; a checkpoint shows a progress bar on a terminal (or calls `progress`)."""
+    """The model the options name; a checkpoint shows a progress bar on a terminal (or calls `progress`),
+    and what the loader noted (a GGUF tokenizer left unused) goes to stderr as `note:` lines."""
+    model = _load_with_bar(args, progress)
+    for note in model.notes:
+        err_console.print(f"note: {note}")
+    return model
+
+
+def _load_with_bar(args: argparse.Namespace, progress) -> Model:
     if progress is not None or args.model is None or not err_console.is_terminal:
         return model_from_options(args, progress)
     from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn

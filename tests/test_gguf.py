@@ -333,6 +333,20 @@ def test_other_tokenizers_are_not_used_and_say_so(hf_dirs, tmp_path):
     notes: list[str] = []
     model = kg.load_gguf_model(path, "f32", notes=notes)
     assert model.tokenizer is None and len(notes) == 1 and kg.NO_TOKENIZER in notes[0] and "llama-bpe" in notes[0]
+    assert model.notes == tuple(notes)
+
+
+def test_the_cli_says_why_a_gguf_has_no_tokenizer(hf_dirs, tmp_path, capsys):
+    hf_dir = tmp_path / "dense"
+    shutil.copytree(hf_dirs["dense"], hf_dir)
+    path = tmp_path / "llama-bpe.gguf"
+    _converter_gguf(hf_dir, path, {}, extra=[
+        lambda w: w.add_tokenizer_model("gpt2"), lambda w: w.add_tokenizer_pre("llama-bpe"),
+        lambda w: w.add_token_list([f"t{i}" for i in range(256)]), lambda w: w.add_token_merges(["t 1"])])
+    code, out, err = run(capsys, "generate", "--model", path, "--tokens", "1", "--prompt-ids", "1,2")
+    assert code == 0 and err.startswith("note: ") and kg.NO_TOKENIZER in err
+    code, out, err = run(capsys, "generate", "--model", path, "--tokens", "1", "--prompt", "hi")
+    assert code == 2 and "--prompt needs a model with a tokenizer" in err and "llama-bpe" in err
 
 
 # ---------------------------------------------------------------- the CLI

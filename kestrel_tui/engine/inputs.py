@@ -36,7 +36,9 @@ def resolve_prompt(args: argparse.Namespace, model: Model, n_new: int | None = N
             raise UsageError(f"--prompt-ids: token id {bad[0]} is outside the vocabulary 0..{cfg.vocab - 1}")
     elif getattr(args, "prompt", None) is not None:
         if model.tokenizer is None:
-            raise UsageError("--prompt needs a model with tokenizer.json; use --prompt-ids for this model")
+            why = f" ({model.notes[0]})" if model.notes else ""
+            raise UsageError(f"--prompt needs a model with a tokenizer (tokenizer.json, or a GGUF's own){why};"
+                             f" use --prompt-ids for this model")
         ids = model.tokenizer.encode(args.prompt).ids
     else:
         ids = default_prompt(cfg.vocab)

@@ -484,7 +484,8 @@ def load_gguf_model(path: str | Path, weights: str = "q4_0", kv: str | None = No
     name = f.get("general.name", "str", required=False) or path.stem
     inv_freq, scale = rope_tables(cfg)
     return Model(cfg=cfg, fmt=weights, name=name, embed_tokens=embed, layers=tuple(layers), norm=norm,
-                 lm_head=lm_head, inv_freq=inv_freq, attn_scale=scale, tokenizer=tokenizer)
+                 lm_head=lm_head, inv_freq=inv_freq, attn_scale=scale, tokenizer=tokenizer,
+                 notes=(note,) if note else ())
 
 
 def _read_tokenizer(f: _File):

@@ -175,6 +175,7 @@ class Model:
     inv_freq: np.ndarray  # f32 [head_dim/2], a model constant shared with the GPU
     attn_scale: np.float32
     tokenizer: object | None = None
+    notes: tuple[str, ...] = ()  # what the user should know about the load (a tokenizer left unused)
 
     @property
     def n_layers(self) -> int:
