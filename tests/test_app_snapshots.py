@@ -55,3 +55,14 @@ def test_main_screen_after_toggles(snap_compare, small_model, tmp_path):
 def test_main_screen_too_small(snap_compare, small_model, tmp_path):
     """Below 80x24: one centred line asking for room, instead of panels that cannot fit."""
     assert snap_compare(make_app(small_model, tmp_path), terminal_size=(60, 20), run_before=settle)
+
+
+def test_main_screen_tolerance(snap_compare, small_model, tmp_path):
+    """Tolerance on (T once: nmse <= 1e-7): DIFF keys read close/far, the status names the first far key
+    and the detail panel shows the first DIFF's NMSE, max rel. err, max ULP and verdict."""
+    async def run_before(pilot):
+        await settle(pilot)
+        await pilot.press("T")
+        await settle(pilot)
+
+    assert snap_compare(make_app(small_model, tmp_path), terminal_size=(120, 40), run_before=run_before)

@@ -10,8 +10,8 @@ from textual.message import Message
 
 from ..engine.bisect import BisectResult
 from ..engine.run import Position, Trace
-from ..engine.session import HistoryEntry, RunResult
-from ..trace.compare import Status
+from ..engine.session import HistoryEntry, RunResult, ToleranceSummary
+from ..trace.compare import Status, Tolerance
 from .source import Loaded
 
 
@@ -85,6 +85,16 @@ class BisectDone(RunMessage):
         super().__init__(run_id)
         self.outcome = outcome
         self.result = result
+
+
+class ToleranceReady(RunMessage):
+    """A finished run's DIFF keys judged against one tolerance (the screen drops it if either changed)."""
+    def __init__(self, run_id: int, tol: Tolerance, summary: ToleranceSummary | None,
+                 error: BaseException | None = None) -> None:
+        super().__init__(run_id)
+        self.tol = tol
+        self.summary = summary
+        self.error = error
 
 
 class ExportDone(Message):

@@ -78,6 +78,21 @@ class Board:
         self.first_diff: str | None = None
         self.first_mismatch: str | None = None
         self.raw_sub: RawGetter = _no_raw
+        self.tolerance = None  # engine.session.ToleranceSummary of the finished run, or None: plain ok/DIFF
+
+    def set_tolerance(self, summary) -> None:
+        """DIFF keys judged close/far (a ToleranceSummary), or None for the plain DIFF view."""
+        self.version += 1
+        self.tolerance = summary
+
+    def verdict(self, key: str | None) -> str | None:
+        """"close" | "far" for a judged DIFF key under the current tolerance; None otherwise."""
+        tol = self.tolerance
+        return None if tol is None or key is None else tol.verdict.get(key)
+
+    @property
+    def first_far(self) -> str | None:
+        return None if self.tolerance is None else self.tolerance.first_far
 
     # ---- filling ---------------------------------------------------------
 

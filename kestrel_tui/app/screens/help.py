@@ -13,6 +13,9 @@ from textual.widgets import Static
 LEGEND = [
     ("ok", "grid: hashes equal", "green"),
     ("DIFF", "grid: hashes differ (▶ and bright red: the first DIFF in dataflow order)", "bold white on red"),
+    ("close", "grid, tolerance on (T): a DIFF key whose raw values are within the tolerance", "black on yellow"),
+    ("far", "grid, tolerance on (T): a DIFF key outside it (the status line names the first far key)",
+     "bold white on red"),
     ("·", "pending: the subject has not reached this position yet", "bright_black"),
     ("-sub", "missing: the named side has no such key (diff mode: -A / -B)", "black on yellow"),
     ("✓ ✗ ! · ?", "token strip: ok, DIFF, top-1 flip, pending, missing; shaded = prompt", ""),

@@ -25,8 +25,8 @@ from textual.widgets import Footer, Label
 
 from ...backends.toggles import OWNERS, TOGGLES
 from ...engine.run import Position, Trace
-from ...engine.session import RunResult, RunSettings, Session
-from ...trace.compare import Status, compare
+from ...engine.session import RunResult, RunSettings, Session, ToleranceSummary
+from ...trace.compare import Status, Tolerance, compare
 from ...trace.keys import layer_fields, parse_key
 from .. import messages as msg
 from .. import workers
@@ -45,6 +45,10 @@ from .navigation import GridNavigation
 MIN_SIZE = (80, 24)  # the smallest terminal the layout supports (app.tcss's narrow form)
 DIFFS = Binding.Group("DIFF")
 TOKEN = Binding.Group("token")
+
+# The tolerance key's cycle: off (plain ok/DIFF) first, so a fresh app looks as it always did.
+TOLERANCES: tuple[Tolerance | None, ...] = (None, Tolerance(), Tolerance(nmse=1e-4), Tolerance(nmse=None, ulp=4))
+HASH_ONLY = "no raw values: hash-only dumps, so DIFF keys stay DIFF"
 
 # Actions that need a model; diff mode hides them (check_action).
 RUN_ACTIONS = {"toggle", "all_exact", "all_fast", "switch", "rerun", "bisect", "iso", "cancel"}
@@ -79,6 +83,8 @@ class MainScreen(GridNavigation, Screen):
         Binding("r", "rerun", "rerun", tooltip="rerun the subject with the current settings"),
         Binding("b", "bisect", "bisect", tooltip="bisect: switch owners of the first DIFF to exact until all ok"),
         Binding("i", "iso", "iso", tooltip="iso view: batch-verify (M columns) vs M=1 decode, logits byte by byte"),
+        Binding("T", "tolerance", "tolerance", show=False,
+                tooltip="cycle the tolerance: off, nmse<=1e-7, nmse<=1e-4, max ULP<=4; DIFF keys read close/far"),
         Binding("x", "export", "export", tooltip="export a snapshot: both dumps, report.json, SVG, in a new folder"),
         Binding("a", "all_exact", "all exact", show=False, tooltip="switch every op to exact"),
         Binding("0", "all_fast", "all fast", show=False, tooltip="switch every op to fast"),
@@ -110,6 +116,9 @@ class MainScreen(GridNavigation, Screen):
         self._detail_key: tuple | None = None
         self._bisect_start: RunSettings | None = None
         self._exporting = False
+        self.tol_index = 0  # into TOLERANCES
+        self._judging = 0  # the run id a tolerance worker is judging for; 0: none
+        self._said_hash_only = False
 
     # ---- layout ----------------------------------------------------------
 
@@ -163,7 +172,7 @@ class MainScreen(GridNavigation, Screen):
     @property
     def busy(self) -> bool:
         """A worker is loading, running or bisecting (tests and the benchmark wait on this)."""
-        return self.phase in ("loading", "reference", "running", "bisecting") or self._exporting
+        return self.phase in ("loading", "reference", "running", "bisecting") or self._exporting or bool(self._judging)
 
     # ---- diff mode -------------------------------------------------------
 
@@ -260,6 +269,7 @@ class MainScreen(GridNavigation, Screen):
         quiet_gc(False)
         self.cancel_all()
         self._bisect_start = None  # a bisection in flight is superseded; its messages turn stale
+        self._judging = 0  # so is a tolerance judgement (the board's reset drops its summary)
         self._run_id += 1
         self._cancel = threading.Event()
         self.phase = phase
@@ -335,16 +345,82 @@ class MainScreen(GridNavigation, Screen):
         self.phase = "idle"
         quiet_gc(True)
         self.status.set_progress(None, None)
+        self._result_status()
+        if self.follow and self.board.first_diff:
+            self._goto(self.board.first_diff, keep_follow=True)
+        self._refresh_all()
+        if self.tolerance is not None:
+            self._judge()
+
+    def _result_status(self) -> None:
+        """The status line of the finished run, with the tolerance's verdicts once they are in."""
+        result = self.result
         cmp = result.comparison
         flips = sum(1 for s in result.tokens if s.flip)
         if result.all_ok:
             self.status.set_text(f"all ok · {len(cmp.status)} keys identical · {result.settings.label()}", "ok")
-        else:
-            n = cmp.counts.get(Status.DIFF, 0)
-            self.status.set_text(f"first DIFF {cmp.first_diff} · {n} DIFF keys · {flips} top-1 flips"
-                                 f" · {result.settings.label()}", "diff")
-        if self.follow and self.board.first_diff:
-            self._goto(self.board.first_diff, keep_follow=True)
+            return
+        # most telling first: at 80 columns the tail is cut
+        n = cmp.counts.get(Status.DIFF, 0)
+        counts = f"{n} DIFF keys"
+        summary: ToleranceSummary | None = self.board.tolerance if self.board is not None else None
+        tol = self.tolerance
+        if summary is not None:
+            far = summary.first_far or "— (every DIFF key close)"
+            counts = f"first far {far} at {tol.spec()} · {summary.n_close} close · {summary.n_far} far"
+            if summary.n_unjudged:
+                counts += f" · {summary.n_unjudged} hash-only"
+        elif tol is not None:
+            counts = f"judging at {tol.spec()}… · {counts}"
+        self.status.set_text(f"first DIFF {cmp.first_diff} · {counts} · {flips} top-1 flips"
+                             f" · {result.settings.label()}", "diff")
+
+    # ---- tolerance -------------------------------------------------------
+
+    @property
+    def tolerance(self) -> Tolerance | None:
+        return TOLERANCES[self.tol_index]
+
+    def action_tolerance(self) -> None:
+        if self.diff_mode:
+            if not self._said_hash_only:  # said once: every further press would say the same
+                self._said_hash_only = True
+                self.notify(HASH_ONLY, title="tolerance", severity="warning", markup=False)
+            return
+        self.tol_index = (self.tol_index + 1) % len(TOLERANCES)
+        self._judging = 0  # a judgement in flight is for the previous tolerance: its message is dropped
+        if self.board is not None:
+            self.board.set_tolerance(None)
+        if self.result is not None and self.phase == "idle":
+            self._result_status()
+            if self.tolerance is not None:
+                self._judge()
+        elif self.tolerance is not None and self.phase != "error":
+            self.status.set_text(f"tolerance {self.tolerance.spec()}: DIFF keys are judged when the run finishes",
+                                 "busy" if self.busy else "")
+        self._refresh_all()
+
+    def _judge(self) -> None:
+        """Judge the finished run's DIFF keys off the UI thread (~0.4 s on the default model)."""
+        result, tol = self.result, self.tolerance
+        if result is None or tol is None or result.all_ok:
+            return
+        self._judging = self._run_id
+        self._result_status()
+        self.run_worker(partial(workers.judge, result, tol, self._run_id, self.post_message), thread=True,
+                        group="judge", exit_on_error=False)
+
+    def on_tolerance_ready(self, m: msg.ToleranceReady) -> None:
+        if not self._current(m) or m.tol != self.tolerance or self.result is None:
+            return  # a newer run or another tolerance: a newer judgement (if any) is on its way
+        self._judging = 0
+        if m.error is not None:
+            text = _one_line(m.error)
+            self.status.set_text(f"tolerance failed: {text}", "error")
+            self.notify(text, title="tolerance", severity="error", markup=False)
+            return
+        self.board.set_tolerance(m.summary)
+        self._result_status()
         self._refresh_all()
 
     def on_run_cancelled(self, m: msg.RunCancelled) -> None:
@@ -583,7 +659,8 @@ class MainScreen(GridNavigation, Screen):
             return
         key = board.key(c.t, c.row, c.col)
         # recompute only when the key or what is known about it changed (stats are the costly part)
-        stamp = (self._run_id, key, board.cell(key, c.t), board.first_diff, self._ref is not None)
+        stamp = (self._run_id, key, board.cell(key, c.t), board.first_diff, self._ref is not None,
+                 id(board.tolerance))
         if stamp == self._detail_key:
             return
         self._detail_key = stamp

@@ -6,7 +6,9 @@ hashes only). They are computed when the cursor lands on a key — a few
 microseconds for the default model, a few milliseconds for a 152k-entry
 logits row — and cached per (run, key), so redraws are free. The histogram
 lists the buckets that hold elements (0, 1, 2, 3-4, 5-8, ... ULP); bars scale
-to the panel's width at draw time.
+to the panel's width at draw time. With a tolerance on (key T), a DIFF key also
+shows its NMSE, max rel. err and max ULP and its close/far verdict, read from
+the engine's ToleranceSummary on the board (computed in a worker, not here).
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from rich.text import Text
 from textual.widget import Widget
 
 from ...backends.toggles import OWNERS, TOGGLES
-from ...trace.compare import NAN_ULP, DiffStats, Status, diff_stats, ulp_bin_labels, ulp_histogram
+from ...trace.compare import NAN_ULP, DiffStats, KeyMetrics, Status, diff_stats, ulp_bin_labels, ulp_histogram
 from ...trace.keys import parse_key
 
 BIN_LABELS = ulp_bin_labels()
@@ -38,6 +40,10 @@ class KeyInfo:
     stats: DiffStats | None = None
     hist: list[int] | None = None
     raw_note: str | None = None
+    metrics: KeyMetrics | None = None   # NMSE, max rel. err, max ULP: a DIFF key under a tolerance
+    verdict: str | None = None          # "close" | "far" under `tol`
+    tol: str | None = None              # the tolerance's spec, e.g. "nmse=1e-07"
+    first_far: bool = False
 
 
 def key_info(board, key: str | None, t: int) -> KeyInfo | None:
@@ -47,6 +53,10 @@ def key_info(board, key: str | None, t: int) -> KeyInfo | None:
     status = board.cell(key, t)
     a_hash, b_hash = board.hashes(key)
     info = KeyInfo(key, status, key == board.first_diff, a_hash, b_hash, board.sides)
+    summary = board.tolerance
+    if summary is not None and status is Status.DIFF:  # computed by the engine in a worker (workers.judge)
+        info.metrics, info.verdict = summary.metrics.get(key), summary.verdict.get(key)
+        info.tol, info.first_far = summary.tolerance.spec(), key == summary.first_far
     a, b = board.raw_ref(key), board.raw_sub(key)
     if a is None and b is None:
         info.raw_note = "hashes only (no raw buffers)" if not board.live else None
@@ -78,7 +88,7 @@ def _num(x, dtype: str | None) -> str:
 
 class DetailPanel(Widget, can_focus=False):
     COMPONENT_CLASSES = {"detail--key", "detail--ok", "detail--diff", "detail--missing", "detail--pending",
-                         "detail--dim", "detail--bar", "detail--first"}
+                         "detail--dim", "detail--bar", "detail--first", "detail--close", "detail--far"}
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
@@ -111,6 +121,8 @@ class DetailPanel(Widget, can_focus=False):
                 lines.append(meta)
         if info.raw_note:
             lines.append(Text(info.raw_note, style=self._s("detail--dim")))
+        if info.metrics is not None:
+            lines.append(self._metrics(info))
         s = info.stats
         if s is not None:
             ulp = "NaN" if s.max_ulp == NAN_ULP else str(s.max_ulp)
@@ -140,14 +152,28 @@ class DetailPanel(Widget, can_focus=False):
         label = label or (info.status.value if info.status is not None else "")
         head.append("  ")
         head.append(label, style=self._s(st_style.get(info.status, "detail--dim")))
+        if info.verdict:
+            head.append(f" {info.verdict}", style=self._s(f"detail--{info.verdict}"))
         if info.first:
             head.append("  first DIFF", style=self._s("detail--first"))
+        if info.first_far:
+            head.append("  first far", style=self._s("detail--first"))
         if compact:
             meta = self._meta(info)
             if meta:
                 head.append("  ")
                 head.append_text(meta)
         return head
+
+    def _metrics(self, info: KeyInfo) -> Text:
+        m = info.metrics
+        ulp = "NaN" if m.max_ulp == NAN_ULP else str(m.max_ulp)
+        # the verdict first (the tolerance itself is on the status line): a 40-column panel fits it all
+        line = Text()
+        if info.verdict:
+            line.append(f"{info.verdict} ", style=self._s(f"detail--{info.verdict}"))
+        line.append(f"nmse {m.nmse:.3g} rel {m.max_rel_err:.3g} ulp {ulp}")
+        return line
 
     def _meta(self, info: KeyInfo) -> Text:
         meta = Text()

@@ -16,7 +16,7 @@ from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from ...trace.compare import Status
+from ...trace.compare import CLOSE, FAR, Status
 from ..state import Board, Cursor
 
 LABEL_W = 7  # "logits" + the first-DIFF marker
@@ -31,14 +31,17 @@ _CLASS = {
     Status.MISSING_REF: "grid--missing",
 }
 
+_VERDICT_CLASS = {CLOSE: "grid--close", FAR: "grid--far"}
 
-def cell_text(status: Status | None, sides: tuple[str, str]) -> str:
+
+def cell_text(status: Status | None, sides: tuple[str, str], verdict: str | None = None) -> str:
+    """verdict: "close" | "far" for a DIFF key judged under a tolerance (Board.verdict)."""
     if status is None:
         return ""
     if status is Status.OK:
         return "ok"
     if status is Status.DIFF:
-        return "DIFF"
+        return verdict or "DIFF"
     if status is Status.PENDING:
         return "·"
     # a key one side lacks: name the side that lacks it, so it never reads as a DIFF
@@ -56,7 +59,7 @@ class HashGrid(ScrollView, can_focus=False):
 
     COMPONENT_CLASSES = {
         "grid--header", "grid--label", "grid--label-cursor", "grid--ok", "grid--diff", "grid--first",
-        "grid--pending", "grid--missing", "grid--cursor", "grid--marker",
+        "grid--pending", "grid--missing", "grid--cursor", "grid--marker", "grid--close", "grid--far",
     }
 
     class CellClicked(Message):
@@ -191,13 +194,14 @@ class HashGrid(ScrollView, can_focus=False):
         for c in range(n):
             key = board.key(t, row, c)
             status = board.cell(key, t)
-            style = st[_CLASS[status]] if status is not None else st["none"]
+            verdict = board.verdict(key) if status is Status.DIFF else None
+            style = st[_VERDICT_CLASS[verdict] if verdict else _CLASS[status]] if status is not None else st["none"]
             if key == first and key is not None:
                 style = style + st["grid--first"]
                 marker = "▶"
             if is_cursor_row and (c == cur.col or n == 1):
                 style = style + st["grid--cursor"]
-            cells.append(Segment(cell_text(status, sides).center(CELL_W), style))
+            cells.append(Segment(cell_text(status, sides, verdict).center(CELL_W), style))
             cells.append(Segment(" "))
         lab = st["grid--label"] + st["grid--label-cursor"] if is_cursor_row else st["grid--label"]
         label = [Segment(board.rows[row].ljust(LABEL_W - 1), lab),
