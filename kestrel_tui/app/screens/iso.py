@@ -111,7 +111,7 @@ class IsoScreen(Screen):
                 return
             self.post_message(IsoDone(run_id, cols))
 
-        self.run_worker(work, thread=True, group="iso", exit_on_error=False)
+        self.run_worker(work, thread=True, group="iso", name="iso", exit_on_error=False)
 
     @property
     def busy(self) -> bool:

@@ -212,7 +212,8 @@ class MainScreen(GridNavigation, Screen):
         self.status.set_text("loading the model…", "busy")
         self.status.set_progress(0, None)
 
-        self.run_worker(partial(workers.load, loader, self.post_message), thread=True, group="load",
+        self.run_worker(partial(workers.load, loader, self.post_message), thread=True, group="load", name="load",
+                        description="load the model",
                         exclusive=True, exit_on_error=False)
 
     def on_load_progress(self, m: msg.LoadProgress) -> None:
@@ -294,7 +295,8 @@ class MainScreen(GridNavigation, Screen):
         what = "computing the reference, then running" if self._ref is None else "running"
         self.status.set_text(f"{what} {session.subject} ({settings.label()})", "busy")
         self.run_worker(partial(workers.decode, session, settings, run_id, cancel, self._run_lock, self.post_message),
-                        thread=True, group="run", exit_on_error=False)
+                        thread=True, group="run", name="run", description="decode reference and subject",
+                        exit_on_error=False)
 
     def _current(self, m: msg.RunMessage) -> bool:
         return m.run_id == self._run_id
@@ -407,8 +409,11 @@ class MainScreen(GridNavigation, Screen):
             return
         self._judging = self._run_id
         self._result_status()
+        # described: Textual describes a worker by repr(work) otherwise, and a RunResult's repr
+        # prints every raw buffer (27 s on the default model)
         self.run_worker(partial(workers.judge, result, tol, self._run_id, self.post_message), thread=True,
-                        group="judge", exit_on_error=False)
+                        group="judge", name="judge", description="judge DIFF keys against the tolerance",
+                        exit_on_error=False)
 
     def on_tolerance_ready(self, m: msg.ToleranceReady) -> None:
         if not self._current(m) or m.tol != self.tolerance or self.result is None:
@@ -464,7 +469,8 @@ class MainScreen(GridNavigation, Screen):
         self.status.set_progress(0, None)
         self.status.set_text(f"bisecting from {start.label()}…", "busy")
         self.run_worker(partial(workers.bisection, session, start, run_id, cancel, self._run_lock,
-                                self.post_message), thread=True, group="run", exit_on_error=False)
+                                self.post_message), thread=True, group="run", name="bisect",
+                        description="bisect the toggles", exit_on_error=False)
 
     def on_bisect_move(self, m: msg.BisectMove) -> None:
         if not self._current(m):
@@ -592,7 +598,8 @@ class MainScreen(GridNavigation, Screen):
             toasts.set(display=True)
         self.status.set_text(f"exporting to {final_name(folder)}…", "busy")
         self.run_worker(partial(workers.export, folder, svg, write, self.post_message), thread=True,
-                        group="export", exit_on_error=False)
+                        group="export", name="export", description="write an export folder",
+                        exit_on_error=False)
 
     def on_export_done(self, m: msg.ExportDone) -> None:
         self._exporting = False
