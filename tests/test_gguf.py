@@ -323,13 +323,19 @@ def test_tokenizer_round_trip(hf_dirs, tmp_path):
         assert fields2[key].contents() == fields[key].contents(), key
 
 
-def test_other_tokenizers_are_not_used_and_say_so(hf_dirs, tmp_path):
+def _llama_bpe_gguf(hf_dirs, tmp_path) -> Path:
+    """The dense model as a GGUF whose tokenizer (gpt2 with llama-bpe pre) we do not rebuild."""
     hf_dir = tmp_path / "dense"
     shutil.copytree(hf_dirs["dense"], hf_dir)
     path = tmp_path / "llama-bpe.gguf"
     _converter_gguf(hf_dir, path, {}, extra=[
         lambda w: w.add_tokenizer_model("gpt2"), lambda w: w.add_tokenizer_pre("llama-bpe"),
         lambda w: w.add_token_list([f"t{i}" for i in range(256)]), lambda w: w.add_token_merges(["t 1"])])
+    return path
+
+
+def test_other_tokenizers_are_not_used_and_say_so(hf_dirs, tmp_path):
+    path = _llama_bpe_gguf(hf_dirs, tmp_path)
     notes: list[str] = []
     model = kg.load_gguf_model(path, "f32", notes=notes)
     assert model.tokenizer is None and len(notes) == 1 and kg.NO_TOKENIZER in notes[0] and "llama-bpe" in notes[0]
@@ -337,12 +343,7 @@ def test_other_tokenizers_are_not_used_and_say_so(hf_dirs, tmp_path):
 
 
 def test_the_cli_says_why_a_gguf_has_no_tokenizer(hf_dirs, tmp_path, capsys):
-    hf_dir = tmp_path / "dense"
-    shutil.copytree(hf_dirs["dense"], hf_dir)
-    path = tmp_path / "llama-bpe.gguf"
-    _converter_gguf(hf_dir, path, {}, extra=[
-        lambda w: w.add_tokenizer_model("gpt2"), lambda w: w.add_tokenizer_pre("llama-bpe"),
-        lambda w: w.add_token_list([f"t{i}" for i in range(256)]), lambda w: w.add_token_merges(["t 1"])])
+    path = _llama_bpe_gguf(hf_dirs, tmp_path)
     code, out, err = run(capsys, "generate", "--model", path, "--tokens", "1", "--prompt-ids", "1,2")
     assert code == 0 and err.startswith("note: ") and kg.NO_TOKENIZER in err
     code, out, err = run(capsys, "generate", "--model", path, "--tokens", "1", "--prompt", "hi")
