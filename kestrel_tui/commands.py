@@ -235,7 +235,6 @@ def print_tolerance(summary) -> None:
 
 def cmd_bisect(args: argparse.Namespace) -> int:
     from .engine.bisect import bisect
-
     from .trace.compare import Tolerance
 
     _check_subject(args.subject)
@@ -246,9 +245,7 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     session = _session(args)
 
     def line(move) -> str:
-        if tol is None:
-            return move.line()
-        return f"{move.change:<14} {move.before or 'no far key'} -> {move.after or 'no far key'}"
+        return move.line() if tol is None else move.line(none="no far key")
 
     with console.status("bisecting") as status:
         session.reference()

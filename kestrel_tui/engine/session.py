@@ -78,6 +78,7 @@ class RunResult:
     tokens: list[TokenSummary]
     _stats: dict[str, DiffStats] = field(default_factory=dict, repr=False)
     _metrics: dict[str, KeyMetrics | None] = field(default_factory=dict, repr=False)
+    _summaries: dict[Tolerance, ToleranceSummary] = field(default_factory=dict, repr=False)
 
     @property
     def first_diff(self) -> str | None:
@@ -104,7 +105,13 @@ class RunResult:
         return self._metrics[key]
 
     def tolerance(self, tol: Tolerance = Tolerance()) -> ToleranceSummary:
-        """Judge every DIFF key against ``tol`` (metrics computed on first use, per key, then cached)."""
+        """Judge every DIFF key against ``tol`` (metrics computed on first use, per key, then cached;
+        the summary cached per tolerance: bisection asks for it several times a trial)."""
+        if tol not in self._summaries:
+            self._summaries[tol] = self._judge(tol)
+        return self._summaries[tol]
+
+    def _judge(self, tol: Tolerance) -> ToleranceSummary:
         verdict: dict[str, str] = {}
         metrics: dict[str, KeyMetrics] = {}
         first_far, unjudged = None, 0
@@ -117,7 +124,7 @@ class RunResult:
                 continue
             metrics[key] = m
             verdict[key] = CLOSE if tol.holds(m) else FAR
-            if verdict[key] == FAR and (first_far is None or order_key(key) < order_key(first_far)):
+            if verdict[key] == FAR and first_far is None:  # statuses come in dataflow order
                 first_far = key
         n_far = sum(1 for v in verdict.values() if v == FAR)
         n_missing = self.comparison.counts[Status.MISSING_REF] + self.comparison.counts[Status.MISSING_SUB]
@@ -135,9 +142,10 @@ class HistoryEntry:
     def change(self) -> str:
         return " ".join(self.changes) if self.changes else "start"
 
-    def line(self) -> str:
+    def line(self, none: str = "all ok") -> str:
+        """`none` names the target reached when there is no key to show (bisect --target far: "no far key")."""
         def show(k):
-            return k or "all ok"
+            return k or none
         return f"{self.change:<14} {show(self.before)} -> {show(self.after)}"
 
 
