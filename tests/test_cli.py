@@ -9,21 +9,9 @@ import pytest
 
 from kestrel_tui.backends.base import NumpyBackend
 from kestrel_tui.backends.toggles import OWNERS, TOGGLES
-from kestrel_tui.cli import main
 from kestrel_tui.trace.keys import order_key
 
-
-def run(capsys, *argv):
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def one_line_error(err: str) -> str:
-    lines = [l for l in err.strip().splitlines() if l.strip()]
-    assert len(lines) == 1, err
-    assert "Traceback" not in err
-    return lines[0]
+from clitools import one_line_error, run_cli as run
 
 
 def test_dump_twice_identical_and_never_overwritten(tmp_path, capsys):

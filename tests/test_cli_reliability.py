@@ -12,19 +12,9 @@ import pytest
 
 from kestrel_tui.cli import main
 
+from clitools import one_line_error, run_cli as run
+
 MARKUP_TAGS = ["a[/b]", "t0_l0_[/x]", "[red]x", "[bold]t1_emb[/bold]"]
-
-
-def run(capsys, *argv):
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def one_line_error(err: str) -> str:
-    lines = [l for l in err.strip().splitlines() if l.strip()]
-    assert len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
 
 
 def write(path: Path, items) -> Path:

@@ -20,11 +20,12 @@ from gguf import GGMLQuantizationType as QT  # noqa: E402
 from safetensors.numpy import load_file, save_file  # noqa: E402
 
 from kestrel_tui.backends.base import NumpyBackend  # noqa: E402
-from kestrel_tui.cli import main  # noqa: E402
 from kestrel_tui.engine.run import run_decode  # noqa: E402
 from kestrel_tui.model import gguf as kg  # noqa: E402
 from kestrel_tui.model.config import ModelError  # noqa: E402
 from kestrel_tui.model.hf import load_model  # noqa: E402
+
+from clitools import one_line_error as one_line, run_cli as run  # noqa: E402
 
 PROMPT, N_NEW = [3, 17, 42], 3  # 6 positions: a prefill step of 3 and 3 decode steps
 
@@ -70,19 +71,6 @@ def _hashes(model) -> dict[str, int]:
 def _logits(model) -> np.ndarray:
     trace = run_decode(NumpyBackend(model, kv="f32"), PROMPT, N_NEW, forced=[5, 6, 7], raw=False)
     return np.stack([p.logits for p in trace.positions])
-
-
-def run(capsys, *argv):
-    capsys.readouterr()  # drop what the test printed so far (save_pretrained's progress bar)
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def one_line(err: str) -> str:
-    lines = [line for line in err.strip().splitlines() if line.strip()]
-    assert len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
 
 
 # ---------------------------------------------------------------- our export, read back

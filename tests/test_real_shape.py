@@ -12,7 +12,8 @@ transformers = pytest.importorskip("transformers")
 
 from kestrel_tui.app.app import KestrelApp  # noqa: E402
 from kestrel_tui.app.source import LiveSource, args_loader  # noqa: E402
-from kestrel_tui.cli import main  # noqa: E402
+
+from clitools import run_cli as run  # noqa: E402
 
 PROMPT = [1, 2, 3, 151935, 100000]
 N_TOKENS = 3
@@ -40,12 +41,6 @@ def hf_greedy(folder) -> list[int]:
     with torch.no_grad():
         out = hf.generate(torch.tensor([PROMPT]), max_new_tokens=N_TOKENS, do_sample=False)
     return out[0, len(PROMPT):].tolist()
-
-
-def run(capsys, *argv):
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.mark.parametrize("weights", ["q4_0", "f32"])
