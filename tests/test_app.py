@@ -141,7 +141,6 @@ async def test_switches_and_all_exact(small_model, tmp_path):
         assert main.result.settings.exact == frozenset()
 
 
-
 async def test_history_counts_changes_not_words(small_model, tmp_path):
     """Two switches in one run (the first run cancelled by the second key) are two changes."""
     gate = threading.Event()
