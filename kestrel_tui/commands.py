@@ -40,7 +40,7 @@ def _load_with_bar(args: argparse.Namespace, progress) -> Model:
 
 
 def cmd_dump(args: argparse.Namespace) -> int:
-    from .engine.build import make_backend
+    from .engines.build import make_backend
     from .engine.run import run_decode
     from .trace.dump import DumpWriter
 
@@ -274,7 +274,7 @@ def cmd_bisect(args: argparse.Namespace) -> int:
 
 def cmd_iso(args: argparse.Namespace) -> int:
     from .backends.toggles import parse_exact
-    from .engine.build import make_backend
+    from .engines.build import make_backend
     from .engine.iso import iso
 
     _check_subject(args.subject)

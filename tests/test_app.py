@@ -30,7 +30,7 @@ from kestrel_tui.app.state import Cursor
 from kestrel_tui.app.widgets.grid import LABEL_W, STEP, cell_text
 from kestrel_tui.backends.toggles import TOGGLES
 from kestrel_tui.engine.inputs import default_prompt
-from kestrel_tui.engine.build import make_backend
+from kestrel_tui.engines.build import make_backend
 from kestrel_tui.engine.iso import iso
 from kestrel_tui.engine.session import RunSettings, Session
 from kestrel_tui.errors import UsageError

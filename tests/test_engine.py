@@ -4,7 +4,7 @@ import pytest
 from kestrel_tui.backends.toggles import OWNERS, TOGGLES
 from kestrel_tui.engine.inputs import default_prompt
 from kestrel_tui.engine.bisect import bisect
-from kestrel_tui.engine.build import make_backend
+from kestrel_tui.engines.build import make_backend
 from kestrel_tui.engine.iso import iso
 from kestrel_tui.engine.run import run_decode
 from kestrel_tui.engine.session import RunSettings, Session, first_diff_later

@@ -67,7 +67,7 @@ def pick_subject(requested: str, model) -> tuple[str, str | None, str]:
     """auto -> cuda when a GPU and PyCUDA are usable, else sim with a note saying why."""
     if requested in ("sim", "cuda"):
         return requested, None, device_of(requested)
-    from ..engine.build import make_backend
+    from ..engines.build import make_backend
 
     try:
         backend = make_backend("cuda", model)

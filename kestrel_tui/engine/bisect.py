@@ -1,7 +1,7 @@
 """Bisection over op toggles: follow the first DIFF to its owner until all keys agree.
 
-From the starting toggle set, repeatedly look up the ops that own the first
-DIFF's field (backends/toggles.OWNERS), switch on the first of them that moves
+From the starting toggle set, repeatedly look up the subject's binary toggles
+that own the first DIFF's field (Toggle.owns), switch on the first of them that moves
 the first DIFF later, rerun, and record the move. When everything agrees, shrink
 the set: drop each op whose removal keeps the run all ok (one pass of
 delta debugging gives a 1-minimal set: removing any single op breaks it).
@@ -17,7 +17,7 @@ import threading
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from ..backends.toggles import OWNERS, TOGGLES
+from ..engines.base import Engine
 from ..trace.compare import Tolerance
 from ..trace.keys import parse_key
 from .session import HistoryEntry, RunResult, RunSettings, Session, first_diff_later
@@ -31,9 +31,12 @@ class BisectResult:
     all_ok: bool = False  # the target reached: all ok, or with a tolerance no far key
 
 
-def _candidates(first_diff: str, exact: frozenset[str]) -> list[str]:
-    owners = OWNERS.get(parse_key(first_diff).field, ())
-    rest = [t for t in TOGGLES if t not in owners]  # unknown field: try everything, dataflow-agnostic
+def _candidates(first_diff: str, exact: frozenset[str], engine: Engine) -> list[str]:
+    try:
+        owners = engine.owners(parse_key(first_diff).field)
+    except ValueError:  # a foreign tag: no field to look up
+        owners = ()
+    rest = [t.name for t in engine.toggles if t.binary and t.name not in owners]  # try everything else too
     return [t for t in (*owners, *rest) if t not in exact]
 
 
@@ -56,7 +59,7 @@ def bisect(session: Session, start: RunSettings = RunSettings(),
     current = run(settings)
     while first(current) is not None:
         tried = None
-        for op in _candidates(first(current), settings.exact):
+        for op in _candidates(first(current), settings.exact, session.subject_engine):
             trial_settings = replace(settings, exact=settings.exact | {op})
             trial = run(trial_settings)
             tried = tried or (op, trial_settings, trial)
@@ -76,7 +79,7 @@ def bisect(session: Session, start: RunSettings = RunSettings(),
     if first(current) is None and done(run(settings, full=True)):
         result.all_ok = True
         minimal = set(settings.exact)
-        for op in sorted(settings.exact, key=TOGGLES.index):
+        for op in sorted(settings.exact, key=session.binary_toggles.index):
             if done(run(replace(settings, exact=frozenset(minimal - {op})), full=True)):
                 minimal.discard(op)
         result.minimal = frozenset(minimal)

@@ -9,12 +9,14 @@ from position P-1 on (N+1 of them — the last one is predicted, not consumed).
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 
 from ..backends.base import Backend
+from ..trace.rawstore import RawStore
 
 
 class Cancelled(Exception):
@@ -27,12 +29,13 @@ class Position:
     token: int  # consumed at this position
     prompt: bool
     hashes: dict[str, int]
-    raw: dict[str, np.ndarray] | None
-    logits: np.ndarray  # [vocab] f32
+    raw: Mapping[str, np.ndarray] | None  # a dict, or a RawStore's on-disk stand-in
+    logits: np.ndarray | None  # [vocab] f32; None: the engine reports no logits
 
     @property
     def top1(self) -> int:
-        return int(np.argmax(self.logits))  # ties: the lowest id
+        """The greedy next token; -1 when the engine reports no logits."""
+        return -1 if self.logits is None else int(np.argmax(self.logits))  # ties: the lowest id
 
 
 @dataclass
@@ -40,6 +43,7 @@ class Trace:
     backend: str
     prompt: list[int]
     positions: list[Position] = field(default_factory=list)
+    store: RawStore | None = field(default=None, repr=False)  # keeps the raw buffers' spill folder alive
 
     @property
     def generated(self) -> list[int]:
@@ -66,7 +70,8 @@ def argmax_token(logits: np.ndarray) -> int:
 def run_decode(backend: Backend, prompt: list[int], n_tokens: int, *, forced: list[int] | None = None,
                raw: bool = True, prefill_from: Trace | None = None, feed_from: Trace | None = None,
                on_position: Callable[[Position], None] | None = None,
-               cancel: threading.Event | None = None, stop: Callable[[], bool] | None = None) -> Trace:
+               cancel: threading.Event | None = None, stop: Callable[[], bool] | None = None,
+               store: RawStore | None = None) -> Trace:
     """Run the prompt and n_tokens decode positions.
 
     forced: the tokens to consume after the prompt (teacher forcing), else greedy.
@@ -78,7 +83,8 @@ def run_decode(backend: Backend, prompt: list[int], n_tokens: int, *, forced: li
         raise ValueError("the prompt is empty; give at least one token")
     P = len(prompt)
     backend.reset(P + n_tokens)
-    trace = Trace(backend=backend.describe(), prompt=list(prompt))
+    store = store or RawStore()
+    trace = Trace(backend=backend.describe(), prompt=list(prompt), store=store)
 
     def check_cancel():
         if cancel is not None and cancel.is_set():
@@ -90,7 +96,7 @@ def run_decode(backend: Backend, prompt: list[int], n_tokens: int, *, forced: li
     def record(out, pos0: int, tokens: list[int]):
         for m, tok in enumerate(tokens):
             pos = Position(t=pos0 + m, token=tok, prompt=pos0 + m < P, hashes=out.hashes[m],
-                           raw=out.raw[m] if out.raw else None, logits=out.logits[m])
+                           raw=store.keep(out.raw[m]) if out.raw else None, logits=out.logits[m])
             trace.positions.append(pos)
             if on_position:
                 on_position(pos)

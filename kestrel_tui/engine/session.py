@@ -9,16 +9,17 @@ first DIFF.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from ..backends.toggles import describe
+from ..backends.toggles import TOGGLES
+from ..engines.base import Engine, EngineFailed, RunRequest, Toggle
+from ..engines.build import make_engine
 from ..model.weights import Model
 from ..trace.compare import (CLOSE, FAR, Comparison, DiffStats, KeyMetrics, Status, Tolerance, compare,
                              diff_stats, key_metrics)
 from ..trace.keys import order_key
-from .build import make_backend
-from .run import Position, Trace, run_decode
+from .run import Position, Trace
 
 MODES = ("chain", "isolate")
 PREFILLS = ("reference", "subject")
@@ -27,15 +28,40 @@ FORCINGS = ("teacher", "free")
 
 @dataclass(frozen=True)
 class RunSettings:
-    exact: frozenset[str] = frozenset()
+    exact: frozenset[str] = frozenset()  # binary toggles at their exact value
     mode: str = "chain"  # isolate: every subject op is fed the reference's inputs
     prefill: str = "reference"  # where the prompt runs (the seed's trap: subject prefill shifts KV rows)
     forcing: str = "teacher"  # teacher: the subject consumes the reference's tokens
+    picks: tuple[tuple[str, str], ...] = ()  # list toggles away from their default, sorted by name
 
-    def label(self) -> str:
+    def label(self, order: tuple[str, ...] = TOGGLES) -> str:
+        """``order``: the subject's binary toggle names (for "all exact" and a stable order)."""
         extra = [s for s, default in ((self.mode, "chain"), (f"prefill={self.prefill}", "prefill=reference"),
                                       (f"forcing={self.forcing}", "forcing=teacher")) if s != default]
-        return ", ".join([describe(self.exact), *extra])
+        return ", ".join([_describe_exact(self.exact, order), *(f"{n}={v}" for n, v in self.picks), *extra])
+
+    def value(self, toggle: Toggle) -> str:
+        if toggle.binary:
+            return toggle.exact if toggle.name in self.exact else toggle.default
+        return dict(self.picks).get(toggle.name, toggle.default)
+
+    def values(self, toggles: tuple[Toggle, ...]) -> dict[str, str]:
+        return {t.name: self.value(t) for t in toggles}
+
+    def pick(self, toggle: Toggle, value: str) -> "RunSettings":
+        """These settings with a list toggle set to ``value`` (its default drops out of ``picks``)."""
+        rest = {n: v for n, v in self.picks if n != toggle.name}
+        if value != toggle.default:
+            rest[toggle.name] = value
+        return replace(self, picks=tuple(sorted(rest.items())))
+
+
+def _describe_exact(exact: frozenset[str], order: tuple[str, ...]) -> str:
+    if not exact:
+        return "all fast"
+    if order and exact >= set(order):
+        return "all exact"
+    return "exact: " + ",".join([t for t in order if t in exact] + sorted(exact - set(order)))
 
 
 @dataclass(frozen=True)
@@ -76,6 +102,8 @@ class RunResult:
     sub: Trace
     comparison: Comparison
     tokens: list[TokenSummary]
+    notes: tuple[str, ...] = ()  # settings the subject could not honour; how it failed, if it did
+    expected_missing: frozenset[str] = frozenset()  # keys one engine never makes (not failures)
     _stats: dict[str, DiffStats] = field(default_factory=dict, repr=False)
     _metrics: dict[str, KeyMetrics | None] = field(default_factory=dict, repr=False)
     _summaries: dict[Tolerance, ToleranceSummary] = field(default_factory=dict, repr=False)
@@ -86,7 +114,20 @@ class RunResult:
 
     @property
     def all_ok(self) -> bool:
-        return self.comparison.identical
+        """No DIFF, and nothing missing but the keys one side never makes."""
+        cmp = self.comparison
+        if cmp.first_diff is not None:
+            return False
+        if cmp.first_mismatch is None:
+            return True
+        return all(k in self.expected_missing for k, st in cmp.status.items()
+                   if st in (Status.MISSING_REF, Status.MISSING_SUB))
+
+    @property
+    def n_missing(self) -> int:
+        """Keys missing where both engines make them (the subject failed or stopped)."""
+        cmp = self.comparison
+        return cmp.counts[Status.MISSING_REF] + cmp.counts[Status.MISSING_SUB] - len(self.expected_missing)
 
     def stats(self, key: str) -> DiffStats | None:
         """Element statistics for a key from both raw buffers (None when either is absent)."""
@@ -127,7 +168,7 @@ class RunResult:
             if verdict[key] == FAR and first_far is None:  # statuses come in dataflow order
                 first_far = key
         n_far = sum(1 for v in verdict.values() if v == FAR)
-        n_missing = self.comparison.counts[Status.MISSING_REF] + self.comparison.counts[Status.MISSING_SUB]
+        n_missing = self.n_missing
         return ToleranceSummary(tol, first_far, len(verdict) - n_far, n_far, unjudged, n_missing, verdict, metrics)
 
 
@@ -154,37 +195,82 @@ def setting_changes(old: RunSettings | None, new: RunSettings) -> tuple[str, ...
     if old is None:
         return ()
     parts = [f"+{t}" for t in sorted(new.exact - old.exact)] + [f"-{t}" for t in sorted(old.exact - new.exact)]
+    old_picks, new_picks = dict(old.picks), dict(new.picks)
+    for name in sorted(old_picks.keys() | new_picks.keys()):
+        if old_picks.get(name) != new_picks.get(name):
+            parts.append(f"{name}={new_picks.get(name, 'default')}")
     for name in ("mode", "prefill", "forcing"):
         if getattr(old, name) != getattr(new, name):
             parts.append(f"{name} {getattr(new, name)}")
     return tuple(parts) or ("rerun",)
 
 
-def summarize(ref: Trace, sub: Trace, cmp: Comparison) -> list[TokenSummary]:
+def summarize(ref: Trace, sub: Trace, cmp: Comparison, failing=None) -> list[TokenSummary]:
+    """Per position: both top-1s and the keys that fail there (DIFF, or missing where expected)."""
+    failing = failing or (lambda k, st: st is not Status.OK)
     out = []
     for p_ref, p_sub in zip(ref.positions, sub.positions):
-        n = sum(1 for k in p_ref.hashes if cmp.status.get(k) is not Status.OK)
+        n = sum(1 for k in p_ref.hashes.keys() | p_sub.hashes.keys() if failing(k, cmp.status.get(k, Status.OK)))
         out.append(TokenSummary(p_ref.t, p_ref.prompt, p_ref.top1, p_sub.top1, n))
     return out
 
 
+def _engine(engine: str | Engine, model: Model, kv: str, deep: bool) -> Engine:
+    return engine if isinstance(engine, Engine) else make_engine(engine, model, kv=kv, deep=deep)
+
+
 class Session:
-    def __init__(self, model: Model, prompt: list[int], n_tokens: int, *, subject: str = "sim",
-                 kv: str = "q8", deep: bool = False):
+    """``reference`` and ``subject`` are engines (or built-in names: cpu, sim, cuda). The subject's
+    toggles are what RunSettings switch; the reference runs once, with its own option values."""
+
+    def __init__(self, model: Model, prompt: list[int], n_tokens: int, *, subject: str | Engine = "sim",
+                 reference: str | Engine = "cpu", kv: str = "q8", deep: bool = False):
         self.model, self.prompt, self.n_tokens = model, list(prompt), n_tokens
-        self.subject, self.kv, self.deep = subject, kv, deep
+        self.kv, self.deep = kv, deep
+        self.reference_engine = _engine(reference, model, kv, deep)
+        self.subject_engine = _engine(subject, model, kv, deep)
         self._ref: Trace | None = None
         self._lock = threading.Lock()
         self.history: list[HistoryEntry] = []
         self.last: RunResult | None = None
 
+    @property
+    def subject(self) -> str:
+        return self.subject_engine.name
+
+    @property
+    def toggles(self) -> tuple[Toggle, ...]:
+        return self.subject_engine.toggles
+
+    @property
+    def binary_toggles(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.toggles if t.binary)
+
+    def label(self, settings: RunSettings) -> str:
+        return settings.label(self.binary_toggles)
+
     def reference(self, on_position: Callable[[Position], None] | None = None,
                   cancel: threading.Event | None = None) -> Trace:
         with self._lock:
             if self._ref is None:
-                backend = make_backend("cpu", self.model, kv=self.kv, deep=self.deep)
-                self._ref = run_decode(backend, self.prompt, self.n_tokens, on_position=on_position, cancel=cancel)
+                eng = self.reference_engine
+                req = RunRequest(self.prompt, self.n_tokens, {t.name: t.default for t in eng.toggles},
+                                 on_position=on_position, cancel=cancel)
+                self._ref = eng.run(req)
             return self._ref
+
+    def unsupported(self, settings: RunSettings) -> list[str]:
+        """What the subject cannot honour in ``settings`` (each noted on the run, which goes on without it)."""
+        eng, notes = self.subject_engine, []
+        if settings.mode == "isolate" and not eng.caps.isolate:
+            notes.append(f"{eng.name} cannot run isolated: chained instead")
+        if settings.prefill == "reference":
+            problem = eng.prefill_problem(self.reference_engine)
+            if problem:
+                notes.append(f"prefill ran in the subject ({problem})")
+        if (settings.forcing == "teacher" or settings.mode == "isolate") and not eng.caps.forcing:
+            notes.append(f"{eng.name} decodes its own tokens: no teacher forcing")
+        return notes
 
     def run(self, settings: RunSettings, on_position: Callable[[Position, dict[str, Status]], None] | None = None,
             cancel: threading.Event | None = None, record: bool = True, stop_at_first_diff: bool = False) -> RunResult:
@@ -193,36 +279,60 @@ class Session:
         on_position(pos, statuses) is called as each subject position completes,
         with that position's per-key status. stop_at_first_diff ends the run at
         the first position holding a DIFF (bisection only needs where it is).
+        A subject that fails midway (EngineFailed) still gives a result: the
+        positions it finished, the rest missing, the failure in ``notes``.
         """
         ref = self.reference(cancel=cancel)
+        eng = self.subject_engine
         P = len(self.prompt)
-        isolate = settings.mode == "isolate"
+        notes = self.unsupported(settings)
+        isolate = settings.mode == "isolate" and eng.caps.isolate
         forced = None
-        if settings.forcing == "teacher" or isolate:  # isolation needs identical inputs, so it forces
+        if (settings.forcing == "teacher" or isolate) and eng.caps.forcing:  # isolation needs identical inputs
             forced = [p.token for p in ref.positions[P:]]
-        backend = make_backend(self.subject, self.model, kv=self.kv, exact=settings.exact, deep=self.deep)
+        prefill_from = ref if settings.prefill == "reference" and eng.prefill_problem(self.reference_engine) is None \
+            else None
         stop = threading.Event()
 
         def watch(pos: Position):
-            ref_pos = ref.positions[pos.t]
-            statuses = compare(ref_pos.hashes, pos.hashes).status
+            ref_pos = ref.positions[pos.t] if pos.t < len(ref.positions) else None
+            statuses = compare(ref_pos.hashes if ref_pos else {}, pos.hashes).status
             if on_position:
                 on_position(pos, statuses)
             if stop_at_first_diff and any(s is Status.DIFF for s in statuses.values()):
                 stop.set()
 
-        sub = run_decode(backend, self.prompt, self.n_tokens, forced=forced,
-                         prefill_from=ref if settings.prefill == "reference" else None,
-                         feed_from=ref if isolate else None, on_position=watch, cancel=cancel, stop=stop.is_set)
+        req = RunRequest(self.prompt, self.n_tokens, settings.values(eng.toggles), forced=forced,
+                         prefill_from=prefill_from, feed_from=ref if isolate else None, on_position=watch,
+                         cancel=cancel, stop=stop.is_set)
+        try:
+            sub = eng.run(req)
+        except EngineFailed as e:
+            if e.partial is None:
+                raise
+            sub = e.partial
+            notes.append(str(e))
         # an early stop compares only the positions that ran
-        cmp = compare(ref.hashes(len(sub.positions)), sub.hashes())
-        result = RunResult(settings, ref, sub, cmp, summarize(ref, sub, cmp))
+        n_ran = len(sub.positions) if stop.is_set() else None
+        cmp = compare(ref.hashes(n_ran), sub.hashes())
+        expected = self._expected_missing(cmp)
+        result = RunResult(settings, ref, sub, cmp,
+                           summarize(ref, sub, cmp, lambda k, st: st is Status.DIFF or (
+                               st in (Status.MISSING_REF, Status.MISSING_SUB) and k not in expected)),
+                           notes=tuple(notes), expected_missing=expected)
         if record:
             prev = self.last
             self.history.append(HistoryEntry(setting_changes(prev.settings if prev else None, settings), settings,
                                              prev.first_diff if prev else None, result.first_diff))
         self.last = result
         return result
+
+    def _expected_missing(self, cmp: Comparison) -> frozenset[str]:
+        """Keys missing on a side whose engine never makes them (not a failure: shown missing, not counted)."""
+        ref_eng, sub_eng = self.reference_engine, self.subject_engine
+        return frozenset(k for k, st in cmp.status.items()
+                         if (st is Status.MISSING_SUB and not sub_eng.produces(k))
+                         or (st is Status.MISSING_REF and not ref_eng.produces(k)))
 
 
 def first_diff_later(a: str | None, b: str | None) -> bool:

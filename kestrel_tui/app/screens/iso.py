@@ -19,7 +19,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Label, Static
 
 from ...backends.toggles import describe
-from ...engine.build import make_backend
+from ...engines.build import make_backend
 from ...engine.iso import IsoColumn, iso
 from ...engine.run import Cancelled
 from ...engine.session import Session

@@ -27,3 +27,34 @@ def make_backend(name: str, model: Model, kv: str = "q8", exact: str | frozenset
 
         return make_cuda_backend(model, kv=kv, exact=toggles, deep=deep)
     raise UsageError(f"unknown backend {name!r}; choose from {', '.join(BACKENDS)}")
+
+
+ENGINES = (*BACKENDS, "hf", "process")
+
+
+def make_engine(spec, model: Model | None, kv: str = "q8", deep: bool = False):
+    """An EngineSpec -> an Engine. ``model`` is the loaded model of spec.model (the built-ins decode it;
+    hf and process read their own files and use it only for its shape)."""
+    from .base import EngineSpec
+
+    spec = spec if isinstance(spec, EngineSpec) else EngineSpec(str(spec))
+    if spec.engine in BACKENDS:
+        from .builtin import BuiltinEngine
+
+        if spec.options:
+            raise UsageError(f"engine {spec.engine}: takes no options (got {', '.join(map(str, spec.options))});"
+                             f" its toggles are the op families")
+        if spec.engine == "cuda":
+            problem = cuda_unsupported(model.cfg)
+            if problem:
+                raise UsageError(f"cuda subject: {problem}; the sim subject is the fallback (--subject sim)")
+        return BuiltinEngine(spec.engine, model, kv=kv, deep=deep)
+    if spec.engine == "hf":
+        from .hf import make_hf_engine
+
+        return make_hf_engine(spec, model, kv=kv, deep=deep)
+    if spec.engine == "process":
+        from .process import make_process_engine
+
+        return make_process_engine(spec, model, kv=kv, deep=deep)
+    raise UsageError(f"unknown engine {spec.engine!r}; choose from {', '.join(ENGINES)}")

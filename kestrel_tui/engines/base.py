@@ -1,0 +1,150 @@
+"""The engine interface: what a session needs from a reference or a subject.
+
+An engine runs a prompt and N decode positions and returns a `Trace` (per
+position: the consumed token, every probe key's hash, raw buffers when it has
+them, logits when it has them). It names its toggles — the switches the app
+flips and bisection walks — and says which keys it produces and which session
+settings it can honour, so a key it never makes reads *missing*, not DIFF, and
+a setting it cannot follow is noted instead of silently ignored.
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..trace.keys import parse_key
+
+OnPosition = Callable[["Position"], None]  # noqa: F821 - engine.run.Position
+
+
+@dataclass(frozen=True)
+class Toggle:
+    """One switch of an engine.
+
+    values[0] is the default. A *binary* toggle has an ``exact`` value (the one
+    bisection switches on: the op's exact kernel, eager attention, TF32 off);
+    a *list* toggle (exact None) is cycled by the user and never bisected.
+    ``owns`` names the probe fields whose first DIFF it can originate, most
+    likely owner first; bisection tries owners before the rest. ``key`` is
+    what the toggle sets in a foreign engine: an hf option name, or for a
+    process an env var (``VLLM_CUDA_L2EXACT``) or a flag (``--cuda``).
+    """
+    name: str
+    values: tuple[str, ...]
+    exact: str | None = None
+    owns: tuple[str, ...] = ()
+    help: str = ""
+    key: str | None = None
+
+    def __post_init__(self):
+        if len(self.values) < 2 or len(set(self.values)) != len(self.values):
+            raise ValueError(f"toggle {self.name!r}: needs at least two distinct values, got {self.values}")
+        if self.exact is not None and self.exact not in self.values:
+            raise ValueError(f"toggle {self.name!r}: exact value {self.exact!r} is not one of {self.values}")
+
+    @property
+    def default(self) -> str:
+        return self.values[0]
+
+    @property
+    def binary(self) -> bool:
+        return self.exact is not None
+
+
+def fast_exact(name: str, owns: tuple[str, ...] = (), help: str = "", fast: str = "fast",
+               exact: str = "exact") -> Toggle:
+    return Toggle(name, (fast, exact), exact, owns, help)
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """An engine as a profile or the command line names it (built by engines.build.make_engine)."""
+    engine: str                              # cpu | sim | cuda | hf | process
+    model: str | None = None                 # HF dir or .gguf; None: the embedded default
+    options: Mapping[str, object] = field(default_factory=dict)  # engine-specific (hf: dtype=..., process: command=...)
+    toggles: tuple[Toggle, ...] | None = None  # a profile's toggles; None: the engine's own
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """Which session settings the engine honours; a `False` is noted on each run that asks for it."""
+    prefill_from: bool = False  # takes the reference's prompt positions (hashes, raw, KV rows) as its prefill
+    forcing: bool = False       # consumes the tokens it is given (teacher forcing) instead of its own top-1
+    isolate: bool = False       # feeds every op the reference's inputs
+    logits: bool = True         # reports logits (top-1 per position, token flips)
+    raw: bool = True            # reports raw buffers (tolerance: close/far)
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """One run of an engine: what the session asks for."""
+    prompt: list[int]
+    n_tokens: int
+    values: Mapping[str, str]                # every toggle's value
+    forced: list[int] | None = None          # teacher forcing: the tokens after the prompt
+    prefill_from: object | None = None       # a reference Trace standing in for the prefill
+    feed_from: object | None = None          # isolate mode: the reference Trace
+    raw: bool = True
+    on_position: OnPosition | None = None
+    cancel: threading.Event | None = None
+    stop: Callable[[], bool] | None = None   # checked between positions (bisection ends early)
+
+
+class Engine:
+    """Base class: a name, toggles, capabilities, declared keys, and `run`."""
+
+    name = "?"
+    toggles: tuple[Toggle, ...] = ()
+    caps = Capabilities()
+    # Fields it produces: per-layer fields plus "emb" / "logits"; None: any (the built-ins: all of theirs).
+    fields: frozenset[str] | None = None
+
+    def produces(self, key: str) -> bool:
+        """Whether this engine makes ``key`` at all (a key it never makes reads missing, not failed)."""
+        if self.fields is None:
+            return True
+        try:
+            return parse_key(key).field in self.fields
+        except ValueError:
+            return True  # a foreign tag it wrote itself
+
+    def toggle(self, name: str) -> Toggle:
+        for t in self.toggles:
+            if t.name == name:
+                return t
+        raise KeyError(name)
+
+    def owners(self, field_name: str) -> tuple[str, ...]:
+        """The binary toggles that can originate a first DIFF in ``field_name``, most likely first."""
+        return tuple(t.name for t in self.toggles if t.binary and field_name in t.owns)
+
+    def prefill_problem(self, reference: "Engine") -> str | None:
+        """Why this engine cannot take ``reference``'s prefill (None: it can)."""
+        if not self.caps.prefill_from:
+            return f"{self.name} cannot take another engine's KV rows"
+        return None
+
+    def describe(self, values: Mapping[str, str]) -> str:
+        """The engine and its non-default toggle values, for headers and dumps."""
+        changed = [f"{t.name}={values[t.name]}" for t in self.toggles
+                   if t.name in values and values[t.name] != t.default]
+        return f"{self.name} ({', '.join(changed)})" if changed else self.name
+
+    def run(self, req: RunRequest):
+        """Run ``req``; returns an engine.run.Trace. Raises engine.run.Cancelled when cancelled,
+        errors.UsageError (or EngineFailed) with a one-line message when the engine fails."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release what the engine holds (a torch model, a child process)."""
+
+
+class EngineFailed(Exception):
+    """The engine stopped (exit code, timeout, an exception inside it). ``partial`` is the Trace
+    of the positions that completed, so the app shows them and marks the rest missing."""
+
+    def __init__(self, message: str, partial=None):
+        super().__init__(message)
+        self.partial = partial
