@@ -20,16 +20,20 @@ console = Console(highlight=False, markup=False, soft_wrap=True)
 err_console = Console(stderr=True, highlight=False, markup=False, soft_wrap=True)
 
 
-def _model_args(p: argparse.ArgumentParser, tokens_default: int = 16) -> None:
+def _model_args(p: argparse.ArgumentParser) -> None:
+    # unset flags stay None: a --profile may set them, else engine/inputs.py DEFAULTS apply
+    p.add_argument("--profile", metavar="FILE.toml", help="a TOML profile naming the reference, the subject"
+                   " and its toggles (docs/profiles.md); the flags given here win over it")
     p.add_argument("--model", metavar="PATH", help="HF model directory (config.json + *.safetensors) or a"
                    " .gguf file; default: the embedded synthetic Qwen3-MoE")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--prompt-ids", metavar="1,2,3", help="prompt as comma-separated token ids")
     g.add_argument("--prompt", metavar="TEXT", help="prompt text (needs the model's tokenizer.json)")
-    p.add_argument("--tokens", type=int, default=tokens_default, metavar="N", help="tokens to generate")
-    p.add_argument("--weights", choices=("q4_0", "f32"), default="q4_0", help="weight format (default q4_0)")
-    p.add_argument("--kv", choices=("q8", "f32"), default="q8", help="KV cache format (default q8)")
-    p.add_argument("--deep", action="store_true", help="also probe MoE internals and pre-quantization K")
+    p.add_argument("--tokens", type=int, metavar="N", help="tokens to generate (default 16)")
+    p.add_argument("--weights", choices=("q4_0", "f32"), help="weight format (default q4_0)")
+    p.add_argument("--kv", choices=("q8", "f32"), help="KV cache format (default q8)")
+    p.add_argument("--deep", action="store_true", default=None,
+                   help="also probe MoE internals and pre-quantization K")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,12 +42,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("tui", help="the interactive debugger (default)")
     _model_args(p)
-    p.add_argument("--subject", choices=("auto", "sim", "cuda"), default="auto")
+    p.add_argument("--subject", choices=("auto", "sim", "cuda", "hf"),
+                   help="auto (default): cuda when usable, else sim; hf: transformers on --model's HF dir")
 
     p = sub.add_parser("dump", help="write a reference L2 dump file (<tag> <hash16> per key)")
     _model_args(p)
     p.add_argument("--out", required=True, metavar="FILE", help="dump file to create (never overwritten)")
-    p.add_argument("--backend", default="cpu", help="cpu (reference), sim or cuda")
+    p.add_argument("--backend", default=None, help="cpu (reference, default), sim, cuda or hf; with --profile:"
+                   " reference or subject (default subject)")
     p.add_argument("--exact", default="all", help="exact toggles for sim/cuda: all, none or a list")
 
     p = sub.add_parser("generate", help="greedy-decode with the reference and print the tokens")
@@ -56,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="reference vs subject, headless; exit 0 all ok, 1 DIFF, 2 bad input")
     _model_args(p)
-    p.add_argument("--subject", default="sim", help="sim or cuda")
+    p.add_argument("--subject", help="sim (default), cuda or hf; a profile names any engine")
     p.add_argument("--exact", default="none", help="exact toggles: all, none or a comma list")
     p.add_argument("--mode", choices=("chain", "isolate"), default="chain")
     p.add_argument("--prefill", choices=("reference", "subject"), default="reference")
@@ -67,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bisect", help="switch ops to exact one by one until all keys agree")
     _model_args(p)
-    p.add_argument("--subject", default="sim")
+    p.add_argument("--subject", help="sim (default), cuda or hf; a profile names any engine")
     p.add_argument("--target", choices=("ok", "far"), default="ok",
                    help="ok: until all keys agree (default); far: until no key is far (see --tol)")
     p.add_argument("--tol", metavar="SPEC", help="with --target far: the tolerance, as for run (default nmse=1e-7)")
@@ -75,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("iso", help="batch-verify (M columns) vs M=1 decode, full logits byte by byte")
     _model_args(p)
-    p.add_argument("--subject", default="sim")
+    p.add_argument("--subject", help="sim (default) or cuda")
     p.add_argument("--m", type=int, default=5, help="batch-verify width M")
     p.add_argument("--exact", default="none")
     p.add_argument("--json", action="store_true")
@@ -110,6 +116,10 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, _interrupt)
 
     try:
+        if hasattr(args, "profile"):
+            from .engine.inputs import apply_profile
+
+            args.loaded_profile = apply_profile(args)
         return getattr(commands, f"cmd_{args.cmd}")(args)
     except UsageError as e:
         err_console.print(f"kestrel-tui {args.cmd}: error: {e}")

@@ -11,7 +11,7 @@ from rich.text import Text
 from .cli import console, err_console
 from .errors import UsageError
 from .files import check_new_path
-from .engine.inputs import model_from_options, resolve_prompt
+from .engine.inputs import engines_from_options, model_from_options, resolve_prompt
 from .model.weights import Model
 from .trace.compare import NAN_ULP, Status, parse_tolerance
 
@@ -39,32 +39,67 @@ def _load_with_bar(args: argparse.Namespace, progress) -> Model:
         return model_from_options(args, show)
 
 
+def _profile(args: argparse.Namespace):
+    return getattr(args, "loaded_profile", None)
+
+
+def _parse_names(spec: str, names: tuple[str, ...]) -> frozenset[str]:
+    """--exact: all, none or a comma list of the engine's binary toggle names."""
+    spec = (spec or "none").strip()
+    if spec == "all":
+        return frozenset(names)
+    if spec in ("none", ""):
+        return frozenset()
+    picked = [n.strip() for n in spec.split(",") if n.strip()]
+    bad = [n for n in picked if n not in names]
+    if bad:
+        raise UsageError(f"unknown toggle {bad[0]!r}; choose from {', '.join(names) or '(none)'} (or all / none)")
+    return frozenset(picked)
+
+
+def _dump_engine(args: argparse.Namespace, model: Model):
+    """The engine `dump` runs and its toggle values: --backend (with --profile: a side) and --exact."""
+    from .engine.session import RunSettings
+
+    profile = _profile(args)
+    if profile is not None:
+        side = args.backend or "subject"
+        if side not in ("reference", "subject"):
+            raise UsageError(f"--backend {side!r}: with --profile, name a side: reference or subject")
+        ref, sub = engines_from_options(args, profile, model)
+        engine = ref if side == "reference" else sub
+    else:
+        engine = engines_from_options(args, None, model, subject=args.backend or "cpu")[1]
+    names = tuple(t.name for t in engine.toggles if t.binary)
+    return engine, RunSettings(exact=_parse_names(args.exact, names)).values(engine.toggles)
+
+
 def cmd_dump(args: argparse.Namespace) -> int:
-    from .engines.build import make_backend
-    from .engine.run import run_decode
+    from .engines.base import RunRequest
     from .trace.dump import DumpWriter
 
     out = check_new_path(args.out, "dump")  # before the slow part; DumpWriter checks again
     model = load_model_args(args)
     prompt = resolve_prompt(args, model)
-    backend = make_backend(args.backend, model, kv=args.kv, exact=args.exact, deep=args.deep)
-    with DumpWriter(out) as writer, console.status(f"{backend.describe()}: {len(prompt)}+{args.tokens} positions"):
+    engine, values = _dump_engine(args, model)
+    what = engine.describe(values)
+    with DumpWriter(out) as writer, console.status(f"{what}: {len(prompt)}+{args.tokens} positions"):
         def write(pos):
             for key, h in pos.hashes.items():
                 writer.write(key, h)
-        trace = run_decode(backend, prompt, args.tokens, raw=False, on_position=write)
+        trace = engine.run(RunRequest(prompt, args.tokens, values, raw=False, on_position=write))
     n_keys = sum(len(p.hashes) for p in trace.positions)
-    console.print(f"wrote {out}: {len(trace.positions)} positions, {n_keys} keys ({backend.describe()})")
+    console.print(f"wrote {out}: {len(trace.positions)} positions, {n_keys} keys ({what})")
     return 0
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from .backends.base import NumpyBackend
-    from .engine.run import run_decode
+    from .engines.base import RunRequest
 
     model = load_model_args(args)
     prompt = resolve_prompt(args, model)
-    trace = run_decode(NumpyBackend(model, kv=args.kv), prompt, args.tokens, raw=False)
+    ref = engines_from_options(args, _profile(args), model, subject="cpu")[0]  # the reference decodes
+    trace = ref.run(RunRequest(prompt, args.tokens, {t.name: t.default for t in ref.toggles}, raw=False))
     ids = trace.generated[: args.tokens]
     console.print(" ".join(map(str, ids)))
     if model.tokenizer is not None:
@@ -129,24 +164,35 @@ def _session(args: argparse.Namespace):
 
     model = load_model_args(args)
     prompt = resolve_prompt(args, model)
-    return Session(model, prompt, args.tokens, subject=args.subject, kv=args.kv, deep=args.deep)
+    ref, sub = engines_from_options(args, _profile(args), model)
+    return Session(model, prompt, args.tokens, reference=ref, subject=sub, kv=args.kv, deep=args.deep)
 
 
-def _check_subject(name: str) -> None:
-    if name not in ("sim", "cuda"):
-        raise UsageError(f"--subject {name!r}: choose sim or cuda (cpu is the reference)")
+def _check_subject(args: argparse.Namespace, allowed: tuple[str, ...] = ("sim", "cuda", "hf")) -> None:
+    name = args.subject
+    if name is not None and _profile(args) is not None:
+        raise UsageError(f"--subject {name} and --profile {args.profile}: the profile names the subject; drop one")
+    if name is not None and name not in allowed:
+        raise UsageError(f"--subject {name!r}: choose {', '.join(allowed)} (cpu is the reference;"
+                         f" any engine through --profile)")
+
+
+def _settings(args: argparse.Namespace, session):
+    """RunSettings from --exact (the subject's binary toggles) and the run switches."""
+    from .engine.session import RunSettings
+
+    return RunSettings(_parse_names(args.exact, session.binary_toggles), args.mode, args.prefill, args.forcing)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .backends.toggles import parse_exact
-    from .engine.session import RunSettings
-
-    _check_subject(args.subject)
+    _check_subject(args)
     tol = parse_tolerance(args.tol) if getattr(args, "tol", None) is not None else None  # before the slow part
-    settings = RunSettings(parse_exact(args.exact), args.mode, args.prefill, args.forcing)
     session = _session(args)
-    with console.status(f"reference + {args.subject} ({settings.label()})"):
+    settings = _settings(args, session)
+    with console.status(f"reference + {session.subject} ({session.label(settings)})"):
         res = session.run(settings)
+    for note in res.notes:
+        err_console.print(f"note: {note}")
     summary = res.tolerance(tol) if tol is not None else None
     report = run_report(res, summary)
     if args.json:
@@ -176,8 +222,13 @@ def _base_report(res) -> dict:
     cmp = res.comparison
     return {
         "settings": {"exact": sorted(res.settings.exact), "mode": res.settings.mode,
-                     "prefill": res.settings.prefill, "forcing": res.settings.forcing},
+                     "prefill": res.settings.prefill, "forcing": res.settings.forcing,
+                     "picks": dict(res.settings.picks)},
+        "reference": res.ref.backend,
         "subject": res.sub.backend,
+        "notes": list(res.notes),
+        "missing": res.n_missing,
+        "one_side_only": len(res.expected_missing),
         "positions": len(res.sub.positions),
         "first_diff": cmp.first_diff,
         "all_ok": res.all_ok,
@@ -190,11 +241,13 @@ def _base_report(res) -> dict:
 
 def print_run(res, summary=None) -> None:
     cmp = res.comparison
-    console.print(f"reference cpu vs subject {res.sub.backend}, {len(res.sub.positions)} positions")
+    console.print(f"reference {res.ref.backend} vs subject {res.sub.backend}, {len(res.sub.positions)} positions")
     console.print(counts_table(cmp.counts))
     if res.all_ok:
-        console.print(Text.assemble(("all ok", "bold green"),
-                                    f": {len(cmp.status)} keys over {len(res.sub.positions)} positions"))
+        shared = len(cmp.status) - len(res.expected_missing)
+        console.print(Text.assemble(("all ok", "bold green"), f": {shared} keys over {len(res.sub.positions)} positions"
+                                    + (f" ({len(res.expected_missing)} more made by one side only)"
+                                       if res.expected_missing else "")))
         if summary is not None:
             print_tolerance(summary)
         return
@@ -237,7 +290,7 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     from .engine.bisect import bisect
     from .trace.compare import Tolerance
 
-    _check_subject(args.subject)
+    _check_subject(args)
     far = getattr(args, "target", "ok") == "far"
     if getattr(args, "tol", None) is not None and not far:
         raise UsageError(f"--tol {args.tol!r}: a tolerance needs --target far (bisect --target ok wants all keys ok)")
@@ -277,7 +330,13 @@ def cmd_iso(args: argparse.Namespace) -> int:
     from .engines.build import make_backend
     from .engine.iso import iso
 
-    _check_subject(args.subject)
+    if _profile(args) is not None:
+        _check_subject(args)
+        args.subject = _profile(args).subject.engine
+    args.subject = args.subject or "sim"
+    if args.subject not in ("sim", "cuda"):
+        raise UsageError(f"--subject {args.subject!r}: iso runs batch-verify inside a built-in backend;"
+                         f" choose sim or cuda")
     if args.m < 1:
         raise UsageError(f"--m {args.m}: the batch-verify width must be at least 1")
     model = load_model_args(args)

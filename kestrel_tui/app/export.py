@@ -18,7 +18,6 @@ from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
 
-from ..backends.toggles import TOGGLES
 from ..engine.session import HistoryEntry, RunResult, Session
 from ..errors import UsageError
 from ..files import PARTIAL_SUFFIX, create_whole
@@ -133,8 +132,9 @@ def write_live(folder: Path, session: Session, result: RunResult, *, device: str
         "device": device,
         "note": note,
         "settings": {"exact": sorted(settings.exact), "mode": settings.mode, "prefill": settings.prefill,
-                     "forcing": settings.forcing, "label": settings.label()},
-        "toggles": {op: "exact" if op in settings.exact else "fast" for op in TOGGLES},
+                     "forcing": settings.forcing, "label": session.label(settings)},
+        "toggles": settings.values(session.toggles),
+        "notes": list(result.notes),
         "first_diff": cmp.first_diff,
         "first_mismatch": cmp.first_mismatch,
         "all_ok": result.all_ok,

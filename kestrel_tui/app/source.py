@@ -60,7 +60,9 @@ def device_of(subject: str, backend=None) -> str:
     if subject == "cuda":
         # the CUDA backend may name its device; fall back to the backend name
         return str(getattr(backend, "device_name", None) or "cuda")
-    return "CPU (sim: GPU-order emulation)"
+    if subject == "sim":
+        return "CPU (sim: GPU-order emulation)"
+    return str(getattr(backend, "device_name", None) or subject)  # a foreign engine may say where it runs
 
 
 def pick_subject(requested: str, model) -> tuple[str, str | None, str]:
@@ -80,18 +82,27 @@ def pick_subject(requested: str, model) -> tuple[str, str | None, str]:
 
 
 def args_loader(args: argparse.Namespace) -> Loader:
-    """The CLI's options -> a loader the app runs in a worker."""
+    """The CLI's options (a --profile already applied by the CLI) -> a loader the app runs in a worker."""
     def load(progress: Progress) -> Loaded:
-        from ..engine.inputs import model_from_options, resolve_prompt
+        from ..engine.inputs import DEFAULTS, engines_from_options, model_from_options, resolve_prompt
 
+        for name, value in DEFAULTS.items():  # a Namespace made by hand (tests) may leave them unset
+            if getattr(args, name, None) is None:
+                setattr(args, name, value)
+        profile = getattr(args, "loaded_profile", None)
         model = model_from_options(args, progress)
         try:
             prompt = resolve_prompt(args, model)
         except UsageError as e:
             raise PromptError(str(e)) from e
-        subject, note, device = pick_subject(getattr(args, "subject", "auto") or "auto", model)
-        session = Session(model, prompt, args.tokens, subject=subject, kv=args.kv, deep=args.deep)
-        return Loaded(session, model_label(session), device, note)
+        note = None
+        if profile is None and (getattr(args, "subject", None) or "auto") in ("auto", "sim", "cuda"):
+            subject, note, device = pick_subject(getattr(args, "subject", None) or "auto", model)
+        else:
+            subject, device = None, None
+        ref, sub = engines_from_options(args, profile, model, subject=subject)
+        session = Session(model, prompt, args.tokens, reference=ref, subject=sub, kv=args.kv, deep=args.deep)
+        return Loaded(session, model_label(session), device or device_of(sub.name, sub), note)
     return load
 
 

@@ -59,3 +59,62 @@ def model_from_options(args: argparse.Namespace, progress: Progress | None = Non
     from ..model.hf import load_model
 
     return load_model(args.model, args.weights, progress=progress)
+
+
+# What a flag left unset on the command line means (a profile may set it instead).
+DEFAULTS = {"tokens": 16, "weights": "q4_0", "kv": "q8", "deep": False}
+
+
+def apply_profile(args: argparse.Namespace):
+    """Fill what the command line left unset from ``--profile`` (the command line wins), then the defaults.
+
+    Returns the profile (None without one). Loading it checks everything that needs no model:
+    a bad file, key or model path is one line here, before anything slow.
+    """
+    profile = None
+    if getattr(args, "profile", None):
+        from ..engines.profile import load_profile
+
+        profile = load_profile(args.profile, model_override=getattr(args, "model", None))
+        side_model = profile.reference.model or profile.subject.model or profile.model
+        args.model = side_model
+        for name in ("tokens", "weights", "kv", "deep"):
+            if getattr(args, name, None) is None and getattr(profile, name) is not None:
+                setattr(args, name, getattr(profile, name))
+        if not getattr(args, "prompt_ids", None) and getattr(args, "prompt", None) is None:
+            if profile.prompt_ids is not None:
+                args.prompt_ids = ",".join(map(str, profile.prompt_ids))
+            elif profile.prompt is not None:
+                args.prompt = profile.prompt
+        if getattr(args, "tol", None) is None and profile.tolerance is not None and hasattr(args, "tol"):
+            args.tol = profile.tolerance
+    for name, value in DEFAULTS.items():
+        if getattr(args, name, None) is None:
+            setattr(args, name, value)
+    return profile
+
+
+def engines_from_options(args: argparse.Namespace, profile, model: Model, subject: str | None = None):
+    """(reference, subject) engines: the profile's, or cpu and ``subject`` (a built-in or hf name)."""
+    from ..engines.base import EngineSpec
+    from ..engines.build import make_engine
+
+    if profile is None:
+        name = subject or getattr(args, "subject", None) or "sim"
+        if name == "process":
+            raise UsageError("--subject process: a process engine needs its command; name it in a profile"
+                             " (--profile FILE, see docs/profiles.md)")
+        specs = {"reference": EngineSpec("cpu"), "subject": EngineSpec(name, model=args.model)}
+    else:
+        specs = {"reference": profile.reference, "subject": profile.subject}
+    built = {}
+    for side, spec in specs.items():
+        try:
+            built[side] = make_engine(spec, model, kv=args.kv, deep=args.deep)
+        except UsageError as e:
+            if profile is None:
+                raise
+            from ..engines.profile import ProfileError, located
+
+            raise (e if isinstance(e, ProfileError) else located(profile, side, e)) from None
+    return built["reference"], built["subject"]

@@ -290,6 +290,10 @@ class Session:
         forced = None
         if (settings.forcing == "teacher" or isolate) and eng.caps.forcing:  # isolation needs identical inputs
             forced = [p.token for p in ref.positions[P:]]
+            if any(tok < 0 for tok in forced):  # a reference that reports no tokens (a hash-only process)
+                forced = None
+                notes.append(f"the reference ({self.reference_engine.name}) reports no tokens: the subject"
+                             f" decodes its own (no teacher forcing)")
         prefill_from = ref if settings.prefill == "reference" and eng.prefill_problem(self.reference_engine) is None \
             else None
         stop = threading.Event()

@@ -141,6 +141,17 @@ def _decode(path: str, n: int, bline: bytes) -> str:
                         f"dump lines are ASCII") from None
 
 
+def parse_dump_line(path: str, n: int, bline: bytes) -> tuple[str, int]:
+    """Line ``n`` of ``path`` (bytes, without its LF; a CRLF's CR is dropped) -> (tag, hash); raises DumpError.
+    The one line rule, shared by read_dump and by the process engine's reader of a growing dump."""
+    if bline.endswith(b"\r"):
+        bline = bline[:-1]
+    parsed = _parse_line(_decode(path, n, bline))
+    if isinstance(parsed, str):
+        raise DumpError(f"{path}:{n}: malformed line: {parsed}")
+    return parsed
+
+
 def read_dump(path: str | os.PathLike) -> dict[str, int]:
     """Read a dump into ``{tag: hash}`` in file order; raises DumpError."""
     path = os.fspath(path)
@@ -160,12 +171,7 @@ def read_dump(path: str | os.PathLike) -> dict[str, int]:
     out: dict[str, int] = {}
     first_line: dict[str, int] = {}
     for n, bline in enumerate(lines, start=1):
-        if bline.endswith(b"\r"):
-            bline = bline[:-1]
-        parsed = _parse_line(_decode(path, n, bline))
-        if isinstance(parsed, str):
-            raise DumpError(f"{path}:{n}: malformed line: {parsed}")
-        tag, h = parsed
+        tag, h = parse_dump_line(path, n, bline)
         if tag in out:
             raise DumpError(f"{path}:{n}: duplicate key {tag!r} (first at line {first_line[tag]})")
         out[tag] = h

@@ -23,7 +23,6 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Footer, Label
 
-from ...backends.toggles import OWNERS, TOGGLES
 from ...engine.run import Position, Trace
 from ...engine.session import RunResult, RunSettings, Session, ToleranceSummary
 from ...trace.compare import Status, Tolerance, compare
@@ -51,14 +50,14 @@ TOLERANCES: tuple[Tolerance | None, ...] = (None, Tolerance(), Tolerance(nmse=1e
 HASH_ONLY = "no raw values: hash-only dumps, so DIFF keys stay DIFF"
 
 # Actions that need a model; diff mode hides them (check_action).
-RUN_ACTIONS = {"toggle", "all_exact", "all_fast", "switch", "rerun", "bisect", "iso", "cancel"}
+RUN_ACTIONS = {"toggle", "all_exact", "all_fast", "switch", "rerun", "bisect", "iso", "cancel", "first_far"}
 
 
-def _op_binding(i: int, op: str) -> Binding:
-    # the footer shows one "1-7 toggle" entry for all seven keys; the help screen lists each
-    return Binding(TOGGLE_KEYS[i], f"toggle('{op}')", "toggle", show=i == 0,
-                   key_display=f"1-{len(TOGGLES)}" if i == 0 else TOGGLE_KEYS[i],
-                   tooltip=f"switch {op} between fast and exact; reruns at once")
+def _toggle_binding(i: int) -> Binding:
+    # the footer shows one "1-9 toggle" entry for all nine keys; keys past the subject's toggles are off
+    return Binding(TOGGLE_KEYS[i], f"toggle({i})", "toggle", show=i == 0,
+                   key_display=f"1-{len(TOGGLE_KEYS)}" if i == 0 else TOGGLE_KEYS[i],
+                   tooltip=f"switch the subject's toggle {i + 1} (fast/exact, or its next value); reruns at once")
 
 
 class MainScreen(GridNavigation, Screen):
@@ -72,8 +71,10 @@ class MainScreen(GridNavigation, Screen):
         Binding("right,l", "move(0, 1)", "right", show=False, tooltip="next field"),
         Binding("pageup", "move(-10, 0)", "10 rows up", show=False),
         Binding("pagedown", "move(10, 0)", "10 rows down", show=False),
-        *[_op_binding(i, op) for i, op in enumerate(TOGGLES)],
+        *[_toggle_binding(i) for i in range(len(TOGGLE_KEYS))],
         Binding("f", "first_diff", "first", tooltip="jump to the first DIFF and follow it across runs"),
+        Binding("F", "first_far", "first far", show=False,
+                tooltip="jump to the first far key (a tolerance must be on: T)"),
         Binding("n", "next_diff(True)", "next", group=DIFFS, tooltip="jump to the next DIFF (dataflow order)"),
         Binding("N", "next_diff(False)", "prev", group=DIFFS, tooltip="jump to the previous DIFF (dataflow order)"),
         Binding("left_square_bracket", "token(-1)", "prev", group=TOKEN, key_display="[", show=False,
@@ -227,7 +228,12 @@ class MainScreen(GridNavigation, Screen):
         self.session, self.info = s, info
         self.result, self._ref, self._sub = None, None, {}
         P = len(s.prompt)
+        self.settings = RunSettings()  # a new session has its own toggles
         self.board = Board(range(P + s.n_tokens), range(s.model.cfg.n_layers), layer_fields(s.deep), prompt_len=P)
+        toggles = s.toggles
+        self.query_one(DetailPanel).owner_label = lambda f: " ".join(
+            f"{o}[{next(i for i, t in enumerate(toggles) if t.name == o) + 1}]"
+            for o in s.subject_engine.owners(f))
         self.board.raw_sub = self._raw_sub
         self.grid.set_board(self.board)
         self.cursor = Cursor(min(P, self.board.n_positions - 1), 1, 0)
@@ -255,7 +261,7 @@ class MainScreen(GridNavigation, Screen):
     def _header(self) -> None:
         info, s = self.info, self.session
         # most telling first: at 80 columns the tail is cut
-        parts = [("", f"cpu vs {s.subject}"), ("model", info.model_label), ("device", info.device),
+        parts = [("", f"{s.reference_engine.name} vs {s.subject}"), ("model", info.model_label), ("device", info.device),
                  ("positions", f"{len(s.prompt)} prompt + {s.n_tokens}")]
         self.query_one(InfoHeader).show(parts, info.note)
 
@@ -293,7 +299,7 @@ class MainScreen(GridNavigation, Screen):
         self._refresh_all()
         self.status.set_progress(0, self.board.n_positions)
         what = "computing the reference, then running" if self._ref is None else "running"
-        self.status.set_text(f"{what} {session.subject} ({settings.label()})", "busy")
+        self.status.set_text(f"{what} {session.subject} ({session.label(settings)})", "busy")
         self.run_worker(partial(workers.decode, session, settings, run_id, cancel, self._run_lock, self.post_message),
                         thread=True, group="run", name="run", description="decode reference and subject",
                         exit_on_error=False)
@@ -315,7 +321,7 @@ class MainScreen(GridNavigation, Screen):
         if self.phase == "reference":
             self.phase = "running"
             self.status.set_progress(0, self.board.n_positions)
-            self.status.set_text(f"running {self.session.subject} ({self.settings.label()})", "busy")
+            self.status.set_text(f"running {self.session.subject} ({self.session.label(self.settings)})", "busy")
         self._refresh_detail()
 
     def on_position_done(self, m: msg.PositionDone) -> None:
@@ -343,6 +349,9 @@ class MainScreen(GridNavigation, Screen):
 
     def _finish(self, result: RunResult) -> None:
         self.query_one("#grid-box").border_title = "hash grid"
+        if result.notes and (self.result is None or self.result.notes != result.notes):
+            self.notify(" · ".join(result.notes), title=self.session.subject, severity="warning", timeout=10,
+                        markup=False)
         self.result = result
         self.phase = "idle"
         quiet_gc(True)
@@ -360,7 +369,10 @@ class MainScreen(GridNavigation, Screen):
         cmp = result.comparison
         flips = sum(1 for s in result.tokens if s.flip)
         if result.all_ok:
-            self.status.set_text(f"all ok · {len(cmp.status)} keys identical · {result.settings.label()}", "ok")
+            shared = len(cmp.status) - len(result.expected_missing)
+            self.status.set_text(f"all ok · {shared} keys identical · {self.session.label(result.settings)}"
+                                 + (f" · {len(result.expected_missing)} made by one side only"
+                                    if result.expected_missing else ""), "ok")
             return
         # most telling first: at 80 columns the tail is cut
         n = cmp.counts.get(Status.DIFF, 0)
@@ -374,8 +386,9 @@ class MainScreen(GridNavigation, Screen):
                 counts += f" · {summary.n_unjudged} hash-only"
         elif tol is not None:
             counts = f"judging at {tol.spec()}… · {counts}"
-        self.status.set_text(f"first DIFF {cmp.first_diff} · {counts} · {flips} top-1 flips"
-                             f" · {result.settings.label()}", "diff")
+        missing = f" · {result.n_missing} missing" if result.n_missing else ""
+        self.status.set_text(f"first DIFF {cmp.first_diff or '—'} · {counts}{missing} · {flips} top-1 flips"
+                             f" · {self.session.label(result.settings)}", "diff")
 
     # ---- tolerance -------------------------------------------------------
 
@@ -401,6 +414,19 @@ class MainScreen(GridNavigation, Screen):
             self.status.set_text(f"tolerance {self.tolerance.spec()}: DIFF keys are judged when the run finishes",
                                  "busy" if self.busy else "")
         self._refresh_all()
+
+    def action_first_far(self) -> None:
+        summary = self.board.tolerance if self.board is not None else None
+        if self.tolerance is None:
+            self.notify("no tolerance chosen: T cycles through them, then F jumps to the first far key",
+                        markup=False)
+        elif summary is None:
+            self.notify("the DIFF keys are not judged yet (the run must finish)", markup=False)
+        elif summary.first_far is None:
+            self.notify(f"no far key at {self.tolerance.spec()}", markup=False)
+        else:
+            self._goto(summary.first_far)
+            self.follow = False  # f goes back to following the first DIFF
 
     def _judge(self) -> None:
         """Judge the finished run's DIFF keys off the UI thread (~0.4 s on the default model)."""
@@ -467,7 +493,7 @@ class MainScreen(GridNavigation, Screen):
         # bisection's trial runs do not stream positions: say that the grid shows the run before it
         self.query_one("#grid-box").border_title = "hash grid · the run before bisection (bisecting…)"
         self.status.set_progress(0, None)
-        self.status.set_text(f"bisecting from {start.label()}…", "busy")
+        self.status.set_text(f"bisecting from {session.label(start)}…", "busy")
         self.run_worker(partial(workers.bisection, session, start, run_id, cancel, self._run_lock,
                                 self.post_message), thread=True, group="run", name="bisect",
                         description="bisect the toggles", exit_on_error=False)
@@ -478,7 +504,7 @@ class MainScreen(GridNavigation, Screen):
         self.query_one(HistoryPanel).show(self.session.history)
         mv = m.move
         self.settings = mv.settings  # the toggles panel shows the ops switched so far
-        self.query_one(TogglePanel).show(self.settings, self._owners(mv.after))
+        self.query_one(TogglePanel).show(self.settings, self._owners(mv.after), toggles=self._toggles())
         self.status.set_text(f"bisecting: {mv.change} moved the first DIFF {mv.before} -> {mv.after or 'all ok'}",
                              "busy")
 
@@ -491,7 +517,7 @@ class MainScreen(GridNavigation, Screen):
         self._load_result(result)
         self._finish(result)
         if out.all_ok:
-            mins = ",".join(t for t in TOGGLES if t in (out.minimal or ())) or "(none)"
+            mins = ",".join(t for t in self.session.binary_toggles if t in (out.minimal or ())) or "(none)"
             text = f"all ok; minimal exact set {mins}"
             self.status.set_text(f"all ok · minimal exact set {mins} · {len(out.moves)} moves", "ok")
         else:
@@ -503,7 +529,8 @@ class MainScreen(GridNavigation, Screen):
         if self._bisect_start is not None:
             self.settings = self._bisect_start
             self._bisect_start = None
-            self.query_one(TogglePanel).show(self.settings, self._owners(self.board.first_diff))
+            self.query_one(TogglePanel).show(self.settings, self._owners(self.board.first_diff),
+                                             toggles=self._toggles())
 
     def _load_result(self, result: RunResult) -> None:
         """Show a finished run that did not stream positions (bisection's final run)."""
@@ -518,11 +545,25 @@ class MainScreen(GridNavigation, Screen):
 
     # ---- settings --------------------------------------------------------
 
-    def action_toggle(self, op: str) -> None:
-        self._change(replace(self.settings, exact=self.settings.exact ^ {op}))
+    def action_toggle(self, index: int) -> None:
+        if self.session is None:
+            self._no_model()
+            return
+        toggles = self.session.toggles
+        if index >= len(toggles):
+            return
+        t = toggles[index]
+        if t.binary:
+            self._change(replace(self.settings, exact=self.settings.exact ^ {t.name}))
+        else:
+            cur = self.settings.value(t)
+            self._change(self.settings.pick(t, t.values[(t.values.index(cur) + 1) % len(t.values)]))
 
     def action_all_exact(self) -> None:
-        self._change(replace(self.settings, exact=frozenset(TOGGLES)))
+        if self.session is None:
+            self._no_model()
+            return
+        self._change(replace(self.settings, exact=frozenset(self.session.binary_toggles)))
 
     def action_all_fast(self) -> None:
         self._change(replace(self.settings, exact=frozenset()))
@@ -561,7 +602,13 @@ class MainScreen(GridNavigation, Screen):
         if self.session is None:
             self._no_model()
             return
+        from ...engines.builtin import BuiltinEngine
         from .iso import IsoScreen
+
+        if not isinstance(self.session.subject_engine, BuiltinEngine):
+            self.notify(f"iso needs a built-in subject (sim or cuda); {self.session.subject} runs whole decodes only",
+                        severity="warning", markup=False)
+            return
 
         self.app.push_screen(IsoScreen(self.session, self.settings.exact))
 
@@ -624,29 +671,41 @@ class MainScreen(GridNavigation, Screen):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if self.diff_mode and action in RUN_ACTIONS:
             return False  # two dump files: nothing to run, so the keys leave the footer
+        if action == "toggle" and parameters and self.session is not None:
+            return int(parameters[0]) < len(self.session.toggles)  # keys past the subject's toggles are off
         return True
 
     def palette_commands(self) -> list[tuple[str, str, str]]:
         """(title, help, action) for the command palette: every action of this screen."""
         cmds = []
+        toggles = self._toggles()
         for b in self.BINDINGS:
             name = b.action.split("(")[0]
             if not self.check_action(name, ()):
                 continue
             keys = ", ".join(self.app.get_key_display(Binding(k, "")) for k in b.key.split(","))
-            cmds.append((_title(b), f"key {keys}", b.action))
+            title = _title(b)
+            if name == "toggle":  # one command per toggle the subject has, named after it
+                i = int(b.action[len("toggle("):-1])
+                if i >= len(toggles):
+                    continue
+                title = f"Switch {toggles[i].name}: {' / '.join(toggles[i].values)}"
+            cmds.append((title, f"key {keys}", b.action))
         cmds.append(("Load the embedded default model", "sim subject, 48 layers", "load_default"))
         return cmds
 
     # ---- redraw ----------------------------------------------------------
 
     def _owners(self, first: str | None) -> tuple[str, ...]:
-        if not first:
+        if not first or self.session is None:
             return ()
         try:
-            return OWNERS.get(parse_key(first).field, ())
+            return self.session.subject_engine.owners(parse_key(first).field)
         except ValueError:
             return ()
+
+    def _toggles(self):
+        return self.session.toggles if self.session is not None else ()
 
     def _refresh_all(self) -> None:
         board = self.board
@@ -655,7 +714,7 @@ class MainScreen(GridNavigation, Screen):
         self.grid.refresh()
         self.query_one(TokenStrip).show(board, self.cursor.t)
         if not self.diff_mode:
-            self.query_one(TogglePanel).show(self.settings, self._owners(board.first_diff))
+            self.query_one(TogglePanel).show(self.settings, self._owners(board.first_diff), toggles=self._toggles())
             if self.session is not None:
                 self.query_one(HistoryPanel).show(self.session.history)
         self._refresh_detail()

@@ -13,6 +13,7 @@ the engine's ToleranceSummary on the board (computed in a worker, not here).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 from rich.style import Style
@@ -86,6 +87,10 @@ def _num(x, dtype: str | None) -> str:
     return str(x)
 
 
+def _builtin_owners(field_name: str) -> str:
+    return " ".join(f"{o}[{TOGGLES.index(o) + 1}]" for o in OWNERS.get(field_name, ()))
+
+
 class DetailPanel(Widget, can_focus=False):
     COMPONENT_CLASSES = {"detail--key", "detail--ok", "detail--diff", "detail--missing", "detail--pending",
                          "detail--dim", "detail--bar", "detail--first", "detail--close", "detail--far"}
@@ -94,6 +99,9 @@ class DetailPanel(Widget, can_focus=False):
         super().__init__(id=id)
         self.info: KeyInfo | None = None
         self.message: str = ""
+        # field -> the toggles that may own a DIFF there, with their keys ("norm[1]"); the screen sets the
+        # subject's (diff mode keeps the built-in table: the dumps may well come from the built-ins)
+        self.owner_label: Callable[[str], str] = _builtin_owners
 
     def show(self, info: KeyInfo | None, message: str = "") -> None:
         self.info, self.message = info, message
@@ -180,12 +188,12 @@ class DetailPanel(Widget, can_focus=False):
         if info.shape is not None:
             meta.append(f"{info.dtype} {list(info.shape)}")
         try:
-            owners = OWNERS.get(parse_key(info.key).field, ())
+            owners = self.owner_label(parse_key(info.key).field)
         except ValueError:
-            owners = ()
+            owners = ""
         if owners and info.status is Status.DIFF:
             meta.append("  ops " if meta else "ops ", style=self._s("detail--dim"))
-            meta.append(" ".join(f"{o}[{TOGGLES.index(o) + 1}]" for o in owners))
+            meta.append(owners)
         return meta
 
     def _histogram(self, hist: list[int], width: int) -> list[Text]:
