@@ -383,4 +383,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_tui(args: argparse.Namespace) -> int:
     from .app.main import run_app
 
+    _check_subject(args, ("auto", "sim", "cuda", "hf"))
+
     return run_app(args)

@@ -230,9 +230,9 @@ def test_partial_last_line_counts_at_a_clean_exit(model, ref):
 
 
 def test_command_not_found_is_a_usage_error(model):
-    eng = engine(model, {"command": "/nonexistent/xyz --flag", "dump_env": "D"})
+    # refused when the engine is built: before a headless command opens its output file
     with pytest.raises(UsageError) as ei:
-        eng.run(request())
+        engine(model, {"command": "/nonexistent/xyz --flag", "dump_env": "D"})
     assert one_line(ei.value) == ("process engine: command '/nonexistent/xyz' not found;"
                                   " fix `command` in the profile")
 
@@ -256,7 +256,7 @@ def test_bad_options_are_one_line(model, options, words):
 
 def test_toggle_without_a_key_is_refused(model):
     with pytest.raises(UsageError, match="toggle 'x' has no key"):
-        engine(model, {"command": "x {dump}"}, (Toggle("x", ("a", "b"), "b"),))
+        engine(model, {"command": [sys.executable, "{dump}"]}, (Toggle("x", ("a", "b"), "b"),))
 
 
 # ---------------------------------------------------------------------------------------------- unit parts

@@ -209,7 +209,7 @@ class Board:
         if not self.arrived[i]:
             return "pending"
         top = self.top1[i]
-        if top is not None and top[0] != top[1]:
+        if top is not None and top[0] >= 0 and top[1] >= 0 and top[0] != top[1]:  # -1: no logits
             return "flip"
         if self.n_diff[i]:
             return "diff"

@@ -57,6 +57,8 @@ class RunSettings:
 
 
 def _describe_exact(exact: frozenset[str], order: tuple[str, ...]) -> str:
+    if not order and not exact:
+        return "no toggles"
     if not exact:
         return "all fast"
     if order and exact >= set(order):
@@ -74,7 +76,8 @@ class TokenSummary:
 
     @property
     def flip(self) -> bool:
-        return self.ref_top1 != self.sub_top1
+        """Both top-1s known (-1: an engine without logits) and different."""
+        return self.ref_top1 >= 0 and self.sub_top1 >= 0 and self.ref_top1 != self.sub_top1
 
 
 @dataclass(frozen=True)

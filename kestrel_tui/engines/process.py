@@ -181,7 +181,22 @@ def parse_options(options: Mapping[str, object], model: str | None = None) -> Pr
                    " so the engine knows where to write its dump")
     if cfg.uses("model") and not model:
         raise _bad("`command` uses {model} but the profile names no model")
+    _check_program(cfg)
     return cfg
+
+
+def _check_program(cfg: ProcessConfig) -> None:
+    """A missing program is a profile error now, before a command opens its output file (Popen checks again)."""
+    prog = cfg.command[0]
+    if _PH_RE.search(prog):
+        return  # filled in per run
+    if os.sep in prog:
+        where = prog if os.path.isabs(prog) or cfg.cwd is None else os.path.join(cfg.cwd, prog)
+        found = os.path.isfile(where)
+    else:
+        found = shutil.which(prog, path=dict(cfg.env).get("PATH") or os.environ.get("PATH")) is not None
+    if not found:
+        raise _bad(f"command {prog!r} not found; fix `command` in the profile")
 
 
 def _check_toggles(toggles: tuple[Toggle, ...], cfg: ProcessConfig) -> tuple[Toggle, ...]:
@@ -331,6 +346,7 @@ class Assembler:
         self.beyond: str | bool = False  # a key past the last asked-for position: everything asked for is in
         self.positions: list = []
         self._prev_top1 = -1
+        self.raw_hi = -1      # the latest position a sidecar record named
 
     def _position(self, tag: str) -> int | None:
         try:
@@ -357,6 +373,8 @@ class Assembler:
     def add_raw(self, tag: str, a: np.ndarray, offset: int) -> None:
         m = _TOKEN_RE.fullmatch(tag)
         t = int(m[1]) if m else self._position(tag)
+        if t is not None:
+            self.raw_hi = max(self.raw_hi, t)
         where = f"{self.raw_label}: offset {offset}"
         if t is None:
             raise _ContentError(f"{where}: record tag {tag[:40]!r} is not a probe key (t<T>_emb, t<T>_l<L>_<field>,"
@@ -383,15 +401,20 @@ class Assembler:
                 raise _ContentError(f"{where}: duplicate record {tag!r}")
             raw[tag] = a
 
-    def ready(self, exited: bool = False) -> int:
-        """Positions below this one are complete."""
+    def ready(self, exited: bool = False, raw_behind: int | None = None) -> int:
+        """Positions below this one are complete. ``raw_behind``: the sidecar reader has not caught up and
+        its last record is of this position, so only the positions before it have all their records."""
         if self.beyond:
-            return self.last + 1
-        if exited:
-            return min(self.hi, self.last) + 1
-        if self.hi >= self.P:
-            return self.hi  # the prompt's positions complete together, then one at a time
-        return 0
+            upto = self.last + 1
+        elif exited:
+            upto = min(self.hi, self.last) + 1
+        elif self.hi >= self.P:
+            upto = self.hi  # the prompt's positions complete together, then one at a time
+        else:
+            upto = 0
+        if raw_behind is not None:
+            upto = min(upto, raw_behind if raw_behind >= self.P else 0)
+        return upto
 
     def _token(self, t: int) -> int:
         if t in self.tokens:
@@ -559,7 +582,8 @@ class ProcessEngine(Engine):
                     # sidecar second sees every record of each position the dump shows complete
                     lines = tail.poll()
                     records = list(side.poll()) if side else []
-                    if rc == 0:
+                    behind = side is not None and not side.caught_up  # more records wait: read them first
+                    if rc == 0 and not behind:
                         lines += tail.finish()
                         if side:
                             side.check_end()
@@ -574,7 +598,8 @@ class ProcessEngine(Engine):
                         asm.add_hash(n, tag, h)
                 except _ContentError as e:
                     raise unreadable(str(e)) from None
-                for pos in asm.emit(asm.ready(exited=rc == 0)):  # a crash leaves its last position unfinished
+                upto = asm.ready(exited=rc == 0 and not behind, raw_behind=asm.raw_hi if behind else None)
+                for pos in asm.emit(upto):  # a crash leaves its last position unfinished
                     if req.on_position:
                         req.on_position(pos)
                     if req.cancel is not None and req.cancel.is_set():
@@ -582,6 +607,8 @@ class ProcessEngine(Engine):
                         raise Cancelled()
                     if req.stop is not None and req.stop():
                         return trace  # the caller has what it needs (finally kills the child)
+                if behind:
+                    continue  # catch up with the sidecar before judging the end or sleeping
                 if asm.beyond:
                     if asm.hi < 0:  # not one key in range: the engine numbers its positions otherwise
                         raise fail(f"its first key {asm.beyond!r} is past the last position asked for"

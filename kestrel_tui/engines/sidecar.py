@@ -88,6 +88,9 @@ def _decode(dt: str, shape: tuple[int, ...], data: bytes) -> np.ndarray:
     return a.astype(np.dtype(DTYPES[dt]).newbyteorder("="), copy=True)
 
 
+READ_CHUNK = 64 * 2**20  # bytes read per poll
+
+
 class SidecarReader:
     """Reads the records a growing file holds so far; a record shows once all its bytes are there."""
 
@@ -97,18 +100,21 @@ class SidecarReader:
         self._f: BinaryIO | None = None
         self._buf = bytearray()
         self._offset = 0  # file offset of _buf[0]
+        self.caught_up = True  # the last poll read everything the file held then
 
     def _error(self, offset: int, why: str) -> SidecarError:
         return SidecarError(f"{self.label}: offset {offset}: {why}")
 
-    def poll(self) -> Iterator[tuple[str, np.ndarray, int]]:
-        """(tag, array, offset) of each record completed since the last call."""
+    def poll(self, max_bytes: int = READ_CHUNK) -> Iterator[tuple[str, np.ndarray, int]]:
+        """(tag, array, offset) of each record completed since the last call, reading at most ``max_bytes``
+        (a reader that fell behind catches up a chunk at a time: memory stays bounded; see caught_up)."""
         if self._f is None:
             try:
                 self._f = open(self.path, "rb")
             except FileNotFoundError:
                 return
-        chunk = self._f.read()
+        chunk = self._f.read(max_bytes)
+        self.caught_up = len(chunk) < max_bytes
         if chunk:
             self._buf += chunk
         while True:

@@ -354,6 +354,10 @@ class MainScreen(GridNavigation, Screen):
                         markup=False)
         self.result = result
         self.phase = "idle"
+        status = result.comparison.status
+        for p_ref in result.ref.positions:  # positions a failed subject never reached read missing, not pending
+            if p_ref.t not in self._sub:
+                self.board.add_position(p_ref.t, {k: status[k] for k in p_ref.hashes if k in status}, {}, None)
         quiet_gc(True)
         self.status.set_progress(None, None)
         self._result_status()
