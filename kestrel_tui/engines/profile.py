@@ -281,9 +281,6 @@ class _Checker:
         if engine in BUILTIN and options:
             self.fail((side, "options"), f"engine {engine} takes no options",
                       "remove them; its toggles are the op families")
-        if engine == "hf" and side_model is None:
-            self.fail((side,), "engine hf needs a model (an HF directory) and none is given",
-                      "add model = \"DIR\" here or at the top, or pass --model DIR")
         return EngineSpec(engine, side_model, options, None)
 
     def toggles(self, doc: dict, subject: EngineSpec) -> tuple[Toggle, ...] | None:
