@@ -63,7 +63,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="reference vs subject, headless; exit 0 all ok, 1 DIFF, 2 bad input")
     _model_args(p)
     p.add_argument("--subject", help="sim (default), cuda or hf; a profile names any engine")
-    p.add_argument("--exact", default="none", help="exact toggles: all, none or a comma list")
+    p.add_argument("--exact", help="the subject's toggles switched to exact: all, none or a comma list"
+                   " (default: each toggle's default, all fast for the built-ins)")
+    p.add_argument("--toggle", action="append", default=[], metavar="NAME=VALUE",
+                   help="set one of the subject's toggles to a value (after --exact; repeatable),"
+                   " e.g. --toggle dtype=bfloat16")
     p.add_argument("--mode", choices=("chain", "isolate"), default="chain")
     p.add_argument("--prefill", choices=("reference", "subject"), default="reference")
     p.add_argument("--forcing", choices=("teacher", "free"), default="teacher")

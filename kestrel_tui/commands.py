@@ -181,7 +181,29 @@ def _settings(args: argparse.Namespace, session):
     """RunSettings from --exact (the subject's binary toggles) and the run switches."""
     from .engine.session import RunSettings
 
-    return RunSettings(_parse_names(args.exact, session.binary_toggles), args.mode, args.prefill, args.forcing)
+    exact = session.initial_settings().exact if args.exact is None else _parse_names(args.exact,
+                                                                                       session.binary_toggles)
+    settings = RunSettings(exact, args.mode, args.prefill, args.forcing)
+    for item in getattr(args, "toggle", None) or []:
+        settings = _set_toggle(settings, session, item)
+    return settings
+
+
+def _set_toggle(settings, session, item: str):
+    """--toggle NAME=VALUE on these settings."""
+    from dataclasses import replace
+
+    name, sep, value = item.partition("=")
+    names = [t.name for t in session.toggles]
+    if not sep or name not in names:
+        raise UsageError(f"--toggle {item!r}: expected NAME=VALUE with NAME one of {', '.join(names) or '(none)'}")
+    t = session.toggles[names.index(name)]
+    if value not in t.values:
+        raise UsageError(f"--toggle {item!r}: {name} takes {', '.join(t.values)}")
+    if t.binary:
+        exact = settings.exact | {name} if value == t.exact else settings.exact - {name}
+        return replace(settings, exact=exact)
+    return settings.pick(t, value)
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -48,7 +48,14 @@ def at(tmp_path, text, line, key, *words, **kw):
 # ------------------------------------------------------------ examples
 
 
-@pytest.mark.parametrize("name", ["cpu-vs-cuda", "cpu-vs-hf", "hf-eager-vs-sdpa", "seed-process"])
+def test_every_shipped_profile_is_covered():
+    assert sorted(p.stem for p in PROFILES.glob("*.toml")) == sorted(EXAMPLES)
+
+
+EXAMPLES = ["cpu-vs-cuda", "cpu-vs-hf", "cpu-vs-hf-cuda", "hf-eager-vs-sdpa", "seed-process"]
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
 def test_examples_load(name, tmp_path):
     p = load_profile(PROFILES / f"{name}.toml", model_override=str(tmp_path))
     assert p.model == str(tmp_path.resolve())

@@ -40,11 +40,12 @@ def _candidates(first_diff: str, exact: frozenset[str], engine: Engine) -> list[
     return [t for t in (*owners, *rest) if t not in exact]
 
 
-def bisect(session: Session, start: RunSettings = RunSettings(),
+def bisect(session: Session, start: RunSettings | None = None,
            on_move: Callable[[HistoryEntry], None] | None = None,
            cancel: threading.Event | None = None, tol: Tolerance | None = None) -> BisectResult:
     """tol None: walk to "all ok" (first DIFF); a Tolerance: walk to "no far key" (first far)."""
     result = BisectResult()
+    start = session.initial_settings() if start is None else start
 
     def run(settings: RunSettings, full: bool = False) -> RunResult:
         return session.run(settings, cancel=cancel, record=False, stop_at_first_diff=not full and tol is None)

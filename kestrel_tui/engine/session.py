@@ -42,7 +42,7 @@ class RunSettings:
 
     def value(self, toggle: Toggle) -> str:
         if toggle.binary:
-            return toggle.exact if toggle.name in self.exact else toggle.default
+            return toggle.exact if toggle.name in self.exact else toggle.fast
         return dict(self.picks).get(toggle.name, toggle.default)
 
     def values(self, toggles: tuple[Toggle, ...]) -> dict[str, str]:
@@ -248,6 +248,10 @@ class Session:
     @property
     def binary_toggles(self) -> tuple[str, ...]:
         return tuple(t.name for t in self.toggles if t.binary)
+
+    def initial_settings(self) -> RunSettings:
+        """Every toggle at its default (a profile may start a binary toggle on its exact value)."""
+        return RunSettings(exact=frozenset(t.name for t in self.toggles if t.binary and t.default == t.exact))
 
     def label(self, settings: RunSettings) -> str:
         return settings.label(self.binary_toggles)

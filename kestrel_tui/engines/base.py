@@ -52,6 +52,11 @@ class Toggle:
     def binary(self) -> bool:
         return self.exact is not None
 
+    @property
+    def fast(self) -> str:
+        """A binary toggle's other value: its default, unless the default is the exact one."""
+        return self.default if self.default != self.exact else next(v for v in self.values if v != self.exact)
+
 
 def fast_exact(name: str, owns: tuple[str, ...] = (), help: str = "", fast: str = "fast",
                exact: str = "exact") -> Toggle:

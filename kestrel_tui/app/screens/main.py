@@ -228,7 +228,7 @@ class MainScreen(GridNavigation, Screen):
         self.session, self.info = s, info
         self.result, self._ref, self._sub = None, None, {}
         P = len(s.prompt)
-        self.settings = RunSettings()  # a new session has its own toggles
+        self.settings = s.initial_settings()  # a new session has its own toggles
         self.board = Board(range(P + s.n_tokens), range(s.model.cfg.n_layers), layer_fields(s.deep), prompt_len=P)
         toggles = s.toggles
         self.query_one(DetailPanel).owner_label = lambda f: " ".join(
