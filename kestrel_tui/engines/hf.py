@@ -123,6 +123,13 @@ class HFEngine(Engine):
         self._check_config()
         self._loaded = None  # ((dtype, attn, device), torch model, Capture)
 
+    @property
+    def device_name(self) -> str:
+        import torch
+        import transformers
+
+        return f"{self.options['device']} (transformers {transformers.__version__}, torch {torch.__version__})"
+
     # -- the checkpoint
     def _resolve(self, model_dir: str | None) -> str:
         if model_dir is None or str(model_dir) == "default":

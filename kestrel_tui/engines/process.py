@@ -499,6 +499,10 @@ class ProcessEngine(Engine):
         self.caps = Capabilities(prefill_from=False, forcing=cfg.uses("forced_ids"), isolate=False,
                                  logits=cfg.sidecar, raw=cfg.sidecar)
 
+    @property
+    def device_name(self) -> str:
+        return f"process: {shlex.join(self.cfg.command)[:60]}"
+
     def prefill_problem(self, reference: Engine) -> str | None:
         return f"{self.name} runs its own prefill (a process cannot take another engine's KV rows)"
 
