@@ -81,6 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", choices=("ok", "far"), default="ok",
                    help="ok: until all keys agree (default); far: until no key is far (see --tol)")
     p.add_argument("--tol", metavar="SPEC", help="with --target far: the tolerance, as for run (default nmse=1e-7)")
+    p.add_argument("--prefill", choices=("reference", "subject"), default="reference")
+    p.add_argument("--forcing", choices=("teacher", "free"), default="teacher")
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("iso", help="batch-verify (M columns) vs M=1 decode, full logits byte by byte")

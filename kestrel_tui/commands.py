@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from rich.table import Table
@@ -314,6 +315,8 @@ def cmd_bisect(args: argparse.Namespace) -> int:
 
     _check_subject(args)
     far = getattr(args, "target", "ok") == "far"
+    if getattr(args, "tol_from_profile", False) and not far:
+        args.tol = None  # the profile's tolerance is for --target far
     if getattr(args, "tol", None) is not None and not far:
         raise UsageError(f"--tol {args.tol!r}: a tolerance needs --target far (bisect --target ok wants all keys ok)")
     tol = (parse_tolerance(args.tol) if args.tol is not None else Tolerance()) if far else None
@@ -329,7 +332,8 @@ def cmd_bisect(args: argparse.Namespace) -> int:
             status.update(f"bisecting: {line(move)}")
             if not args.json:
                 console.print(line(move))
-        result = bisect(session, on_move=on_move, tol=tol)
+        start = replace(session.initial_settings(), prefill=args.prefill, forcing=args.forcing)
+        result = bisect(session, start, on_move=on_move, tol=tol)
     if args.json:
         report = {"moves": [{"change": m.change, "before": m.before, "after": m.after} for m in result.moves],
                   "all_ok": result.all_ok, "final": sorted(result.final),

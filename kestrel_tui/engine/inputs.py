@@ -88,6 +88,7 @@ def apply_profile(args: argparse.Namespace):
                 args.prompt = profile.prompt
         if getattr(args, "tol", None) is None and profile.tolerance is not None and hasattr(args, "tol"):
             args.tol = profile.tolerance
+            args.tol_from_profile = True  # bisect uses it only when asked to target "no far key"
     for name, value in DEFAULTS.items():
         if getattr(args, name, None) is None:
             setattr(args, name, value)
