@@ -29,7 +29,7 @@ def make_backend(name: str, model: Model, kv: str = "q8", exact: str | frozenset
     raise UsageError(f"unknown backend {name!r}; choose from {', '.join(BACKENDS)}")
 
 
-ENGINES = (*BACKENDS, "hf", "process")
+ENGINES = (*BACKENDS, "hf", "process", "llama.cpp")
 
 
 def make_engine(spec, model: Model | None, kv: str = "q8", deep: bool = False):
@@ -57,4 +57,8 @@ def make_engine(spec, model: Model | None, kv: str = "q8", deep: bool = False):
         from .process import make_process_engine
 
         return make_process_engine(spec, model, kv=kv, deep=deep)
+    if spec.engine == "llama.cpp":
+        from .llamacpp import make_llamacpp_engine
+
+        return make_llamacpp_engine(spec, model, kv=kv, deep=deep)
     raise UsageError(f"unknown engine {spec.engine!r}; choose from {', '.join(ENGINES)}")
