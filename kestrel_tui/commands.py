@@ -192,8 +192,6 @@ def _settings(args: argparse.Namespace, session):
 
 def _set_toggle(settings, session, item: str):
     """--toggle NAME=VALUE on these settings."""
-    from dataclasses import replace
-
     name, sep, value = item.partition("=")
     names = [t.name for t in session.toggles]
     if not sep or name not in names:
@@ -201,9 +199,6 @@ def _set_toggle(settings, session, item: str):
     t = session.toggles[names.index(name)]
     if value not in t.values:
         raise UsageError(f"--toggle {item!r}: {name} takes {', '.join(t.values)}")
-    if t.binary:
-        exact = settings.exact | {name} if value == t.exact else settings.exact - {name}
-        return replace(settings, exact=exact)
     return settings.pick(t, value)
 
 

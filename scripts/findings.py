@@ -35,10 +35,7 @@ def settings_of(session: Session, spec: str):
         elif name == "toggle":
             tname, _, tval = value.partition(":")
             t = next(t for t in session.toggles if t.name == tname)
-            if t.binary:
-                s = replace(s, exact=s.exact | {tname} if tval == t.exact else s.exact - {tname})
-            else:
-                s = s.pick(t, tval)
+            s = s.pick(t, tval)
         elif name in ("prefill", "forcing", "mode"):
             s = replace(s, **{name: value})
         else:

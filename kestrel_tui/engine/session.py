@@ -41,19 +41,23 @@ class RunSettings:
         return ", ".join([_describe_exact(self.exact, order), *(f"{n}={v}" for n, v in self.picks), *extra])
 
     def value(self, toggle: Toggle) -> str:
-        if toggle.binary:
-            return toggle.exact if toggle.name in self.exact else toggle.fast
-        return dict(self.picks).get(toggle.name, toggle.default)
+        if toggle.binary and toggle.name in self.exact:
+            return toggle.exact
+        return dict(self.picks).get(toggle.name, toggle.fast if toggle.binary else toggle.default)
 
     def values(self, toggles: tuple[Toggle, ...]) -> dict[str, str]:
         return {t.name: self.value(t) for t in toggles}
 
     def pick(self, toggle: Toggle, value: str) -> "RunSettings":
-        """These settings with a list toggle set to ``value`` (its default drops out of ``picks``)."""
+        """These settings with ``toggle`` set to ``value``: a binary toggle's exact value goes in ``exact``,
+        any other value not its plain one (a 3-valued binary toggle's third, a list toggle's) in ``picks``."""
         rest = {n: v for n, v in self.picks if n != toggle.name}
-        if value != toggle.default:
+        exact = self.exact - {toggle.name}
+        if toggle.binary and value == toggle.exact:
+            exact = exact | {toggle.name}
+        elif value != (toggle.fast if toggle.binary else toggle.default):
             rest[toggle.name] = value
-        return replace(self, picks=tuple(sorted(rest.items())))
+        return replace(self, exact=exact, picks=tuple(sorted(rest.items())))
 
 
 def _describe_exact(exact: frozenset[str], order: tuple[str, ...]) -> str:

@@ -557,10 +557,10 @@ class MainScreen(GridNavigation, Screen):
         if index >= len(toggles):
             return
         t = toggles[index]
-        if t.binary:
-            self._change(replace(self.settings, exact=self.settings.exact ^ {t.name}))
+        cur = self.settings.value(t)
+        if t.binary:  # exact <-> its plain value
+            self._change(self.settings.pick(t, t.fast if cur == t.exact else t.exact))
         else:
-            cur = self.settings.value(t)
             self._change(self.settings.pick(t, t.values[(t.values.index(cur) + 1) % len(t.values)]))
 
     def action_all_exact(self) -> None:
