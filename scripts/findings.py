@@ -47,10 +47,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", required=True)
     ap.add_argument("--model")
+    ap.add_argument("--weights", choices=("q4_0", "f32"), help="overrides the profile's")
     ap.add_argument("--json", metavar="FILE")
     ap.add_argument("settings", nargs="+")
     cli = ap.parse_args()
-    args = argparse.Namespace(profile=cli.profile, model=cli.model, tokens=None, weights=None, kv=None, deep=None,
+    args = argparse.Namespace(profile=cli.profile, model=cli.model, tokens=None, weights=cli.weights, kv=None, deep=None,
                               prompt=None, prompt_ids=None, tol=None, subject=None)
     profile = apply_profile(args)
     model = model_from_options(args)

@@ -52,7 +52,8 @@ def test_every_shipped_profile_is_covered():
     assert sorted(p.stem for p in PROFILES.glob("*.toml")) == sorted(EXAMPLES)
 
 
-EXAMPLES = ["cpu-vs-cuda", "cpu-vs-hf", "cpu-vs-hf-cuda", "hf-eager-vs-sdpa", "seed-process"]
+EXAMPLES = ["cpu-vs-cuda", "cpu-vs-hf", "cpu-vs-hf-cuda", "cpu-vs-llamacpp", "hf-eager-vs-sdpa", "llamacpp-cpu-vs-cuda",
+            "seed-process"]
 
 
 @pytest.mark.parametrize("name", EXAMPLES)
