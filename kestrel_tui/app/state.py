@@ -54,6 +54,7 @@ class Board:
         self.prompt_len = prompt_len  # None: unknown (dump files carry no prompt boundary)
         self.sides = sides
         self.live = live  # live: absent keys of a position not yet run are PENDING
+        self.q8_inputs = False  # q4_0 weights: GEMV outputs show whether their q8_0 input codes agree
         self.rows = ("emb", *(f"L{layer}" for layer in self.layers), "logits")
         self._slot = {t: i for i, t in enumerate(self.positions)}
         self._row = {layer: i + 1 for i, layer in enumerate(self.layers)}

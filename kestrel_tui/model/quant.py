@@ -16,6 +16,8 @@ as they are. The block-major pair (`qs` int8 [nb, out, 32] holding q-8,
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from .config import QK
@@ -152,6 +154,37 @@ def quantize_q8_0(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     inv = _inverse(d)
     qs = _roundf(blocks * inv[..., None]).astype(np.int8)
     return qs, d.astype(np.float16).astype(np.float32)
+
+
+@dataclass(frozen=True)
+class CodeFlips:
+    """Where two q8_0 quantizations of nearly equal activations disagree (a q4_0 GEMV's input)."""
+    n: int             # elements whose code differs
+    n_blocks: int      # blocks holding one
+    index: int         # the first such element
+    scaled: tuple[float, float]  # x * (1/d) before rounding, reference and subject
+    codes: tuple[int, int]
+
+
+def q8_0_code_flips(ref: np.ndarray, sub: np.ndarray) -> CodeFlips | None:
+    """Compare the q8_0 codes both sides' activations round to (None: all codes equal).
+
+    A 1-ULP difference in an activation moves ``x/d`` across a .5 boundary now and then: the
+    code changes by one, the GEMV's integer dot by a whole weight, and a far key follows.
+    """
+    ref, sub = (np.asarray(a, dtype=np.float32).reshape(-1) for a in (ref, sub))
+    if ref.shape != sub.shape or ref.size % QK:
+        return None
+    (qa, da), (qb, db) = quantize_q8_0(ref), quantize_q8_0(sub)
+    diff = (qa != qb).reshape(-1)
+    if not diff.any():
+        return None
+    i = int(np.argmax(diff))
+    b = i // QK
+    scaled = tuple(float(np.float32(x[i]) * _inverse(np.abs(x[b * QK:(b + 1) * QK]).max() / np.float32(127)))
+                   for x in (ref, sub))
+    return CodeFlips(int(diff.sum()), int((qa != qb).any(axis=-1).sum()), i, scaled,
+                     (int(qa.reshape(-1)[i]), int(qb.reshape(-1)[i])))
 
 
 def q8_0_to_ggml(qs: np.ndarray, d: np.ndarray) -> np.ndarray:

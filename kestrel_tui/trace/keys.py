@@ -32,6 +32,10 @@ DEEP_FIELDS = ("pnrm", "router", "topk", "topw", "moe", "kpre")
 ALL_FIELDS = ("nrm", "kraw", "knorm", "kpre", "k", "ks", "v", "vs", "qrope", "attn",
               "ores", "pnrm", "router", "topk", "topw", "moe", "x")
 
+# field -> the field whose buffer a q4_0 GEMV quantizes to q8_0 to make it (same position and layer):
+# where a 1-ULP input difference can flip an activation code (app: the detail panel shows it)
+GEMV_INPUT = {"kraw": "nrm", "v": "nrm", "qrope": "nrm", "ores": "attn", "router": "pnrm"}
+
 _RANK = {f: i for i, f in enumerate(ALL_FIELDS)}
 _UNKNOWN_RANK = len(ALL_FIELDS)
 _STRIDE = len(ALL_FIELDS) + 1  # one slot per known field + one for foreign ones

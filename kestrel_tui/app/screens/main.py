@@ -235,6 +235,7 @@ class MainScreen(GridNavigation, Screen):
             f"{o}[{next(i for i, t in enumerate(toggles) if t.name == o) + 1}]"
             for o in s.subject_engine.owners(f))
         self.board.raw_sub = self._raw_sub
+        self.board.q8_inputs = s.model.fmt == "q4_0"
         self.grid.set_board(self.board)
         self.cursor = Cursor(min(P, self.board.n_positions - 1), 1, 0)
         self._header()

@@ -22,7 +22,8 @@ from textual.widget import Widget
 
 from ...backends.toggles import OWNERS, TOGGLES
 from ...trace.compare import NAN_ULP, DiffStats, KeyMetrics, Status, diff_stats, ulp_bin_labels, ulp_histogram
-from ...trace.keys import parse_key
+from ...model.quant import CodeFlips, q8_0_code_flips
+from ...trace.keys import GEMV_INPUT, key_name, parse_key
 
 BIN_LABELS = ulp_bin_labels()
 EIGHTHS = " ▏▎▍▌▋▊▉"
@@ -45,6 +46,8 @@ class KeyInfo:
     verdict: str | None = None          # "close" | "far" under `tol`
     tol: str | None = None              # the tolerance's spec, e.g. "nmse=1e-07"
     first_far: bool = False
+    q8_input: str | None = None         # a q4_0 GEMV's input key, when this key is such a GEMV's output
+    q8: CodeFlips | None = None         # where that input's q8_0 codes differ (None: all equal)
 
 
 def key_info(board, key: str | None, t: int) -> KeyInfo | None:
@@ -70,7 +73,27 @@ def key_info(board, key: str | None, t: int) -> KeyInfo | None:
             info.hist = ulp_histogram(a, b)
         except ValueError as e:  # shape or dtype differs between the sides
             info.raw_note = str(e)
+        _q8_input(board, key, info)
     return info
+
+
+def _q8_input(board, key: str, info: KeyInfo) -> None:
+    """For the output of a q4_0 GEMV: do both sides' q8_0 activation codes agree? (A 1-ULP input
+    difference that crosses a rounding boundary is the usual start of a far key.)"""
+    if not getattr(board, "q8_inputs", False):
+        return
+    try:
+        k = parse_key(key)
+    except ValueError:
+        return
+    src = GEMV_INPUT.get(k.field)
+    if src is None or k.layer is None:
+        return
+    name = key_name(k.t, k.layer, src)
+    a, b = board.raw_ref(name), board.raw_sub(name)
+    if a is None or b is None:
+        return
+    info.q8_input, info.q8 = name, q8_0_code_flips(a, b)
 
 
 def _bar(frac: float, width: int) -> str:
@@ -139,6 +162,8 @@ class DetailPanel(Widget, can_focus=False):
                 lines.append(Text(f"{s.n_nan} differing pairs involve NaN"))
             lines.append(Text(f"first [{s.first_index}] {_num(s.first_a, info.dtype)} vs "
                               f"{_num(s.first_b, info.dtype)}"))
+        if info.q8_input is not None:
+            lines.append(self._q8_line(info))
         if info.hist is not None:
             if compact:
                 # the histogram as one line of bucket:count pairs
@@ -150,6 +175,14 @@ class DetailPanel(Widget, can_focus=False):
         out = Text("\n").join(lines)
         out.no_wrap, out.overflow = True, "ellipsis"
         return out
+
+    def _q8_line(self, info: KeyInfo) -> Text:
+        f, src = info.q8, parse_key(info.q8_input).field
+        if f is None:
+            return Text(f"q8_0 of {src}: codes equal (the sums differ)", style=self._s("detail--dim"))
+        line = Text(f"q8_0 of {src}: {f.n} code{'s' * (f.n != 1)} differ", style=self._s("detail--far"))
+        line.append(f" [{f.index}] {f.scaled[0]:.6g}→{f.codes[0]} vs {f.scaled[1]:.6g}→{f.codes[1]}")
+        return line
 
     def _head(self, info: KeyInfo, compact: bool) -> Text:
         st_style = {Status.OK: "detail--ok", Status.DIFF: "detail--diff", Status.PENDING: "detail--pending",
