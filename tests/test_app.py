@@ -38,6 +38,8 @@ from kestrel_tui.trace.compare import Status, compare
 from kestrel_tui.trace.dump import read_dump, write_dump
 from kestrel_tui.trace.keys import emb_key, key_name, logits_key, order_key, token_keys
 
+from apptools import make_app, settle  # noqa: F401 - test_app_tolerance takes them from here too
+
 N_TOKENS = 4
 
 pytestmark = pytest.mark.anyio  # async tests run on anyio's pytest plugin (installed with httpx/textual deps)
@@ -45,27 +47,6 @@ pytestmark = pytest.mark.anyio  # async tests run on anyio's pytest plugin (inst
 
 def make_session(model, n_tokens=N_TOKENS, cls=Session):
     return cls(model, default_prompt(model.cfg.vocab), n_tokens, subject="sim")
-
-
-def make_app(session, tmp_path) -> KestrelApp:
-    return KestrelApp(LiveSource(lambda _progress: loaded(session)), export_dir=tmp_path / "exports")
-
-
-async def settle(pilot, timeout: float = 120.0) -> None:
-    """Wait until no worker runs and every message they posted has been handled."""
-    app = pilot.app
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        await app.workers.wait_for_complete()
-        await pilot.pause()
-        screen = app.screen
-        if not app.main.busy and not getattr(screen, "busy", False):
-            await pilot.pause()
-            return
-        if loop.time() > deadline:
-            raise TimeoutError(f"app still busy: {app.main.phase}")
-        await asyncio.sleep(0.01)
 
 
 def notes(app) -> list[str]:

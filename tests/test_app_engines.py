@@ -15,8 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from kestrel_tui.app.app import KestrelApp
-from kestrel_tui.app.source import LiveSource, loaded
 from kestrel_tui.backends.toggles import TOGGLES
 from kestrel_tui.engine.run import run_decode
 from kestrel_tui.engine.session import Session
@@ -25,6 +23,8 @@ from kestrel_tui.engines.build import make_backend, make_engine
 from kestrel_tui.engines.builtin import OP_TOGGLES
 from kestrel_tui.model.hf import load_model
 from kestrel_tui.trace.compare import Status, compare
+
+from apptools import make_app, settle
 
 pytestmark = pytest.mark.anyio
 
@@ -57,26 +57,6 @@ def toy(*extra, raw=False, **options):
 def toy_session(model, options, toggles=(EXACT,)) -> Session:
     sub = make_engine(EngineSpec("process", options=options, toggles=toggles), model)
     return Session(model, PROMPT, N, reference="cpu", subject=sub)
-
-
-def make_app(session, tmp_path) -> KestrelApp:
-    return KestrelApp(LiveSource(lambda _progress: loaded(session)), export_dir=tmp_path / "exports")
-
-
-async def settle(pilot, timeout: float = 60.0) -> None:
-    """Wait until no worker runs and every message they posted has been handled."""
-    app = pilot.app
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        await app.workers.wait_for_complete()
-        await pilot.pause()
-        if not app.main.busy:
-            await pilot.pause()
-            return
-        if loop.time() > deadline:
-            raise TimeoutError(f"app still busy: {app.main.phase}")
-        await asyncio.sleep(0.01)
 
 
 async def wait_for(pilot, cond, timeout: float = 30.0, what: str = "condition"):

@@ -7,38 +7,23 @@ and look at the SVGs in tests/__snapshots__/ before committing them.
 """
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
-from kestrel_tui.app.app import KestrelApp
-from kestrel_tui.app.source import LiveSource, loaded
 from kestrel_tui.engine.inputs import default_prompt
 from kestrel_tui.engine.session import Session
+
+from apptools import make_app, settle
 
 N_TOKENS = 8
 
 
-def make_app(model, tmp_path) -> KestrelApp:
-    session = Session(model, default_prompt(model.cfg.vocab), N_TOKENS, subject="sim")
-    return KestrelApp(LiveSource(lambda _progress: loaded(session)), export_dir=tmp_path / "exports")
-
-
-async def settle(pilot) -> None:
-    app = pilot.app
-    for _ in range(6000):
-        await app.workers.wait_for_complete()
-        await pilot.pause()
-        if not app.main.busy:
-            await pilot.pause()
-            return
-        await asyncio.sleep(0.01)
-    raise TimeoutError("app still busy")
+def app_on(model, tmp_path):
+    return make_app(Session(model, default_prompt(model.cfg.vocab), N_TOKENS, subject="sim"), tmp_path)
 
 
 @pytest.mark.parametrize("size", [(120, 40), (80, 24)], ids=["120x40", "80x24"])
 def test_main_screen(snap_compare, default_model, tmp_path, size):
-    assert snap_compare(make_app(default_model, tmp_path), terminal_size=size, run_before=settle)
+    assert snap_compare(app_on(default_model, tmp_path), terminal_size=size, run_before=settle)
 
 
 def test_main_screen_after_toggles(snap_compare, small_model, tmp_path):
@@ -49,12 +34,12 @@ def test_main_screen_after_toggles(snap_compare, small_model, tmp_path):
             await pilot.press(key)
             await settle(pilot)
 
-    assert snap_compare(make_app(small_model, tmp_path), terminal_size=(120, 40), run_before=run_before)
+    assert snap_compare(app_on(small_model, tmp_path), terminal_size=(120, 40), run_before=run_before)
 
 
 def test_main_screen_too_small(snap_compare, small_model, tmp_path):
     """Below 80x24: one centred line asking for room, instead of panels that cannot fit."""
-    assert snap_compare(make_app(small_model, tmp_path), terminal_size=(60, 20), run_before=settle)
+    assert snap_compare(app_on(small_model, tmp_path), terminal_size=(60, 20), run_before=settle)
 
 
 def test_main_screen_tolerance(snap_compare, small_model, tmp_path):
@@ -65,4 +50,4 @@ def test_main_screen_tolerance(snap_compare, small_model, tmp_path):
         await pilot.press("T")
         await settle(pilot)
 
-    assert snap_compare(make_app(small_model, tmp_path), terminal_size=(120, 40), run_before=run_before)
+    assert snap_compare(app_on(small_model, tmp_path), terminal_size=(120, 40), run_before=run_before)

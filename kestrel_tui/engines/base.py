@@ -63,6 +63,22 @@ def fast_exact(name: str, owns: tuple[str, ...] = (), help: str = "", fast: str 
     return Toggle(name, (fast, exact), exact, owns, help)
 
 
+def check_toggle_keys(engine: str, toggles: tuple[Toggle, ...], check: Callable[[str, str], object]) -> set[str]:
+    """A profile's toggles for an engine whose toggles set its options: one toggle per option, and
+    ``check(option, value)`` (raising a one-line UsageError) on every value. Returns the options set."""
+    from ..errors import UsageError
+
+    seen: set[str] = set()
+    for t in toggles:
+        key = t.key or t.name
+        if key in seen:
+            raise UsageError(f"{engine} engine: two toggles set option {key!r}")
+        seen.add(key)
+        for v in t.values:
+            check(key, v)
+    return seen
+
+
 @dataclass(frozen=True)
 class EngineSpec:
     """An engine as a profile or the command line names it (built by engines.build.make_engine)."""

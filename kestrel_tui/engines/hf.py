@@ -17,7 +17,7 @@ import numpy as np
 
 from ..errors import UsageError
 from ..trace.keys import DEEP_FIELDS, FIELDS
-from .base import Capabilities, Engine, EngineFailed, EngineSpec, RunRequest, Toggle
+from .base import Capabilities, Engine, EngineFailed, EngineSpec, RunRequest, Toggle, check_toggle_keys
 
 NEEDS = "hf engine needs transformers and torch: pip install -e '.[test]'"
 
@@ -88,14 +88,7 @@ def default_toggles(opts: Mapping[str, str]) -> tuple[Toggle, ...]:
 
 
 def check_toggles(toggles: tuple[Toggle, ...]) -> tuple[Toggle, ...]:
-    seen = set()
-    for t in toggles:
-        key = t.key or t.name
-        if key in seen:
-            raise UsageError(f"hf engine: two toggles set option {key!r}")
-        seen.add(key)
-        for v in t.values:
-            _check_value(key, v, where="toggle key")
+    check_toggle_keys("hf", toggles, lambda key, v: _check_value(key, v, where="toggle key"))
     return toggles
 
 

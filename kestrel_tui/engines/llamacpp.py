@@ -21,7 +21,7 @@ import numpy as np
 from ..errors import UsageError
 from ..trace.fnv import fnv1a64
 from ..trace.keys import DEEP_FIELDS, FIELDS, layer_fields
-from .base import Capabilities, Engine, EngineFailed, EngineSpec, RunRequest, Toggle
+from .base import Capabilities, Engine, EngineFailed, EngineSpec, RunRequest, Toggle, check_toggle_keys
 
 NEEDS = "llama.cpp engine needs llama-cpp-python: pip install -e '.[llama]' (or pip install llama-cpp-python)"
 REBUILD = ("rebuild llama-cpp-python: CMAKE_ARGS=\"-DGGML_CUDA=on\""
@@ -174,14 +174,8 @@ def default_toggles(opts: Mapping[str, str | None], gpu: bool, n_layers: int) ->
 
 
 def check_toggles(toggles: tuple[Toggle, ...], gpu: bool, n_layers: int) -> tuple[Toggle, ...]:
-    seen = set()
-    for t in toggles:
-        key = t.key or t.name
-        if key in seen:
-            raise UsageError(f"llama.cpp engine: two toggles set option {key!r}")
-        seen.add(key)
-        for v in t.values:
-            _check_value(key, v, where="toggle key", gpu=gpu, n_layers=n_layers)
+    seen = check_toggle_keys("llama.cpp", toggles, lambda key, v: _check_value(key, v, where="toggle key",
+                                                                                gpu=gpu, n_layers=n_layers))
     if "kv_type" in seen and ({"type_k", "type_v"} & seen):
         raise UsageError("llama.cpp engine: toggles set kv_type and type_k/type_v; keep one of them")
     return toggles
