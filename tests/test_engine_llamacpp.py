@@ -15,8 +15,9 @@ pytest.importorskip("gguf")
 from kestrel_tui.backends.ops_exact import kvquant  # noqa: E402
 from kestrel_tui.engine.run import Cancelled  # noqa: E402
 from kestrel_tui.engine.session import RunSettings, Session  # noqa: E402
-from kestrel_tui.engines.base import EngineSpec, RunRequest  # noqa: E402
+from kestrel_tui.engines.base import EngineFailed, EngineSpec, RunRequest  # noqa: E402
 from kestrel_tui.engines.build import make_engine  # noqa: E402
+from kestrel_tui.engines.llamacpp import default_repack  # noqa: E402
 from kestrel_tui.errors import UsageError  # noqa: E402
 from kestrel_tui.model.config import Config  # noqa: E402
 from kestrel_tui.model.gguf import write_gguf  # noqa: E402
@@ -244,3 +245,16 @@ def test_bad_files_and_options(tmp_path, ggufs):
             eng = make_engine(spec, m, kv="f32")
             eng.run(RunRequest(PROMPT, 1, _values(eng)))
         _one_line(e, *parts)
+
+
+@pytest.mark.skipif(default_repack() != "off", reason="the repack crash needs a CPU with AMX")
+def test_a_llama_cpp_segfault_ends_its_process_not_ours(ggufs):
+    """With repack on, llama.cpp segfaults in a multi-token decode of q4_0 weights on AMX CPUs: the
+    engine's child dies, the run fails in one line, and this process (the app) goes on."""
+    ours, eng = _engine(ggufs["moe", "q4_0"], fmt="q4_0", repack="on")
+    with pytest.raises(EngineFailed) as ei:
+        eng.run(RunRequest(PROMPT, N, _values(eng)))
+    text = str(ei.value)
+    assert "\n" not in text and "SIGSEGV" in text and "after 0 positions" in text
+    _, ok = _engine(ggufs["moe", "q4_0"], fmt="q4_0")  # the same run without repack, in the same process
+    assert len(ok.run(RunRequest(PROMPT, N, _values(ok))).positions) == len(PROMPT) + N

@@ -57,8 +57,13 @@ def make_engine(spec, model: Model | None, kv: str = "q8", deep: bool = False):
         from .process import make_process_engine
 
         return make_process_engine(spec, model, kv=kv, deep=deep)
-    if spec.engine == "llama.cpp":
+    if spec.engine == "llama.cpp":  # in a child process: a llama.cpp crash must not take the app down
+        from dataclasses import replace
+
+        from .child import Job, OutOfProcess
         from .llamacpp import make_llamacpp_engine
 
-        return make_llamacpp_engine(spec, model, kv=kv, deep=deep)
+        inner = make_llamacpp_engine(spec, model, kv=kv, deep=deep, load=False)
+        return OutOfProcess(inner, Job("llama_cpp", "kestrel_tui.engines.llamacpp:make_llamacpp_engine",
+                                       replace(spec, model=inner.path), inner.ours.cfg, kv, deep))
     raise UsageError(f"unknown engine {spec.engine!r}; choose from {', '.join(ENGINES)}")

@@ -181,7 +181,9 @@ def check_toggles(toggles: tuple[Toggle, ...], gpu: bool, n_layers: int) -> tupl
     return toggles
 
 
-def make_llamacpp_engine(spec: EngineSpec, model=None, kv: str = "q8", deep: bool = False) -> "LlamaCppEngine":
+def make_llamacpp_engine(spec: EngineSpec, model=None, kv: str = "q8", deep: bool = False,
+                         load: bool = True) -> "LlamaCppEngine":
+    """load=False: checks and toggles only (the app's side of an engine whose runs go to a child process)."""
     llama_cpp = _llama()
     from .ggml_tensor import load_ggml
 
@@ -203,7 +205,7 @@ def make_llamacpp_engine(spec: EngineSpec, model=None, kv: str = "q8", deep: boo
     opts, env = parse_options(spec.options, gpu, n)
     toggles = check_toggles(tuple(spec.toggles), gpu, n) if spec.toggles is not None else \
         default_toggles(opts, gpu, n)
-    return LlamaCppEngine(llama_cpp, ggml, path, model, opts, env, toggles, kv=kv, deep=deep)
+    return LlamaCppEngine(llama_cpp, ggml, path, model, opts, env, toggles, kv=kv, deep=deep, load=load)
 
 
 def _check_path(path) -> str | None:
@@ -232,7 +234,8 @@ def _is_q4(path: str) -> bool:
 class LlamaCppEngine(Engine):
     name = "llama.cpp"
 
-    def __init__(self, llama_cpp, ggml, path: str | None, model, options, env, toggles, kv="q8", deep=False):
+    def __init__(self, llama_cpp, ggml, path: str | None, model, options, env, toggles, kv="q8", deep=False,
+                 load: bool = True):
         self.L, self.ggml, self.ours = llama_cpp, ggml, model
         self.options, self.env, self.toggles, self.kv, self.deep = dict(options), dict(env), toggles, kv, deep
         self.fields = frozenset(("emb", "logits", *FIELDS, *(DEEP_FIELDS if deep else ())))
@@ -251,8 +254,9 @@ class LlamaCppEngine(Engine):
         self._cb_eval = llama_cpp.ggml_backend_sched_eval_callback(self._on_tensor)
         self._cb_abort = llama_cpp.ggml_abort_callback(lambda _: bool(self._cancel and self._cancel.is_set()))
         self._cb_log = llama_cpp.llama_log_callback(self._on_log)
-        with self._quiet():  # load now: a file llama.cpp refuses is an error when the engine is built
-            self._load(self.settings({}))
+        if load:
+            with self._quiet():  # load now: a file llama.cpp refuses is an error when the engine is built
+                self._load(self.settings({}))
 
     @property
     def device_name(self) -> str:

@@ -1,0 +1,201 @@
+"""An engine whose native library runs in a child process: its crash ends the child, not the app.
+
+llama.cpp segfaults in some configurations (docs/engines-llamacpp.md: q4_0 repack on AMX
+CPUs), and a segfault cannot be caught in the process it happens in. So the app keeps
+an engine object for what it asks between runs (toggles, capabilities, keys, labels)
+and each run — and one load check when the engine is built — goes to a fresh
+``python -m kestrel_tui.engines.child``, which imports the library before anything else
+(a library loaded after other extensions can clash with them) and streams the
+positions back as pickles. A child that dies is one line: its signal or exit code and
+its stderr's last line, with the positions it finished.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import queue
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from ..errors import UsageError
+from .base import Engine, EngineFailed, EngineSpec, RunRequest
+
+STDERR_TAIL = 300  # characters of the child's stderr a failure message keeps
+
+
+@dataclass(frozen=True)
+class Job:
+    """What the child needs: where the engine's factory is, what to build, what to do."""
+    first_import: str                  # the native library, imported before kestrel's modules
+    factory: str                       # "kestrel_tui.engines.llamacpp:make_llamacpp_engine"
+    spec: EngineSpec
+    cfg: object                        # the reference model's Config (the engine reads only its shape)
+    kv: str
+    deep: bool
+    request: RunRequest | None = None  # None: build (load) the engine and report success
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """Stands in for a Model in the child: the factories read ``cfg`` only once the file is given."""
+    cfg: object
+
+
+def in_child(job: Job):
+    """Run `job` in a fresh interpreter; returns the Trace (or None for a load check)."""
+    from ..engine.run import Cancelled, Position, Trace
+    from ..trace.rawstore import RawStore
+
+    req = job.request
+    bare = None if req is None else replace(req, on_position=None, cancel=None, stop=None)
+    stderr = tempfile.TemporaryFile()
+    proc = subprocess.Popen([sys.executable, "-m", "kestrel_tui.engines.child"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=stderr, start_new_session=True)
+    messages: queue.Queue = queue.Queue()
+
+    def read():
+        try:
+            while True:
+                messages.put(pickle.load(proc.stdout))
+        except (EOFError, pickle.UnpicklingError, OSError):
+            messages.put(("eof",))
+
+    threading.Thread(target=read, daemon=True, name="engine-child-reader").start()
+    try:
+        pickle.dump(replace(job, request=bare), proc.stdin)
+        proc.stdin.close()
+    except (BrokenPipeError, OSError):
+        pass  # the child died at once: its exit status says why
+    store = RawStore()
+    trace = Trace(backend=job.spec.engine, prompt=list(req.prompt) if req else [], store=store)
+    try:
+        while True:
+            if req is not None and req.cancel is not None and req.cancel.is_set():
+                raise Cancelled()
+            try:
+                msg = messages.get(timeout=0.05)
+            except queue.Empty:
+                continue
+            kind = msg[0]
+            if kind == "pos":
+                pos: Position = msg[1]
+                pos.raw = store.keep(pos.raw)
+                trace.positions.append(pos)
+                if req.on_position:
+                    req.on_position(pos)
+                if req.stop is not None and req.stop():
+                    return trace
+            elif kind == "done":
+                trace.backend = msg[1] or trace.backend
+                return trace if req is not None else None
+            elif kind == "usage":
+                raise UsageError(msg[1])
+            elif kind == "failed":
+                raise EngineFailed(msg[1], partial=trace)
+            elif kind == "cancelled":
+                raise Cancelled()
+            else:  # eof: the child is gone without a word
+                proc.wait()
+                raise EngineFailed(_death(job, proc.returncode, stderr, len(trace.positions)), partial=trace)
+    finally:
+        _stop(proc)
+        stderr.close()
+
+
+def _death(job: Job, rc: int | None, stderr, n: int) -> str:
+    stderr.seek(0)
+    lines = [ln for ln in stderr.read().decode("utf-8", "replace").splitlines() if ln.strip()]
+    how = f"was killed by {signal.Signals(-rc).name}" if rc is not None and rc < 0 else f"exited with code {rc}"
+    tail = f"; stderr: {lines[-1][:STDERR_TAIL]}" if lines else ""
+    return f"{job.spec.engine} engine: its process {how} after {n} position{'s' * (n != 1)}{tail}"
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    proc.wait()
+    if proc.stdout:
+        proc.stdout.close()
+
+
+def _serve() -> None:
+    """The child: read one Job from stdin, run it, write pickled messages to the real stdout."""
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # anything the library prints goes to stderr, never into the message stream
+    job: Job = pickle.load(sys.stdin.buffer)
+    __import__(job.first_import)  # first: before kestrel's own extension modules
+
+    from ..engine.run import Cancelled
+    from ..trace import rawstore
+
+    rawstore.DEFAULT_BUDGET = 1 << 62  # raw buffers go to the parent (whose store spills): none on disk here
+
+    def send(*msg):
+        pickle.dump(msg, out, protocol=pickle.HIGHEST_PROTOCOL)
+        out.flush()
+
+    module, name = job.factory.split(":")
+    try:
+        factory = getattr(__import__(module, fromlist=[name]), name)
+        engine = factory(job.spec, ModelShape(job.cfg), kv=job.kv, deep=job.deep)
+        if job.request is None:
+            send("done", None)
+            return
+        def on_position(p):
+            send("pos", p)
+            p.raw = None  # the parent holds them now
+
+        req = replace(job.request, on_position=on_position)
+        trace = engine.run(req)
+        send("done", trace.backend)
+    except UsageError as e:
+        send("usage", str(e))
+    except EngineFailed as e:
+        send("failed", str(e))
+    except Cancelled:
+        send("cancelled")
+
+
+class OutOfProcess(Engine):
+    """``inner`` answers every question between runs; runs (and a load check now) happen in a child."""
+
+    def __init__(self, inner: Engine, job: Job):
+        self.inner, self.job = inner, job
+        self.name, self.toggles, self.caps, self.fields = inner.name, inner.toggles, inner.caps, inner.fields
+        in_child(job)  # the library loads the file once in a child: a file it refuses fails here, in one line
+
+    def __getattr__(self, name: str):  # the rest (settings, path, options...) is the inner engine's
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    @property
+    def device_name(self) -> str:
+        return getattr(self.inner, "device_name", self.name)
+
+    def owners(self, field_name: str) -> tuple[str, ...]:
+        return self.inner.owners(field_name)
+
+    def prefill_problem(self, reference: Engine) -> str | None:
+        return self.inner.prefill_problem(reference)
+
+    def describe(self, values) -> str:
+        return self.inner.describe(values)
+
+    def run(self, req: RunRequest):
+        return in_child(replace(self.job, request=req))
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+if __name__ == "__main__":
+    _serve()
