@@ -54,8 +54,8 @@ def in_child(job: Job):
     req = job.request
     bare = None if req is None else replace(req, on_position=None, cancel=None, stop=None)
     stderr = tempfile.TemporaryFile()
-    proc = subprocess.Popen([sys.executable, "-m", "kestrel_tui.engines.child"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=stderr, start_new_session=True)
+    proc = subprocess.Popen([sys.executable, "-m", "kestrel_tui.engines.child", job.first_import],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, start_new_session=True)
     messages: queue.Queue = queue.Queue()
 
     def read():
@@ -128,10 +128,10 @@ def _stop(proc: subprocess.Popen) -> None:
 
 def _serve() -> None:
     """The child: read one Job from stdin, run it, write pickled messages to the real stdout."""
+    __import__(sys.argv[1])  # first: before the job's classes bring numpy and kestrel's extensions in
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # anything the library prints goes to stderr, never into the message stream
     job: Job = pickle.load(sys.stdin.buffer)
-    __import__(job.first_import)  # first: before kestrel's own extension modules
 
     from ..engine.run import Cancelled
     from ..trace import rawstore
