@@ -4,7 +4,7 @@ llama.cpp segfaults in some configurations (docs/engines-llamacpp.md: q4_0 repac
 CPUs), and a segfault cannot be caught in the process it happens in. So the app keeps
 an engine object for what it asks between runs (toggles, capabilities, keys, labels)
 and each run — and one load check when the engine is built — goes to a fresh
-``python -m kestrel_tui.engines.child``, which imports the library before anything else
+``python -m kestrel_tui.engines.child_main``, which imports the library before anything else
 (a library loaded after other extensions can clash with them) and streams the
 positions back as pickles. A child that dies is one line: its signal or exit code and
 its stderr's last line, with the positions it finished.
@@ -54,7 +54,7 @@ def in_child(job: Job):
     req = job.request
     bare = None if req is None else replace(req, on_position=None, cancel=None, stop=None)
     stderr = tempfile.TemporaryFile()
-    proc = subprocess.Popen([sys.executable, "-m", "kestrel_tui.engines.child", job.first_import],
+    proc = subprocess.Popen([sys.executable, "-m", "kestrel_tui.engines.child_main", job.first_import],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, start_new_session=True)
     messages: queue.Queue = queue.Queue()
 
@@ -126,44 +126,6 @@ def _stop(proc: subprocess.Popen) -> None:
         proc.stdout.close()
 
 
-def _serve() -> None:
-    """The child: read one Job from stdin, run it, write pickled messages to the real stdout."""
-    __import__(sys.argv[1])  # first: before the job's classes bring numpy and kestrel's extensions in
-    out = os.fdopen(os.dup(1), "wb")
-    os.dup2(2, 1)  # anything the library prints goes to stderr, never into the message stream
-    job: Job = pickle.load(sys.stdin.buffer)
-
-    from ..engine.run import Cancelled
-    from ..trace import rawstore
-
-    rawstore.DEFAULT_BUDGET = 1 << 62  # raw buffers go to the parent (whose store spills): none on disk here
-
-    def send(*msg):
-        pickle.dump(msg, out, protocol=pickle.HIGHEST_PROTOCOL)
-        out.flush()
-
-    module, name = job.factory.split(":")
-    try:
-        factory = getattr(__import__(module, fromlist=[name]), name)
-        engine = factory(job.spec, ModelShape(job.cfg), kv=job.kv, deep=job.deep)
-        if job.request is None:
-            send("done", None)
-            return
-        def on_position(p):
-            send("pos", p)
-            p.raw = None  # the parent holds them now
-
-        req = replace(job.request, on_position=on_position)
-        trace = engine.run(req)
-        send("done", trace.backend)
-    except UsageError as e:
-        send("usage", str(e))
-    except EngineFailed as e:
-        send("failed", str(e))
-    except Cancelled:
-        send("cancelled")
-
-
 class OutOfProcess(Engine):
     """``inner`` answers every question between runs; runs (and a load check now) happen in a child."""
 
@@ -195,7 +157,3 @@ class OutOfProcess(Engine):
 
     def close(self) -> None:
         self.inner.close()
-
-
-if __name__ == "__main__":
-    _serve()
