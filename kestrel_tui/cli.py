@@ -34,6 +34,8 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv", choices=("q8", "f32"), help="KV cache format (default q8)")
     p.add_argument("--deep", action="store_true", default=None,
                    help="also probe MoE internals and pre-quantization K")
+    p.add_argument("--no-cache", action="store_true", help="compute the reference even when the reference cache"
+                   " (~/.cache/kestrel-tui/reference) holds it")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,7 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, metavar="FILE", help="dump file to create (never overwritten)")
     p.add_argument("--backend", default=None, help="cpu (reference, default), sim, cuda or hf; with --profile:"
                    " reference or subject (default subject)")
-    p.add_argument("--exact", default="all", help="exact toggles for sim/cuda: all, none or a list")
+    p.add_argument("--exact", help="exact toggles: all (the built-ins' default), none or a list; with"
+                   " --profile the side's own settings unless given")
 
     p = sub.add_parser("generate", help="greedy-decode with the reference and print the tokens")
     _model_args(p)
@@ -83,6 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tol", metavar="SPEC", help="with --target far: the tolerance, as for run (default nmse=1e-7)")
     p.add_argument("--prefill", choices=("reference", "subject"), default="reference")
     p.add_argument("--forcing", choices=("teacher", "free"), default="teacher")
+    p.add_argument("--exact", help="the toggles exact at the start: all, none or a comma list (default: each"
+                   " toggle's default)")
+    p.add_argument("--toggle", action="append", default=[], metavar="NAME=VALUE",
+                   help="a toggle's value at the start (repeatable), e.g. --toggle dtype=bfloat16")
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("iso", help="batch-verify (M columns) vs M=1 decode, full logits byte by byte")

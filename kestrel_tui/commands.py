@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import replace
 from pathlib import Path
 
 from rich.table import Table
@@ -12,7 +11,7 @@ from rich.text import Text
 from .cli import console, err_console
 from .errors import UsageError
 from .files import check_new_path
-from .engine.inputs import engines_from_options, model_from_options, resolve_prompt
+from .engine.inputs import cache_from_options, engines_from_options, model_from_options, resolve_prompt
 from .model.weights import Model
 from .trace.compare import NAN_ULP, Status, parse_tolerance
 
@@ -67,12 +66,18 @@ def _dump_engine(args: argparse.Namespace, model: Model):
         side = args.backend or "subject"
         if side not in ("reference", "subject"):
             raise UsageError(f"--backend {side!r}: with --profile, name a side: reference or subject")
-        ref, sub = engines_from_options(args, profile, model)
+        ref, sub = engines_from_options(args, profile, model, sides=(side,))
         engine = ref if side == "reference" else sub
     else:
         engine = engines_from_options(args, None, model, subject=args.backend or "cpu")[1]
     names = tuple(t.name for t in engine.toggles if t.binary)
-    return engine, RunSettings(exact=_parse_names(args.exact, names)).values(engine.toggles)
+    if args.exact is not None:
+        return engine, RunSettings(exact=_parse_names(args.exact, names)).values(engine.toggles)
+    if profile is None:  # a built-in, as before profiles: every op exact
+        return engine, RunSettings(exact=frozenset(names)).values(engine.toggles)
+    # a profile's side as the session runs it: the reference on its defaults, the subject at its start
+    start = frozenset(t.name for t in engine.toggles if t.binary and t.default == t.exact)
+    return engine, RunSettings(exact=start).values(engine.toggles)
 
 
 def cmd_dump(args: argparse.Namespace) -> int:
@@ -99,7 +104,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     model = load_model_args(args)
     prompt = resolve_prompt(args, model)
-    ref = engines_from_options(args, _profile(args), model, subject="cpu")[0]  # the reference decodes
+    ref = engines_from_options(args, _profile(args), model, subject="cpu", sides=("reference",))[0]
+    if not ref.caps.logits:
+        raise UsageError(f"generate: the reference ({ref.name}) reports no logits, so no tokens to print;"
+                         f" give it a raw-values sidecar with t<T>_logits (docs/engines-process.md)")
     trace = ref.run(RunRequest(prompt, args.tokens, {t.name: t.default for t in ref.toggles}, raw=False))
     ids = trace.generated[: args.tokens]
     console.print(" ".join(map(str, ids)))
@@ -166,7 +174,17 @@ def _session(args: argparse.Namespace):
     model = load_model_args(args)
     prompt = resolve_prompt(args, model)
     ref, sub = engines_from_options(args, _profile(args), model)
-    return Session(model, prompt, args.tokens, reference=ref, subject=sub, kv=args.kv, deep=args.deep)
+    return Session(model, prompt, args.tokens, reference=ref, subject=sub, kv=args.kv, deep=args.deep,
+                   cache=cache_from_options(args))
+
+
+def _cache_notes(session) -> None:
+    """What the reference cache did, on stderr (stdout stays the report)."""
+    for note in session.cache.notes if session.cache else ():
+        err_console.print(f"note: {note}")
+    if session.reference_cached:
+        err_console.print(f"note: the reference came from the cache ({session.cache.folder}); --no-cache"
+                          f" computes it")
 
 
 def _check_subject(args: argparse.Namespace, allowed: tuple[str, ...] = ("sim", "cuda", "hf")) -> None:
@@ -184,7 +202,7 @@ def _settings(args: argparse.Namespace, session):
 
     exact = session.initial_settings().exact if args.exact is None else _parse_names(args.exact,
                                                                                        session.binary_toggles)
-    settings = RunSettings(exact, args.mode, args.prefill, args.forcing)
+    settings = RunSettings(exact, getattr(args, "mode", "chain"), args.prefill, args.forcing)
     for item in getattr(args, "toggle", None) or []:
         settings = _set_toggle(settings, session, item)
     return settings
@@ -209,6 +227,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     settings = _settings(args, session)
     with console.status(f"reference + {session.subject} ({session.label(settings)})"):
         res = session.run(settings)
+    _cache_notes(session)
     for note in res.notes:
         err_console.print(f"note: {note}")
     summary = res.tolerance(tol) if tol is not None else None
@@ -269,7 +288,11 @@ def print_run(res, summary=None) -> None:
         if summary is not None:
             print_tolerance(summary)
         return
-    console.print(Text.assemble("first DIFF: ", (str(cmp.first_diff), "bold red")))
+    if cmp.first_diff is None:  # no DIFF, but keys missing: the subject stopped (its note says why)
+        console.print(Text.assemble("no DIFF in what ran; first missing: ", (str(res.first_problem), "yellow"),
+                                    f" ({res.n_missing} keys missing)"))
+    else:
+        console.print(Text.assemble("first DIFF: ", (str(cmp.first_diff), "bold red")))
     st = res.stats(cmp.first_diff) if cmp.first_diff else None
     if st is not None:
         console.print(f"  {st.n_diff}/{st.n} elements differ, max {st.max_ulp} ULP, max abs {st.max_abs_err:.3g},"
@@ -322,13 +345,15 @@ def cmd_bisect(args: argparse.Namespace) -> int:
 
     with console.status("bisecting") as status:
         session.reference()
+        _cache_notes(session)
 
         def on_move(move):
             status.update(f"bisecting: {line(move)}")
             if not args.json:
                 console.print(line(move))
-        start = replace(session.initial_settings(), prefill=args.prefill, forcing=args.forcing)
-        result = bisect(session, start, on_move=on_move, tol=tol)
+        result = bisect(session, _settings(args, session), on_move=on_move, tol=tol)
+    for note in session.last.notes if session.last else ():
+        err_console.print(f"note: {note}")
     if args.json:
         report = {"moves": [{"change": m.change, "before": m.before, "after": m.after} for m in result.moves],
                   "all_ok": result.all_ok, "final": sorted(result.final),

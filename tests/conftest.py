@@ -26,3 +26,18 @@ def small_model():
 @pytest.fixture
 def anyio_backend():
     return "asyncio"  # Textual runs on asyncio; async tests use anyio's pytest plugin
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _reference_cache_in_tmp(tmp_path_factory):
+    """The reference cache of the commands and the app under test lives in a temporary folder,
+    never in the user's ~/.cache."""
+    import os
+
+    old = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg-cache"))
+    yield
+    if old is None:
+        os.environ.pop("XDG_CACHE_HOME", None)
+    else:
+        os.environ["XDG_CACHE_HOME"] = old

@@ -297,8 +297,11 @@ def test_dump_of_the_subject_reads_back_in_diff(capsys, tmp_path, gguf, model, r
     assert run(capsys, "dump", "--profile", f, "--backend", "reference", "--out", r)[0] == 0
     code, out, _ = run(capsys, "dump", "--profile", f, "--backend", "subject", "--out", s_fast, "--exact", "none")
     assert code == 0 and f"wrote {s_fast}: {len(PROMPT) + N} positions" in out and "(toy_engine.py)" in out
-    code, out, _ = run(capsys, "dump", "--profile", f, "--out", s_exact)  # the subject, --exact all: the defaults
+    code, out, _ = run(capsys, "dump", "--profile", f, "--out", s_exact, "--exact", "all")  # the subject, all exact
     assert code == 0 and "(toy_engine.py (exact=all))" in out
+    s_start = tmp_path / "start.txt"  # no --exact: the subject as the session starts it (its toggles' defaults)
+    assert run(capsys, "dump", "--profile", f, "--out", s_start)[0] == 0
+    assert read_dump(s_start) == read_dump(s_fast)
     assert read_dump(r) == ref.hashes() == read_dump(s_exact)
     # dump asks for no teacher forcing: the toy decodes its own tokens, as the in-process sim does
     assert read_dump(s_fast) == run_decode(make_backend("sim", model, exact="none"), PROMPT, N).hashes()

@@ -84,7 +84,8 @@ def pick_subject(requested: str, model) -> tuple[str, str | None, str]:
 def args_loader(args: argparse.Namespace) -> Loader:
     """The CLI's options (a --profile already applied by the CLI) -> a loader the app runs in a worker."""
     def load(progress: Progress) -> Loaded:
-        from ..engine.inputs import DEFAULTS, engines_from_options, model_from_options, resolve_prompt
+        from ..engine.inputs import DEFAULTS, cache_from_options, engines_from_options, model_from_options, \
+            resolve_prompt
 
         for name, value in DEFAULTS.items():  # a Namespace made by hand (tests) may leave them unset
             if getattr(args, name, None) is None:
@@ -101,7 +102,8 @@ def args_loader(args: argparse.Namespace) -> Loader:
         else:
             subject, device = None, None
         ref, sub = engines_from_options(args, profile, model, subject=subject)
-        session = Session(model, prompt, args.tokens, reference=ref, subject=sub, kv=args.kv, deep=args.deep)
+        session = Session(model, prompt, args.tokens, reference=ref, subject=sub, kv=args.kv, deep=args.deep,
+                          cache=cache_from_options(args))
         return Loaded(session, model_label(session), device or device_of(sub.name, sub), note)
     return load
 

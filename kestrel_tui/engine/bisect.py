@@ -51,6 +51,8 @@ def bisect(session: Session, start: RunSettings | None = None,
         return session.run(settings, cancel=cancel, record=False, stop_at_first_diff=not full and tol is None)
 
     def first(res: RunResult) -> str | None:
+        if res.failed:  # a subject that stopped is judged on nothing it did not make
+            return res.first_problem
         return res.first_diff if tol is None else res.tolerance(tol).first_far
 
     def done(res: RunResult) -> bool:
@@ -63,6 +65,8 @@ def bisect(session: Session, start: RunSettings | None = None,
         for op in _candidates(first(current), settings.exact, session.subject_engine):
             trial_settings = replace(settings, exact=settings.exact | {op})
             trial = run(trial_settings)
+            if trial.failed:  # a crash is no move: its missing keys say nothing about the toggle
+                continue
             tried = tried or (op, trial_settings, trial)
             if first_diff_later(first(current), first(trial)):
                 tried = (op, trial_settings, trial)
@@ -84,5 +88,6 @@ def bisect(session: Session, start: RunSettings | None = None,
             if done(run(replace(settings, exact=frozenset(minimal - {op})), full=True)):
                 minimal.discard(op)
         result.minimal = frozenset(minimal)
-    session.last = run(replace(settings, exact=result.minimal or settings.exact), full=True)
+    session.last = run(replace(settings, exact=result.minimal if result.minimal is not None else settings.exact),
+                       full=True)
     return result

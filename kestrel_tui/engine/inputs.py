@@ -95,8 +95,17 @@ def apply_profile(args: argparse.Namespace):
     return profile
 
 
-def engines_from_options(args: argparse.Namespace, profile, model: Model, subject: str | None = None):
-    """(reference, subject) engines: the profile's, or cpu and ``subject`` (a built-in or hf name)."""
+def cache_from_options(args: argparse.Namespace):
+    """The reference cache the command line asks for: the user's, unless --no-cache."""
+    from .refcache import RefCache
+
+    return None if getattr(args, "no_cache", False) else RefCache()
+
+
+def engines_from_options(args: argparse.Namespace, profile, model: Model, subject: str | None = None,
+                         sides: tuple[str, ...] = ("reference", "subject")):
+    """(reference, subject) engines: the profile's, or cpu and ``subject`` (a built-in or hf name).
+    Only ``sides`` are built (the other is None): a command that runs one side never fails on the other."""
     from ..engines.base import EngineSpec
     from ..engines.build import make_engine
 
@@ -108,8 +117,10 @@ def engines_from_options(args: argparse.Namespace, profile, model: Model, subjec
         specs = {"reference": EngineSpec("cpu"), "subject": EngineSpec(name, model=args.model)}
     else:
         specs = {"reference": profile.reference, "subject": profile.subject}
-    built = {}
+    built = {"reference": None, "subject": None}
     for side, spec in specs.items():
+        if side not in sides:
+            continue
         try:
             built[side] = make_engine(spec, model, kv=args.kv, deep=args.deep)
         except UsageError as e:

@@ -111,6 +111,7 @@ class RunResult:
     tokens: list[TokenSummary]
     notes: tuple[str, ...] = ()  # settings the subject could not honour; how it failed, if it did
     expected_missing: frozenset[str] = frozenset()  # keys one engine never makes (not failures)
+    failed: str | None = None  # the subject stopped midway (EngineFailed): its one-line message
     _stats: dict[str, DiffStats] = field(default_factory=dict, repr=False)
     _metrics: dict[str, KeyMetrics | None] = field(default_factory=dict, repr=False)
     _summaries: dict[Tolerance, ToleranceSummary] = field(default_factory=dict, repr=False)
@@ -118,6 +119,14 @@ class RunResult:
     @property
     def first_diff(self) -> str | None:
         return self.comparison.first_diff
+
+    @property
+    def first_problem(self) -> str | None:
+        """The first DIFF, else (a subject that stopped) the first key it should have made; None: all ok."""
+        if self.first_diff is not None or self.n_missing == 0:
+            return self.first_diff
+        return next(k for k, st in self.comparison.status.items()
+                    if st in (Status.MISSING_REF, Status.MISSING_SUB) and k not in self.expected_missing)
 
     @property
     def all_ok(self) -> bool:
@@ -231,9 +240,11 @@ class Session:
     toggles are what RunSettings switch; the reference runs once, with its own option values."""
 
     def __init__(self, model: Model, prompt: list[int], n_tokens: int, *, subject: str | Engine = "sim",
-                 reference: str | Engine = "cpu", kv: str = "q8", deep: bool = False):
+                 reference: str | Engine = "cpu", kv: str = "q8", deep: bool = False, cache=None):
         self.model, self.prompt, self.n_tokens = model, list(prompt), n_tokens
         self.kv, self.deep = kv, deep
+        self.cache = cache  # an engine.refcache.RefCache, or None: the reference is always computed
+        self.reference_cached = False  # the reference came from the cache
         self.reference_engine = _engine(reference, model, kv, deep)
         self.subject_engine = _engine(subject, model, kv, deep)
         self._ref: Trace | None = None
@@ -264,17 +275,38 @@ class Session:
                   cancel: threading.Event | None = None) -> Trace:
         with self._lock:
             if self._ref is None:
+                key = self._cache_key()
+                cached = self.cache.load(key) if key else None
+                if cached is not None:
+                    self.reference_cached = True
+                    self._ref = cached
+                    return cached
                 eng = self.reference_engine
                 req = RunRequest(self.prompt, self.n_tokens, {t.name: t.default for t in eng.toggles},
                                  on_position=on_position, cancel=cancel)
                 self._ref = eng.run(req)
+                if key:
+                    self.cache.store(key, self._ref)
             return self._ref
+
+    def _cache_key(self) -> str | None:
+        """The reference's cache key; None when there is no cache or the reference is not the built-in cpu."""
+        from ..engines.builtin import BuiltinEngine
+        from .refcache import model_fingerprint, trace_key
+
+        eng = self.reference_engine
+        if self.cache is None or not (isinstance(eng, BuiltinEngine) and eng.name == "cpu"):
+            return None
+        return trace_key(model_fingerprint(self.model), self.prompt, self.n_tokens, self.kv, self.deep, eng.name)
 
     def unsupported(self, settings: RunSettings) -> list[str]:
         """What the subject cannot honour in ``settings`` (each noted on the run, which goes on without it)."""
         eng, notes = self.subject_engine, []
         if settings.mode == "isolate" and not eng.caps.isolate:
             notes.append(f"{eng.name} cannot run isolated: chained instead")
+        elif settings.mode == "isolate" and not self._can_feed():
+            notes.append(f"isolation needs the reference's buffers in the subject's layout (a built-in"
+                         f" reference); {self.reference_engine.name} gives none: chained instead")
         if settings.prefill == "reference":
             problem = eng.prefill_problem(self.reference_engine)
             if problem:
@@ -297,7 +329,7 @@ class Session:
         eng = self.subject_engine
         P = len(self.prompt)
         notes = self.unsupported(settings)
-        isolate = settings.mode == "isolate" and eng.caps.isolate
+        isolate = settings.mode == "isolate" and eng.caps.isolate and self._can_feed()
         forced = None
         if (settings.forcing == "teacher" or isolate) and eng.caps.forcing:  # isolation needs identical inputs
             forced = [p.token for p in ref.positions[P:]]
@@ -320,13 +352,14 @@ class Session:
         req = RunRequest(self.prompt, self.n_tokens, settings.values(eng.toggles), forced=forced,
                          prefill_from=prefill_from, feed_from=ref if isolate else None, on_position=watch,
                          cancel=cancel, stop=stop.is_set)
+        failed = None
         try:
             sub = eng.run(req)
         except EngineFailed as e:
             if e.partial is None:
                 raise
-            sub = e.partial
-            notes.append(str(e))
+            sub, failed = e.partial, str(e)
+            notes.append(failed)
         # an early stop compares only the positions that ran
         n_ran = len(sub.positions) if stop.is_set() else None
         cmp = compare(ref.hashes(n_ran), sub.hashes())
@@ -334,13 +367,19 @@ class Session:
         result = RunResult(settings, ref, sub, cmp,
                            summarize(ref, sub, cmp, lambda k, st: st is Status.DIFF or (
                                st in (Status.MISSING_REF, Status.MISSING_SUB) and k not in expected)),
-                           notes=tuple(notes), expected_missing=expected)
+                           notes=tuple(notes), expected_missing=expected, failed=failed)
         if record:
             prev = self.last
             self.history.append(HistoryEntry(setting_changes(prev.settings if prev else None, settings), settings,
-                                             prev.first_diff if prev else None, result.first_diff))
+                                             prev.first_problem if prev else None, result.first_problem))
         self.last = result
         return result
+
+    def _can_feed(self) -> bool:
+        from ..engines.builtin import BuiltinEngine
+
+        ref = self.reference_engine
+        return isinstance(ref, BuiltinEngine) and ref.kv == self.kv
 
     def _expected_missing(self, cmp: Comparison) -> frozenset[str]:
         """Keys missing on a side whose engine never makes them (not a failure: shown missing, not counted)."""

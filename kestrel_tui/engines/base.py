@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Callable
 
+from ..errors import UsageError
 from ..trace.keys import parse_key
 
 OnPosition = Callable[["Position"], None]  # noqa: F821 - engine.run.Position
@@ -66,8 +67,6 @@ def fast_exact(name: str, owns: tuple[str, ...] = (), help: str = "", fast: str 
 def check_toggle_keys(engine: str, toggles: tuple[Toggle, ...], check: Callable[[str, str], object]) -> set[str]:
     """A profile's toggles for an engine whose toggles set its options: one toggle per option, and
     ``check(option, value)`` (raising a one-line UsageError) on every value. Returns the options set."""
-    from ..errors import UsageError
-
     seen: set[str] = set()
     for t in toggles:
         key = t.key or t.name
@@ -162,9 +161,11 @@ class Engine:
         """Release what the engine holds (a torch model, a child process)."""
 
 
-class EngineFailed(Exception):
+class EngineFailed(UsageError):
     """The engine stopped (exit code, timeout, an exception inside it). ``partial`` is the Trace
-    of the positions that completed, so the app shows them and marks the rest missing."""
+    of the positions that completed, so the app shows them and marks the rest missing. A
+    UsageError: where nothing can go on without the run (a headless reference), the message
+    is the one line the user gets."""
 
     def __init__(self, message: str, partial=None):
         super().__init__(message)

@@ -99,8 +99,11 @@ def in_child(job: Job):
                 raise EngineFailed(msg[1], partial=trace)
             elif kind == "cancelled":
                 raise Cancelled()
-            else:  # eof: the child is gone without a word
-                proc.wait()
+            else:  # eof: the child is gone without a word (or wrote something that is not a message)
+                try:
+                    proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    _stop(proc)
                 raise EngineFailed(_death(job, proc.returncode, stderr, len(trace.positions)), partial=trace)
     finally:
         _stop(proc)

@@ -42,10 +42,10 @@ def serve() -> None:
         req = replace(job.request, on_position=on_position)
         trace = engine.run(req)
         send("done", trace.backend)
+    except EngineFailed as e:  # before UsageError: it is one
+        send("failed", str(e))
     except UsageError as e:
         send("usage", str(e))
-    except EngineFailed as e:
-        send("failed", str(e))
     except Cancelled:
         send("cancelled")
 

@@ -236,6 +236,9 @@ class MainScreen(GridNavigation, Screen):
             for o in s.subject_engine.owners(f))
         self.board.raw_sub = self._raw_sub
         self.board.q8_inputs = s.model.fmt == "q4_0"
+        self.board.expected_missing = lambda key, st: (
+            (st is Status.MISSING_SUB and not s.subject_engine.produces(key))
+            or (st is Status.MISSING_REF and not s.reference_engine.produces(key)))
         self.grid.set_board(self.board)
         self.cursor = Cursor(min(P, self.board.n_positions - 1), 1, 0)
         self._header()
@@ -262,7 +265,8 @@ class MainScreen(GridNavigation, Screen):
     def _header(self) -> None:
         info, s = self.info, self.session
         # most telling first: at 80 columns the tail is cut
-        parts = [("", f"{s.reference_engine.name} vs {s.subject}"), ("model", info.model_label), ("device", info.device),
+        ref = f"{s.reference_engine.name} (cached)" if s.reference_cached else s.reference_engine.name
+        parts = [("", f"{ref} vs {s.subject}"), ("model", info.model_label), ("device", info.device),
                  ("positions", f"{len(s.prompt)} prompt + {s.n_tokens}")]
         self.query_one(InfoHeader).show(parts, info.note)
 
@@ -319,6 +323,12 @@ class MainScreen(GridNavigation, Screen):
         self._ref = m.ref
         self.board.ref_hashes = m.ref.hashes()
         self.board.raw_ref = m.ref.raw
+        if self.session.reference_cached:
+            self._header()  # "cpu (cached) vs ...": no reference was computed
+        for note in self.session.cache.notes if self.session.cache else ():
+            self.notify(note, title="reference cache", severity="warning", markup=False)
+        if self.session.cache:
+            self.session.cache.notes.clear()
         if self.phase == "reference":
             self.phase = "running"
             self.status.set_progress(0, self.board.n_positions)
@@ -559,7 +569,7 @@ class MainScreen(GridNavigation, Screen):
             return
         t = toggles[index]
         cur = self.settings.value(t)
-        if t.binary:  # exact <-> its plain value
+        if t.binary and len(t.values) == 2:  # exact <-> its plain value
             self._change(self.settings.pick(t, t.fast if cur == t.exact else t.exact))
         else:
             self._change(self.settings.pick(t, t.values[(t.values.index(cur) + 1) % len(t.values)]))

@@ -1,0 +1,77 @@
+"""A subject or reference that stops midway: bisection does not take a crash for a fix, a failed
+reference is one line in the CLI, and isolation needs a reference it can be fed from."""
+from __future__ import annotations
+
+import pytest
+
+from kestrel_tui.engine.bisect import bisect
+from kestrel_tui.engine.inputs import default_prompt
+from kestrel_tui.engine.session import RunSettings, Session
+from kestrel_tui.engines.base import EngineFailed, RunRequest
+from kestrel_tui.engines.builtin import BuiltinEngine
+from kestrel_tui.model.hf import load_model
+
+from clitools import one_line_error, run_cli
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_model(None, n_layers=2)
+
+
+class CrashesOnExact(BuiltinEngine):
+    """sim, except that switching ``op`` to exact makes the engine stop after the prompt."""
+
+    def __init__(self, model, op: str):
+        super().__init__("sim", model)
+        self.op = op
+
+    def run(self, req: RunRequest):
+        trace = super().run(req)
+        if req.values.get(self.op) == "exact":
+            del trace.positions[len(req.prompt):]
+            raise EngineFailed(f"sim stopped ({self.op} exact)", partial=trace)
+        return trace
+
+
+def test_bisect_does_not_take_a_crash_for_a_fix(model):
+    sub = CrashesOnExact(model, "norm")  # norm owns the first DIFF (t*_l0_nrm): tried first, and it crashes
+    s = Session(model, default_prompt(model.cfg.vocab, 4), 3, subject=sub)
+    first = s.run(RunSettings(), record=False).first_diff
+    out = bisect(s)
+    assert all("+norm" != m.change for m in out.moves), [m.line() for m in out.moves]
+    assert not out.all_ok or "norm" not in out.minimal
+    crashed = s.run(RunSettings(exact=frozenset({"norm"})), record=False)
+    assert crashed.failed and crashed.n_missing > 0 and not crashed.all_ok and crashed.first_problem is not None
+    assert first is not None
+
+
+def test_isolation_needs_a_reference_it_can_feed(model):
+    # the reference keeps its KV in f32, the session's subject in q8: its buffers cannot be fed
+    s = Session(model, default_prompt(model.cfg.vocab, 4), 2, reference=BuiltinEngine("cpu", model, kv="f32"),
+                subject="sim", kv="q8")
+    res = s.run(RunSettings(mode="isolate"))
+    assert any("chained instead" in n for n in res.notes)  # kv differs: no feeding, said so, no crash
+
+
+def test_a_reference_that_fails_is_one_line_in_the_cli(capsys, tmp_path):
+    import sys
+    from pathlib import Path
+
+    toy = Path(__file__).resolve().parent / "engines" / "toy_engine.py"
+    prof = tmp_path / "p.toml"
+    prof.write_text(f'''tokens = 3
+[reference]
+engine = "process"
+[reference.options]
+command = [{str(sys.executable)!r}, {str(toy)!r}, "--prompt-ids", "{{prompt_ids}}", "--tokens", "{{n_tokens}}",
+           "--fail-after", "1"]
+dump_env = "TOY_DUMP"
+[subject]
+engine = "sim"
+''')
+    for argv in (["run", "--profile", prof], ["dump", "--profile", prof, "--backend", "reference",
+                                               "--out", tmp_path / "d.txt"]):
+        code, _, err = run_cli(capsys, *argv)
+        assert code == 2 and "exited with code" in one_line_error(err)
+    assert not (tmp_path / "d.txt").exists()
