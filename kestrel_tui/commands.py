@@ -11,6 +11,7 @@ from rich.text import Text
 from .cli import console, err_console
 from .errors import UsageError
 from .files import check_new_path
+from .backends.toggles import parse_exact
 from .engine.inputs import cache_from_options, engines_from_options, model_from_options, resolve_prompt
 from .model.weights import Model
 from .trace.compare import NAN_ULP, Status, parse_tolerance
@@ -43,20 +44,6 @@ def _profile(args: argparse.Namespace):
     return getattr(args, "loaded_profile", None)
 
 
-def _parse_names(spec: str, names: tuple[str, ...]) -> frozenset[str]:
-    """--exact: all, none or a comma list of the engine's binary toggle names."""
-    spec = (spec or "none").strip()
-    if spec == "all":
-        return frozenset(names)
-    if spec in ("none", ""):
-        return frozenset()
-    picked = [n.strip() for n in spec.split(",") if n.strip()]
-    bad = [n for n in picked if n not in names]
-    if bad:
-        raise UsageError(f"unknown toggle {bad[0]!r}; choose from {', '.join(names) or '(none)'} (or all / none)")
-    return frozenset(picked)
-
-
 def _dump_engine(args: argparse.Namespace, model: Model):
     """The engine `dump` runs and its toggle values: --backend (with --profile: a side) and --exact."""
     from .engine.session import RunSettings
@@ -72,7 +59,7 @@ def _dump_engine(args: argparse.Namespace, model: Model):
         engine = engines_from_options(args, None, model, subject=args.backend or "cpu")[1]
     names = tuple(t.name for t in engine.toggles if t.binary)
     if args.exact is not None:
-        return engine, RunSettings(exact=_parse_names(args.exact, names)).values(engine.toggles)
+        return engine, RunSettings(exact=parse_exact(args.exact, names)).values(engine.toggles)
     if profile is None:  # a built-in, as before profiles: every op exact
         return engine, RunSettings(exact=frozenset(names)).values(engine.toggles)
     # a profile's side as the session runs it: the reference on its defaults, the subject at its start
@@ -200,8 +187,8 @@ def _settings(args: argparse.Namespace, session):
     """RunSettings from --exact (the subject's binary toggles) and the run switches."""
     from .engine.session import RunSettings
 
-    exact = session.initial_settings().exact if args.exact is None else _parse_names(args.exact,
-                                                                                       session.binary_toggles)
+    exact = (session.initial_settings().exact if args.exact is None
+             else parse_exact(args.exact, session.binary_toggles))
     settings = RunSettings(exact, getattr(args, "mode", "chain"), args.prefill, args.forcing)
     for item in getattr(args, "toggle", None) or []:
         settings = _set_toggle(settings, session, item)
@@ -372,7 +359,6 @@ def cmd_bisect(args: argparse.Namespace) -> int:
 
 
 def cmd_iso(args: argparse.Namespace) -> int:
-    from .backends.toggles import parse_exact
     from .engines.build import make_backend
     from .engine.iso import iso
 

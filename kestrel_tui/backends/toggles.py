@@ -36,17 +36,17 @@ OWNERS: dict[str, tuple[str, ...]] = {
 }
 
 
-def parse_exact(spec: str | None) -> frozenset[str]:
-    """'all' | 'none' | 'norm,gemm' -> the set of ops switched to exact."""
+def parse_exact(spec: str | None, toggles: tuple[str, ...] = TOGGLES) -> frozenset[str]:
+    """'all' | 'none' | 'norm,gemm' -> the set of toggles (the op families, or an engine's) switched to exact."""
     spec = (spec or "none").strip()
     if spec == "all":
-        return frozenset(TOGGLES)
+        return frozenset(toggles)
     if spec in ("none", ""):
         return frozenset()
     names = [s.strip() for s in spec.split(",") if s.strip()]
-    bad = [n for n in names if n not in TOGGLES]
+    bad = [n for n in names if n not in toggles]
     if bad:
-        raise UsageError(f"unknown toggle {bad[0]!r}; choose from {', '.join(TOGGLES)} (or all / none)")
+        raise UsageError(f"unknown toggle {bad[0]!r}; choose from {', '.join(toggles) or '(none)'} (or all / none)")
     return frozenset(names)
 
 
