@@ -75,3 +75,16 @@ engine = "sim"
         code, _, err = run_cli(capsys, *argv)
         assert code == 2 and "exited with code" in one_line_error(err)
     assert not (tmp_path / "d.txt").exists()
+
+
+def test_a_built_in_side_with_its_own_model_is_refused(capsys, tmp_path, model):
+    from kestrel_tui.model.gguf import write_gguf
+
+    a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
+    write_gguf(model, a)
+    write_gguf(model, b)
+    prof = tmp_path / "p.toml"
+    prof.write_text(f'[reference]\nengine = "cpu"\nmodel = "{a}"\n[subject]\nengine = "sim"\nmodel = "{b}"\n')
+    code, _, err = run_cli(capsys, "run", "--profile", prof)
+    line = one_line_error(err)
+    assert code == 2 and "decodes the model the reference loads" in line and f"{prof}:" in line

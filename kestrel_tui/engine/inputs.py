@@ -6,6 +6,7 @@ CLI so that nothing imports from it.
 from __future__ import annotations
 
 import argparse
+import os
 
 from ..errors import UsageError
 from ..model.progress import Progress
@@ -121,6 +122,14 @@ def engines_from_options(args: argparse.Namespace, profile, model: Model, subjec
     for side, spec in specs.items():
         if side not in sides:
             continue
+        if profile is not None and spec.engine in ("cpu", "sim", "cuda") and spec.model and args.model \
+                and os.path.realpath(spec.model) != os.path.realpath(args.model):
+            from ..engines.profile import located
+
+            raise located(profile, side, UsageError(
+                f"{side} model {spec.model}: a built-in {spec.engine} decodes the model the reference loads"
+                f" ({args.model}); give both sides the same model, or run this one as hf or llama.cpp"),
+                option_hint=None) from None
         try:
             built[side] = make_engine(spec, model, kv=args.kv, deep=args.deep)
         except UsageError as e:
