@@ -46,7 +46,7 @@ def _profile(args: argparse.Namespace):
 
 def _dump_engine(args: argparse.Namespace, model: Model):
     """The engine `dump` runs and its toggle values: --backend (with --profile: a side) and --exact."""
-    from .engine.session import RunSettings
+    from .engine.session import RunSettings, starting_exact
 
     profile = _profile(args)
     if profile is not None:
@@ -63,8 +63,7 @@ def _dump_engine(args: argparse.Namespace, model: Model):
     if profile is None:  # a built-in, as before profiles: every op exact
         return engine, RunSettings(exact=frozenset(names)).values(engine.toggles)
     # a profile's side as the session runs it: the reference on its defaults, the subject at its start
-    start = frozenset(t.name for t in engine.toggles if t.binary and t.default == t.exact)
-    return engine, RunSettings(exact=start).values(engine.toggles)
+    return engine, RunSettings(exact=starting_exact(engine.toggles)).values(engine.toggles)
 
 
 def cmd_dump(args: argparse.Namespace) -> int:

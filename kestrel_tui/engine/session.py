@@ -60,6 +60,11 @@ class RunSettings:
         return replace(self, exact=exact, picks=tuple(sorted(rest.items())))
 
 
+def starting_exact(toggles: tuple[Toggle, ...]) -> frozenset[str]:
+    """The binary toggles whose default is their exact value (a profile may start one there)."""
+    return frozenset(t.name for t in toggles if t.binary and t.default == t.exact)
+
+
 def _describe_exact(exact: frozenset[str], order: tuple[str, ...]) -> str:
     if not order and not exact:
         return "no toggles"
@@ -266,7 +271,7 @@ class Session:
 
     def initial_settings(self) -> RunSettings:
         """Every toggle at its default (a profile may start a binary toggle on its exact value)."""
-        return RunSettings(exact=frozenset(t.name for t in self.toggles if t.binary and t.default == t.exact))
+        return RunSettings(exact=starting_exact(self.toggles))
 
     def label(self, settings: RunSettings) -> str:
         return settings.label(self.binary_toggles)
@@ -381,12 +386,14 @@ class Session:
         ref = self.reference_engine
         return isinstance(ref, BuiltinEngine) and ref.kv == self.kv
 
+    def missing_by_design(self, key: str, status: Status) -> bool:
+        """A key missing on a side whose engine never makes it: not a failure (shown missing, not counted).
+        The app's board asks this live, position by position; a finished run keeps the set."""
+        return ((status is Status.MISSING_SUB and not self.subject_engine.produces(key))
+                or (status is Status.MISSING_REF and not self.reference_engine.produces(key)))
+
     def _expected_missing(self, cmp: Comparison) -> frozenset[str]:
-        """Keys missing on a side whose engine never makes them (not a failure: shown missing, not counted)."""
-        ref_eng, sub_eng = self.reference_engine, self.subject_engine
-        return frozenset(k for k, st in cmp.status.items()
-                         if (st is Status.MISSING_SUB and not sub_eng.produces(k))
-                         or (st is Status.MISSING_REF and not ref_eng.produces(k)))
+        return frozenset(k for k, st in cmp.status.items() if self.missing_by_design(k, st))
 
 
 def first_diff_later(a: str | None, b: str | None) -> bool:

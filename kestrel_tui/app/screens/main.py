@@ -236,9 +236,7 @@ class MainScreen(GridNavigation, Screen):
             for o in s.subject_engine.owners(f))
         self.board.raw_sub = self._raw_sub
         self.board.q8_inputs = s.model.fmt == "q4_0"
-        self.board.expected_missing = lambda key, st: (
-            (st is Status.MISSING_SUB and not s.subject_engine.produces(key))
-            or (st is Status.MISSING_REF and not s.reference_engine.produces(key)))
+        self.board.expected_missing = s.missing_by_design
         self.grid.set_board(self.board)
         self.cursor = Cursor(min(P, self.board.n_positions - 1), 1, 0)
         self._header()
