@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -21,37 +20,19 @@ from kestrel_tui.engine.session import Session
 from kestrel_tui.engines.base import EngineSpec, Toggle
 from kestrel_tui.engines.build import make_backend, make_engine
 from kestrel_tui.engines.builtin import OP_TOGGLES
-from kestrel_tui.model.hf import load_model
 from kestrel_tui.trace.compare import Status, compare
 
 from apptools import make_app, settle
+from toytools import N, PROMPT, model, ref, toy_options  # noqa: F401 - model, ref: fixtures
 
 pytestmark = pytest.mark.anyio
 
-ROOT = Path(__file__).resolve().parents[1]
-TOY = str(ROOT / "tests" / "engines" / "toy_engine.py")
-PROMPT = [1, 1775, 1501]
-N = 3  # positions 0..5: three prompt, three decoded
 EXACT = Toggle("exact", ("none", "all"), "all", key="TOY_EXACT", help="every op exact (TOY_EXACT)")
 NORM = Toggle("norm", ("0", "1"), "1", owns=("nrm",), key="TOY_NORM_EXACT", help="exact RMSNorm")
 
 
-@pytest.fixture(scope="module")
-def model():
-    return load_model(None, n_layers=2)
-
-
-@pytest.fixture(scope="module")
-def ref(model):
-    return run_decode(make_backend("cpu", model), PROMPT, N)
-
-
 def toy(*extra, raw=False, **options):
-    cmd = [sys.executable, TOY, "--prompt-ids", "{prompt_ids}", "--tokens", "{n_tokens}",
-           "--forced-ids", "{forced_ids}", *extra]
-    if raw:
-        cmd += ["--raw", "{raw}"]
-    return {"command": cmd, "dump_env": "TOY_DUMP", **options}
+    return toy_options(*extra, raw=raw, **options)
 
 
 def toy_session(model, options, toggles=(EXACT,)) -> Session:

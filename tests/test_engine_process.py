@@ -20,33 +20,16 @@ from kestrel_tui.engines.build import make_backend, make_engine
 from kestrel_tui.engines.process import DumpTail, ProcessConfig, invocation
 from kestrel_tui.engines.sidecar import SidecarError, SidecarReader, read_sidecar, write_record
 from kestrel_tui.errors import UsageError
-from kestrel_tui.model.hf import load_model
 from kestrel_tui.trace.dump import DumpError
 from kestrel_tui.trace.fnv import fnv1a64
 
+from toytools import N, PROMPT, model, ref, toy_options  # noqa: F401 - model, ref: fixtures
+
 ROOT = Path(__file__).resolve().parents[1]
-TOY = str(ROOT / "tests" / "engines" / "toy_engine.py")
-PROMPT = [1, 1775, 1501]
-N = 3  # positions 0..5: three prompt, three decoded
-
-
-@pytest.fixture(scope="module")
-def model():
-    return load_model(None, n_layers=2)
-
-
-@pytest.fixture(scope="module")
-def ref(model):
-    return run_decode(make_backend("cpu", model), PROMPT, N)
 
 
 def toy(*extra, raw=True, forced=True, **options):
-    cmd = [sys.executable, TOY, "--prompt-ids", "{prompt_ids}", "--tokens", "{n_tokens}", *extra]
-    if forced:
-        cmd += ["--forced-ids", "{forced_ids}"]
-    if raw:
-        cmd += ["--raw", "{raw}"]
-    return {"command": cmd, "dump_env": "TOY_DUMP", **options}
+    return toy_options(*extra, raw=raw, forced=forced, **options)
 
 
 EXACT = Toggle("exact", ("none", "all"), "all", key="TOY_EXACT")
