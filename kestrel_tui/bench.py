@@ -1,6 +1,7 @@
 """`kestrel-tui bench`: speed figures, printed (the committed copies live in results/).
 
-reference  ms/token of the CPU reference decode (P prompt + N generated tokens),
+reference  ms/token of the CPU reference decode (P prompt + N generated tokens; the compiled
+           reference where built, --reference numpy for the numpy one),
            the hashing cost per token, and HF transformers eager on the same
            weights as the peer figure (skipped with a note when torch is absent).
 toggle     wall time from changing one toggle to the new first DIFF (sim subject).
@@ -27,11 +28,11 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.1f}"
 
 
-def bench_reference(model, prompt: list[int], n_tokens: int) -> dict:
-    from .backends.base import NumpyBackend
+def bench_reference(model, prompt: list[int], n_tokens: int, impl: str = "auto") -> dict:
+    from .engines.build import make_backend
     from .trace.fnv import fnv1a64
 
-    backend = NumpyBackend(model)
+    backend = make_backend("cpu", model, impl=impl)
     backend.reset(len(prompt) + n_tokens)
     t0 = time.perf_counter()
     out = backend.step(np.array(prompt), 0)
@@ -49,7 +50,7 @@ def bench_reference(model, prompt: list[int], n_tokens: int) -> dict:
         hash_times.append(time.perf_counter() - t0)
         tok = int(np.argmax(out.logits[0]))
     return {"prefill_s": prefill, "step_s": float(np.median(steps)), "hash_s": float(np.median(hash_times)),
-            "keys_per_token": len(out.hashes[0])}
+            "keys_per_token": len(out.hashes[0]), "impl": type(backend).__name__}
 
 
 def bench_hf_peer(model, prompt: list[int], n_tokens: int) -> dict | None:
@@ -157,12 +158,13 @@ def run_bench(args: argparse.Namespace) -> int:
                   f" {len(prompt)} prompt + {args.tokens} tokens; {platform.processor() or platform.machine()},"
                   f" numpy {np.__version__}")
     if what in ("reference", "all"):
-        ref = bench_reference(model, prompt, args.tokens)
+        ref = bench_reference(model, prompt, args.tokens, getattr(args, "reference", None) or "auto")
         peer = bench_hf_peer(model, prompt, args.tokens)
         t = Table(title="reference decode (CPU)", title_justify="left")
         for col in ("what", "ms/token", "note"):
             t.add_column(col)
-        t.add_row("kestrel reference step", _ms(ref["step_s"]), f"median of {args.tokens}; target <= 100")
+        impl = "compiled" if ref["impl"] == "CompiledBackend" else "numpy"
+        t.add_row(f"kestrel reference step ({impl})", _ms(ref["step_s"]), f"median of {args.tokens}; target <= 100")
         t.add_row("  of which hashing", _ms(ref["hash_s"]),
                   f"{ref['keys_per_token']} keys, {100 * ref['hash_s'] / ref['step_s']:.1f}% of the step; target <= 10%")
         t.add_row("kestrel prefill (whole prompt)", _ms(ref["prefill_s"]), f"{len(prompt)} positions in one step")

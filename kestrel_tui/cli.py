@@ -34,6 +34,9 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv", choices=("q8", "f32"), help="KV cache format (default q8)")
     p.add_argument("--deep", action="store_true", default=None,
                    help="also probe MoE internals and pre-quantization K")
+    p.add_argument("--reference", choices=("auto", "compiled", "numpy"), help="the cpu reference's"
+                   " implementation of the contract (the same bits): auto (default) takes the compiled one"
+                   " where it is built")
     p.add_argument("--no-cache", action="store_true", help="compute the reference even when the reference cache"
                    " (~/.cache/kestrel-tui/reference) holds it")
 

@@ -74,6 +74,7 @@ def cmd_dump(args: argparse.Namespace) -> int:
     model = load_model_args(args)
     prompt = resolve_prompt(args, model)
     engine, values = _dump_engine(args, model)
+    _engine_notes(engine)
     what = engine.describe(values)
     with DumpWriter(out) as writer, console.status(f"{what}: {len(prompt)}+{args.tokens} positions"):
         def write(pos):
@@ -91,6 +92,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     model = load_model_args(args)
     prompt = resolve_prompt(args, model)
     ref = engines_from_options(args, _profile(args), model, subject="cpu", sides=("reference",))[0]
+    _engine_notes(ref)
     if not ref.caps.logits:
         raise UsageError(f"generate: the reference ({ref.name}) reports no logits, so no tokens to print;"
                          f" give it a raw-values sidecar with t<T>_logits (docs/engines-process.md)")
@@ -164,8 +166,15 @@ def _session(args: argparse.Namespace):
                    cache=cache_from_options(args))
 
 
+def _engine_notes(engine) -> None:
+    for note in getattr(engine, "notes", ()):
+        err_console.print(f"note: {note}")
+
+
 def _cache_notes(session) -> None:
-    """What the reference cache did, on stderr (stdout stays the report)."""
+    """What the engines and the reference cache did, on stderr (stdout stays the report)."""
+    for note in session.notes:
+        err_console.print(f"note: {note}")
     for note in session.cache.notes if session.cache else ():
         err_console.print(f"note: {note}")
     if session.reference_cached:

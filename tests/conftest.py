@@ -41,3 +41,15 @@ def _reference_cache_in_tmp(tmp_path_factory):
         os.environ.pop("XDG_CACHE_HOME", None)
     else:
         os.environ["XDG_CACHE_HOME"] = old
+
+
+@pytest.fixture(scope="session")
+def cref():
+    """The compiled reference's library (kestrel_tui/cref): the one `pip install` built, or the build
+    named by KESTREL_TEST_CREF_LIB (a test-only override for work on the C sources). Not built is an
+    error here, never a skip: every machine that runs the suite has a C compiler."""
+    import os
+
+    from kestrel_tui.cref import load
+
+    return load(os.environ.get("KESTREL_TEST_CREF_LIB") or None)

@@ -131,7 +131,8 @@ def engines_from_options(args: argparse.Namespace, profile, model: Model, subjec
                 f" ({args.model}); give both sides the same model, or run this one as hf or llama.cpp"),
                 option_hint=None) from None
         try:
-            built[side] = make_engine(spec, model, kv=args.kv, deep=args.deep)
+            built[side] = make_engine(spec, model, kv=args.kv, deep=args.deep,
+                                      impl=getattr(args, "reference", None) or "auto")  # --reference: a cpu side
         except UsageError as e:
             if profile is None:
                 raise

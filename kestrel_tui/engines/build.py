@@ -1,4 +1,4 @@
-"""Backends by name: cpu (the reference), sim (GPU-order emulation), cuda (PyCUDA)."""
+"""Backends by name: cpu (the reference: compiled, or numpy), sim (GPU-order emulation), cuda (PyCUDA)."""
 from __future__ import annotations
 
 from ..backends.base import Backend, NumpyBackend
@@ -10,10 +10,35 @@ from ..model.weights import Model
 BACKENDS = ("cpu", "sim", "cuda")
 
 
+REFERENCE_IMPLS = ("auto", "compiled", "numpy")
+
+
+def reference_impl(impl: str = "auto") -> tuple[str, str | None]:
+    """Which implementation of the contract decodes the cpu reference: ("compiled" | "numpy", why the
+    compiled one is not used, or None). auto takes the compiled reference wherever it is built."""
+    if impl not in REFERENCE_IMPLS:
+        raise UsageError(f"--reference {impl}: choose from {', '.join(REFERENCE_IMPLS)}")
+    if impl == "numpy":
+        return "numpy", None
+    from ..cref import Unavailable, load
+
+    try:
+        load()
+    except Unavailable as e:
+        if impl == "compiled":
+            raise UsageError(f"--reference compiled: {e}") from None
+        return "numpy", f"the reference runs on numpy: {e}"
+    return "compiled", None
+
+
 def make_backend(name: str, model: Model, kv: str = "q8", exact: str | frozenset = "all",
-                 deep: bool = False) -> Backend:
+                 deep: bool = False, impl: str = "auto") -> Backend:
     toggles = parse_exact(exact) if isinstance(exact, str) else frozenset(exact)
     if name == "cpu":
+        if reference_impl(impl)[0] == "compiled":
+            from ..cref.backend import CompiledBackend
+
+            return CompiledBackend(model, kv=kv, deep=deep)
         return NumpyBackend(model, kv=kv, name="cpu", deep=deep)
     if name == "sim":
         from ..backends.ops_fast import sim_ops
@@ -32,9 +57,10 @@ def make_backend(name: str, model: Model, kv: str = "q8", exact: str | frozenset
 ENGINES = (*BACKENDS, "hf", "process", "llama.cpp")
 
 
-def make_engine(spec, model: Model | None, kv: str = "q8", deep: bool = False):
+def make_engine(spec, model: Model | None, kv: str = "q8", deep: bool = False, impl: str = "auto"):
     """An EngineSpec -> an Engine. ``model`` is the loaded model of spec.model (the built-ins decode it;
-    hf and process read their own files and use it only for its shape)."""
+    hf and process read their own files and use it only for its shape). ``impl``: the cpu engine's
+    implementation of the contract (reference_impl)."""
     from .base import EngineSpec
 
     spec = spec if isinstance(spec, EngineSpec) else EngineSpec(str(spec))
@@ -48,7 +74,7 @@ def make_engine(spec, model: Model | None, kv: str = "q8", deep: bool = False):
             problem = cuda_unsupported(model.cfg)
             if problem:
                 raise UsageError(f"cuda subject: {problem}; the sim subject is the fallback (--subject sim)")
-        return BuiltinEngine(spec.engine, model, kv=kv, deep=deep)
+        return BuiltinEngine(spec.engine, model, kv=kv, deep=deep, impl=impl)
     if spec.engine == "hf":
         from .hf import make_hf_engine
 

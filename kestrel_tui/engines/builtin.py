@@ -26,9 +26,14 @@ OP_TOGGLES = tuple(fast_exact(op, owns=_owned_fields(op), help=f"switch {op} bet
 class BuiltinEngine(Engine):
     caps = Capabilities(prefill_from=True, forcing=True, isolate=True, logits=True, raw=True)
 
-    def __init__(self, kind: str, model: Model, kv: str = "q8", deep: bool = False):
+    def __init__(self, kind: str, model: Model, kv: str = "q8", deep: bool = False, impl: str = "auto"):
+        from .build import reference_impl
+
         self.name, self.model, self.kv, self.deep = kind, model, kv, deep
         self.toggles = () if kind == "cpu" else OP_TOGGLES  # cpu is all exact by definition
+        # the cpu reference's implementation (the same bits either way); a fallback is said once
+        self.impl, why = reference_impl(impl) if kind == "cpu" else ("numpy", None)
+        self.notes: tuple[str, ...] = (why,) if why else ()
 
     def exact_ops(self, values: Mapping[str, str]) -> frozenset[str]:
         return frozenset(t.name for t in self.toggles if values.get(t.name) == t.exact)
@@ -37,7 +42,7 @@ class BuiltinEngine(Engine):
         from .build import make_backend
 
         return make_backend(self.name, self.model, kv=self.kv, exact=self.exact_ops(values) if self.toggles
-                            else "all", deep=self.deep)
+                            else "all", deep=self.deep, impl=self.impl)
 
     def owners(self, field_name: str) -> tuple[str, ...]:
         return OWNERS.get(field_name, ()) if self.toggles else ()

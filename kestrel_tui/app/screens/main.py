@@ -323,6 +323,8 @@ class MainScreen(GridNavigation, Screen):
         self.board.raw_ref = m.ref.raw
         if self.session.reference_cached:
             self._header()  # "cpu (cached) vs ...": no reference was computed
+        for note in self.session.notes:
+            self.notify(note, title="reference", severity="warning", markup=False)
         for note in self.session.cache.notes if self.session.cache else ():
             self.notify(note, title="reference cache", severity="warning", markup=False)
         if self.session.cache:

@@ -88,7 +88,7 @@ _runtime: "Runtime | None" = None
 
 
 def module_source(name: str, text: str | None = None) -> str:
-    """The .cu text (kernels/<name>.cu, or `text` in its place) with its kernels/*.cuh headers
+    """The .cu text (kernels/<name>.cu, or `text` in its place) with its kernels/*.cuh and *.h headers
     inlined, each once (what PyCUDA compiles and caches on)."""
     seen: set[str] = set()
 
@@ -98,7 +98,7 @@ def module_source(name: str, text: str | None = None) -> str:
                 return ""
             seen.add(m.group(1))
             return inline((KERNEL_DIR / m.group(1)).read_text().replace("#pragma once\n", ""))
-        return re.sub(r'#include "([\w.]+\.cuh)"\n?', header, text)
+        return re.sub(r'#include "([\w.]+\.(?:cuh|h))"\n?', header, text)
 
     return inline(text if text is not None else (KERNEL_DIR / f"{name}.cu").read_text())
 

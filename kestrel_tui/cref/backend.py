@@ -1,0 +1,193 @@
+"""The compiled reference as a backend: `cref/step.c` runs a whole decode step in one call.
+
+The weights, the KV cache (backends/decoder.KVCache) and the probe buffers stay numpy arrays;
+the C side gets their addresses. Bits are the numpy reference's (tests/test_cref_step.py), so
+this backend is "cpu" like the numpy one: the same cache entries, the same name in a trace.
+A step with a feed (isolation: only a subject is ever fed) runs the numpy decoder on the same
+cache, since the C step has no per-op hooks.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+
+import numpy as np
+
+from ..backends.base import Backend, NumpyBackend, StepOut
+from ..backends.decoder import KVCache
+from ..model.weights import Linear, Model, rope_attention_factor
+from ..trace.keys import ALL_FIELDS, layer_fields, token_keys
+from . import load
+
+P, I64, I32, F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+
+
+class Lin(ctypes.Structure):
+    _fields_ = [("w", P), ("out", I64), ("inp", I64), ("q4", I32), ("expert_bytes", I64)]
+
+
+class Layer(ctypes.Structure):
+    _fields_ = [(n, P) for n in ("input_ln", "post_ln", "q_norm", "k_norm")] + \
+               [(n, Lin) for n in ("q", "k", "v", "o")] + \
+               [(n, P) for n in ("q_bias", "k_bias", "v_bias", "o_bias")] + \
+               [(n, Lin) for n in ("router", "gate", "up", "down")] + \
+               [(n, P) for n in ("k_cache", "v_cache", "ks_cache", "vs_cache")]
+
+
+class ModelC(ctypes.Structure):
+    _fields_ = [(n, I64) for n in ("n_layers", "hidden", "n_heads", "n_kv", "head_dim", "vocab", "top_k")] + \
+               [(n, F32) for n in ("eps", "attn_scale", "rope_scale")] + \
+               [(n, I32) for n in ("norm_topk", "kv_q8", "threads")] + \
+               [("embed", P), ("lm_head", P), ("norm", P), ("inv_freq", P), ("layers", P)]
+
+
+def default_threads() -> int:
+    """Every core this process may use: the reference splits rows, heads and columns across them."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _addr(a: np.ndarray | None) -> int | None:
+    return None if a is None else a.ctypes.data
+
+
+def _f32(a: np.ndarray | None) -> np.ndarray | None:
+    return None if a is None else np.ascontiguousarray(a, dtype=np.float32)
+
+
+class CompiledBackend(Backend):
+    """The reference (cpu), decoded by the compiled contract."""
+
+    name = "cpu"
+
+    def __init__(self, model: Model, kv: str = "q8", deep: bool = False, threads: int | None = None,
+                 lib_path=None):
+        self.lib = load(lib_path)
+        self.model, self.kv, self.deep = model, kv, deep
+        self.threads = threads or default_threads()
+        self.cache: KVCache | None = None
+        self._keep: list = []  # every array whose address the C structs hold
+        self._layouts: dict[int, tuple] = {}
+        cfg = model.cfg
+        self._layers = (Layer * cfg.n_layers)()
+        for li, L in enumerate(model.layers):
+            c = self._layers[li]
+            for name in ("input_ln", "post_ln", "q_norm", "k_norm"):
+                setattr(c, name, self._hold(_f32(getattr(L, {"input_ln": "input_layernorm",
+                                                            "post_ln": "post_attention_layernorm"}.get(name, name)))))
+            for name in ("q", "k", "v", "o"):
+                setattr(c, name, self._lin(getattr(L, f"{name}_proj")))
+            for name in ("q", "k", "v", "o"):
+                setattr(c, f"{name}_bias", self._hold(_f32(getattr(L, f"{name}_bias"))))
+            c.router = self._lin(L.gate) if L.gate is not None else Lin()
+            c.gate, c.up, c.down = (self._lin(getattr(L, n)) for n in ("gate_proj", "up_proj", "down_proj"))
+        self._embed, self._head = self._lin(model.embed_tokens), self._lin(model.lm_head)
+        af = rope_attention_factor(cfg)
+        self._c = ModelC(n_layers=cfg.n_layers, hidden=cfg.hidden, n_heads=cfg.n_heads, n_kv=cfg.n_kv_heads,
+                         head_dim=cfg.head_dim, vocab=cfg.vocab, top_k=cfg.top_k or 0, eps=np.float32(cfg.eps),
+                         attn_scale=model.attn_scale, rope_scale=0.0 if af is None else af,
+                         norm_topk=int(bool(cfg.norm_topk_prob)), kv_q8=int(kv == "q8"), threads=self.threads,
+                         embed=ctypes.addressof(self._embed), lm_head=ctypes.addressof(self._head),
+                         norm=self._hold(_f32(model.norm)), inv_freq=self._hold(_f32(model.inv_freq)),
+                         layers=ctypes.addressof(self._layers))
+
+    def _hold(self, a: np.ndarray | None) -> int | None:
+        if a is not None:
+            self._keep.append(a)
+        return _addr(a)
+
+    def _lin(self, lin: Linear) -> Lin:
+        a = lin.w if lin.w is not None else lin.blocks
+        a = self._hold(np.ascontiguousarray(a))
+        per_expert = (lin.w if lin.w is not None else lin.blocks)
+        stacked = per_expert.ndim == (3 if lin.w is not None else 4)
+        return Lin(w=a, out=lin.out, inp=lin.inp, q4=int(lin.w is None),
+                   expert_bytes=per_expert[0].nbytes if stacked else 0)
+
+    def describe(self) -> str:
+        return self.name
+
+    def reset(self, capacity: int) -> None:
+        self.cache = KVCache(self.model, self.kv, capacity)
+        for li, arrs in enumerate(self.cache.layers):
+            c = self._layers[li]
+            c.k_cache, c.v_cache, c.ks_cache, c.vs_cache = (arrs[n].ctypes.data for n in ("k", "v", "ks", "vs"))
+
+    def _slots(self) -> list[tuple[str, int | None, np.dtype, tuple[int, ...]]]:
+        """Every probe slot in step.c's order (cref.h): (field, layer, dtype, shape of one column)."""
+        cfg = self.model.cfg
+        hd, nkv, nh, k = cfg.head_dim, cfg.n_kv_heads, cfg.n_heads, cfg.top_k or 0
+        kvt = np.dtype(np.int8 if self.kv == "q8" else np.float32)
+        shapes = {"nrm": (cfg.hidden,), "kraw": (nkv * hd,), "knorm": (nkv, hd), "kpre": (nkv, hd),
+                  "k": (nkv, hd), "ks": (nkv,), "v": (nkv, hd), "vs": (nkv,), "qrope": (nh, hd),
+                  "attn": (nh * hd,), "ores": (cfg.hidden,), "pnrm": (cfg.hidden,), "moe": (cfg.hidden,),
+                  "x": (cfg.hidden,)}
+        f32, slots = np.dtype(np.float32), [("emb", None, np.dtype(np.float32), (cfg.hidden,))]
+        for li, L in enumerate(self.model.layers):
+            for f in ALL_FIELDS:
+                if f in ("router", "topk", "topw"):  # a dense layer has none: [0] buffers, as numpy's
+                    shape = (0,) if L.gate is None else ((L.gate.out,) if f == "router" else (k,))
+                else:
+                    shape = shapes[f]
+                slots.append((f, li, kvt if f in ("k", "v") else np.dtype(np.int32) if f == "topk" else f32, shape))
+        return slots + [("logits", None, f32, (cfg.vocab,))]
+
+    def _layout(self, M: int):
+        """For a step of M columns: the arena's size, each slot's address offset, and the groups the raw
+        buffers are read from — one [layers, M, *shape] block per (field, dtype, shape), so a position's
+        530 buffers are 530 cheap indexings of ~20 arrays. Cached per M."""
+        if M in self._layouts:
+            return self._layouts[M]
+        slots = self._slots()
+        groups: dict[tuple, list[int]] = {}
+        for i, (f, _, dt, shape) in enumerate(slots):
+            groups.setdefault((f, dt, shape), []).append(i)
+        offsets, where, blocks, off = np.zeros(len(slots), np.int64), {}, [], 0
+        for g, ((f, dt, shape), members) in enumerate(groups.items()):
+            col = int(np.prod(shape)) * dt.itemsize
+            blocks.append((off, len(members), dt, shape))
+            for j, i in enumerate(members):
+                offsets[i] = off + j * M * col
+                where[i] = (g, j)
+            off += -(-len(members) * M * col // 64) * 64  # 64-byte aligned blocks
+        hashed = [0] + [1 + li * len(ALL_FIELDS) + ALL_FIELDS.index(f) for li in range(self.model.n_layers)
+                        for f in layer_fields(self.deep)] + [len(slots) - 1]
+        nbytes = np.array([int(np.prod(slots[i][3])) * slots[i][2].itemsize for i in hashed], np.int64)
+        layout = (offsets, off, blocks, np.array(hashed, np.int64), nbytes, [where[i] for i in hashed])
+        self._layouts[M] = layout
+        return layout
+
+    def step(self, tokens: np.ndarray, pos0: int, raw: bool = True, feed=None) -> StepOut:
+        tokens = np.ascontiguousarray(tokens, dtype=np.int64)
+        M = len(tokens)
+        if feed is not None:
+            fallback = NumpyBackend(self.model, kv=self.kv, deep=self.deep)
+            fallback.cache = self.cache
+            return fallback.step(tokens, pos0, raw=raw, feed=feed)
+        vocab = self.model.cfg.vocab
+        if M and (tokens.min() < 0 or tokens.max() >= vocab):
+            raise IndexError(f"token id {int(tokens.max() if tokens.max() >= vocab else tokens.min())} is outside"
+                             f" the vocabulary (0..{vocab - 1})")
+        if pos0 + M > self.cache.capacity:
+            raise ValueError(f"KV cache full: positions up to {pos0 + M} > capacity {self.cache.capacity}")
+        offsets, size, blocks, hashed, nbytes, where = self._layout(M)
+        arena = np.empty(size + 64, np.uint8)
+        shift = -arena.ctypes.data % 64
+        ptrs = offsets + (arena.ctypes.data + shift)
+        if self.lib.kc_step(ctypes.byref(self._c), tokens.ctypes.data, M, pos0, ptrs.ctypes.data) != 0:
+            raise MemoryError("compiled reference: out of memory for the step's scratch buffers")
+        out = np.empty((M, len(hashed)), np.uint64)
+        keys = ptrs[hashed]  # held: a temporary's address would dangle during the call
+        self.lib.kc_fnv_keys(keys.ctypes.data, nbytes.ctypes.data, nbytes.ctypes.data, len(hashed), M,
+                             out.ctypes.data)
+        arrays = [arena[shift + o:].view(dt)[:n * M * int(np.prod(shape))].reshape(n, M, *shape)
+                  for o, n, dt, shape in blocks]
+        logits = arrays[where[-1][0]][where[-1][1]]
+        names = [token_keys(pos0 + m, self.model.n_layers, deep=self.deep) for m in range(M)]
+        hashes = [dict(zip(names[m], out[m].tolist())) for m in range(M)]
+        raws = None
+        if raw:
+            raws = [dict(zip(names[m], [arrays[g][j, m] for g, j in where])) for m in range(M)]
+        return StepOut(logits=logits, hashes=hashes, raw=raws)
+
+    def load_kv(self, pos0: int, raws: list[dict[str, np.ndarray]]) -> None:
+        NumpyBackend.load_kv(self, pos0, raws)

@@ -1,0 +1,225 @@
+/* Norms, RoPE, attention, routing and the MoE combine: backends/ops_exact.py, bit for bit.
+ * Step numbers refer to "The layer" in docs/numerics.md; the sums are its "Ordered reductions". */
+#include <math.h>
+
+#include "cref.h"
+
+/* Contract step 1. sqrtf then a divide, never an rsqrt: a reciprocal square root
+ * instruction rounds differently in about a third of the cases. */
+static void normalize_row(const float *x, float ss, const float *w, int64_t n, float eps, float *out) {
+    const float rms = 1.0f / sqrtf(ss / (float)n + eps);
+    for (int64_t i = 0; i < n; i++)
+        out[i] = (x[i] * rms) * w[i];
+}
+
+/* Step 1 with the block-8 sum of squares. */
+void kc_rmsnorm(const float *x, const float *w, int64_t rows, int64_t n, float eps, float *out) {
+    const int64_t n8 = n & ~(int64_t)7;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * n;
+        float ss = 0.0f;
+        for (int64_t b = 0; b < n8; b += 8) {
+            float lo[4];
+            for (int k = 0; k < 4; k++)
+                lo[k] = xr[b + k] * xr[b + k] + xr[b + 4 + k] * xr[b + 4 + k];
+            ss = ss + ((lo[0] + lo[1]) + (lo[2] + lo[3]));
+        }
+        for (int64_t j = n8; j < n; j++)
+            ss = ss + xr[j] * xr[j];
+        normalize_row(xr, ss, w, n, eps, out + r * n);
+    }
+}
+
+/* Step 3: one row per head, the sequential sum. */
+void kc_qknorm(const float *x, const float *w, int64_t rows, int64_t n, float eps, float *out) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * n;
+        float ss = 0.0f;
+        for (int64_t j = 0; j < n; j++)
+            ss = ss + xr[j] * xr[j];
+        normalize_row(xr, ss, w, n, eps, out + r * n);
+    }
+}
+
+/* Step 4's table. The angles go through a small local buffer so that kc_sincosf never
+ * sees its input aliased with an output. */
+void kc_rope_cos_sin(const int64_t *pos, int64_t M, const float *inv_freq, int64_t half, float *cos,
+                     float *sin) {
+    enum { CHUNK = 256 };
+    float ang[CHUNK];
+    for (int64_t m = 0; m < M; m++) {
+        const float t = (float)pos[m];
+        for (int64_t i0 = 0; i0 < half; i0 += CHUNK) {
+            const int64_t cnt = half - i0 < CHUNK ? half - i0 : CHUNK;
+            for (int64_t i = 0; i < cnt; i++)
+                ang[i] = t * inv_freq[i0 + i];
+            kc_sincosf(ang, cos + m * half + i0, sin + m * half + i0, cnt);
+        }
+    }
+}
+
+/* Step 4's rotation. Both inputs of a pair are read before either output is written,
+ * which is what lets out alias x. */
+void kc_rope(const float *x, int64_t M, int64_t heads, int64_t hd, const float *cos, const float *sin,
+             float *out) {
+    const int64_t half = hd / 2;
+    for (int64_t m = 0; m < M; m++) {
+        const float *c = cos + m * half, *s = sin + m * half;
+        for (int64_t h = 0; h < heads; h++) {
+            const float *xr = x + (m * heads + h) * hd;
+            float *o = out + (m * heads + h) * hd;
+            for (int64_t i = 0; i < half; i++) {
+                const float a = xr[i], b = xr[i + half];
+                o[i] = a * c[i] - b * s[i];
+                o[i + half] = b * c[i] + a * s[i];
+            }
+        }
+    }
+}
+
+/* The f32 QK dot: the lane sum over head_dim. Lanes past the end stay +0, as on a warp. */
+static float lane_dot(const float *a, const float *b, int64_t n) {
+    float v[32];
+    for (int i = 0; i < 32; i++)
+        v[i] = 0.0f;
+    int64_t j0 = 0;
+    for (; j0 + 32 <= n; j0 += 32)
+        for (int i = 0; i < 32; i++)
+            v[i] = v[i] + a[j0 + i] * b[j0 + i];
+    for (int i = 0; j0 + i < n; i++)
+        v[i] = v[i] + a[j0 + i] * b[j0 + i];
+    for (int off = 16; off > 0; off >>= 1)
+        for (int i = 0; i < off; i++)
+            v[i] = v[i] + v[i + off];
+    return v[0];
+}
+
+/* Step 6 for one (column, query head). The recurrence is evaluated exactly as written
+ * there, position by position: l is the value column of an all-ones row in the numpy
+ * reference, so l*c + w*1, and w*1 == w. */
+static void attend_head(const float *qh, int64_t hd, const void *k, const float *ks, const void *v,
+                        const float *vs, int kv_q8, int64_t kv, int64_t nkv, int64_t last, float scale,
+                        float *o) {
+    int8_t qq[hd];
+    float dq = 0.0f;
+    if (kv_q8)
+        kc_quant_rows_q8(qh, 1, hd, qq, &dq); /* query q8: per head, as the KV rows */
+    float acc[hd];
+    for (int64_t j = 0; j < hd; j++)
+        acc[j] = 0.0f;
+    float mx = -INFINITY, l = 0.0f;
+    for (int64_t p = 0; p <= last; p++) {
+        const int64_t row = (p * nkv + kv) * hd;
+        float s;
+        if (kv_q8) {
+            const int8_t *kr = (const int8_t *)k + row;
+            int32_t isum = 0; /* exact in int32: any order */
+            for (int64_t j = 0; j < hd; j++)
+                isum += (int32_t)qq[j] * (int32_t)kr[j];
+            s = ((float)isum * (dq * ks[p * nkv + kv])) * scale;
+        } else {
+            s = lane_dot(qh, (const float *)k + row, hd) * scale;
+        }
+        /* np.maximum's choice: NaN propagates, and on equality the second operand wins
+         * (only the sign of a zero could tell, and expf(+-0) == 1 either way). */
+        const float mn = (mx > s || mx != mx) ? mx : s;
+        const float c = kc_expf1(mx - mn), w = kc_expf1(s - mn);
+        l = l * c + w;
+        if (kv_q8) {
+            const int8_t *vr = (const int8_t *)v + row;
+            const float d = vs[p * nkv + kv];
+            for (int64_t j = 0; j < hd; j++)
+                acc[j] = acc[j] * c + w * ((float)vr[j] * d);
+        } else {
+            const float *vr = (const float *)v + row;
+            for (int64_t j = 0; j < hd; j++)
+                acc[j] = acc[j] * c + w * vr[j];
+        }
+        mx = mn;
+    }
+    for (int64_t j = 0; j < hd; j++)
+        o[j] = acc[j] / l;
+}
+
+/* Step 6. The threads split (column, head) pairs only: each pair's recurrence is serial
+ * and independent of the others, so any thread count gives the same bits. */
+void kc_attention(const float *q, int64_t M, int64_t nh, int64_t nkv, int64_t hd, const void *k, const float *ks,
+                  const void *v, const float *vs, int kv_q8, const int64_t *pos, float scale, float *out,
+                  int threads) {
+    const int64_t g = nh / nkv;
+    /* Waking a thread costs microseconds: split only when each gets ~32k units (a unit: about one
+     * position of one head, 32 elements, two replica expf per position). */
+    int64_t work = 0;
+    for (int64_t m = 0; m < M; m++)
+        work += (pos[m] + 1) * nh * ((hd + 64) / 32);
+    const int64_t useful = work / 32768;
+    const int nt = threads <= 1 || useful <= 1 ? 1 : useful < threads ? (int)useful : threads;
+#pragma omp parallel for schedule(dynamic) num_threads(nt) if(nt > 1)
+    for (int64_t mh = 0; mh < M * nh; mh++) {
+        const int64_t m = mh / nh, h = mh % nh;
+        attend_head(q + mh * hd, hd, k, ks, v, vs, kv_q8, h / g, nkv, pos[m], scale, out + mh * hd);
+    }
+}
+
+/* Rank order of step 8's top-k: higher p first; a NaN ranks below every number, as in
+ * numpy's argsort(-p). Equal values are never "before" each other, so the insertion below
+ * keeps the lower expert index first (a stable sort). */
+static int before(float a, float b) {
+    return a > b || (b != b && a == a);
+}
+
+/* Step 8's router: softmax in expert order, top-k, optional renormalisation. */
+void kc_route(const float *logits, int64_t M, int64_t E, int64_t k, int norm_topk, int64_t *idx, float *w) {
+    float p[E];
+    for (int64_t m = 0; m < M; m++) {
+        const float *lr = logits + m * E;
+        float mx = lr[0];
+        for (int64_t i = 1; i < E; i++)
+            if (mx == mx && !(lr[i] <= mx)) /* a NaN sticks, as in np.max */
+                mx = lr[i];
+        float S = 0.0f;
+        for (int64_t i = 0; i < E; i++) {
+            p[i] = kc_expf1(lr[i] - mx);
+            S = S + p[i];
+        }
+        for (int64_t i = 0; i < E; i++)
+            p[i] = p[i] / S;
+
+        int64_t *id = idx + m * k;
+        int64_t cnt = 0;
+        for (int64_t i = 0; i < E; i++) {
+            if (cnt == k && !before(p[i], p[id[k - 1]]))
+                continue;
+            int64_t r = cnt < k ? cnt++ : k - 1;
+            for (; r > 0 && before(p[i], p[id[r - 1]]); r--)
+                id[r] = id[r - 1];
+            id[r] = i;
+        }
+
+        float *wr = w + m * k;
+        for (int64_t r = 0; r < k; r++)
+            wr[r] = p[id[r]];
+        if (norm_topk) {
+            float s = 0.0f;
+            for (int64_t r = 0; r < k; r++)
+                s = s + wr[r];
+            for (int64_t r = 0; r < k; r++)
+                wr[r] = wr[r] / s;
+        }
+    }
+}
+
+/* Step 8's combine, in rank order from +0. */
+void kc_combine(const float *y, const float *w, int64_t M, int64_t k, int64_t n, float *out) {
+    for (int64_t m = 0; m < M; m++) {
+        float *o = out + m * n;
+        for (int64_t i = 0; i < n; i++)
+            o[i] = 0.0f;
+        for (int64_t j = 0; j < k; j++) {
+            const float wj = w[m * k + j];
+            const float *yj = y + (m * k + j) * n;
+            for (int64_t i = 0; i < n; i++)
+                o[i] = o[i] + wj * yj[i];
+        }
+    }
+}
