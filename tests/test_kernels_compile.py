@@ -20,6 +20,7 @@ import re
 import shutil
 import struct
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -114,7 +115,7 @@ def test_attn_bench_reads_a_versions_own_block_size():
 
     from kestrel_tui.backends.cuda import launches
 
-    script = KERNEL_DIR.parents[1] / "scripts" / "gpu_attn_bench.py"
+    script = Path(__file__).resolve().parents[1] / "scripts" / "gpu_attn_bench.py"
     spec = importlib.util.spec_from_file_location("gpu_attn_bench", script)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)

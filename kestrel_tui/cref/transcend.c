@@ -20,7 +20,7 @@
 #include <string.h>
 
 #include "cref.h"
-#include "../kernels/ucrt_tables.h"
+#include "ucrt_tables.h"  /* kernels/: shared with the CUDA replica */
 
 /* float and double operations must round to their own precision (no x87 excess precision).
  * 16 is what AVX512-FP16 targets report: only _Float16 differs from 0 there. */

@@ -20,9 +20,10 @@ import shutil
 import threading
 from pathlib import Path
 
+from ... import kernels as _kernels
 from ...errors import UsageError
 
-KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernels"
+KERNEL_DIR = Path(_kernels.__file__).resolve().parent  # the top-level kernels/ folder (setup.py maps it)
 MODULES = ("gemv", "norm", "rope", "kvquant", "attention", "moe", "fused", "hash", "transcend")
 
 
