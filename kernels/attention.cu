@@ -7,20 +7,16 @@
 //
 // Versions:
 //   attn_exact_q8 / attn_exact_f32
-//       contract step 6. The query head is quantized like a KV row (q8 cache),
-//       s_p = (float(isum_p) * (dq*dk_p)) * scale with an exact int32 dot, or
-//       s_p = lane_sum(q[j]*k_p[j]) * scale (f32 cache). Online softmax:
-//       m_p = max(m_{p-1}, s_p), c_p = expf(m_{p-1} - m_p), w_p = expf(s_p - m_p),
-//       l = l*c_p + w_p, acc[j] = acc[j]*c_p + w_p*v_p[j], out = acc/l.
-//       Only the last two recurrences are serial: the scores, the running max
-//       (a prefix-max scan) and both exponentials do not depend on acc, so a
-//       tile of positions computes them in parallel (one thread per position);
-//       then thread j runs the recurrence for output element j over the tile
-//       (every thread also carries l). Positions stay in ascending order, every
-//       product is rounded before its add, so this is bit-identical to the
-//       serial loop — and the seed's one-thread-per-head scan (2.25x the fast
-//       kernel) becomes a parallel kernel with a 1-flop-deep serial part. The
-//       tile's int8 V rows are staged in shared memory first.
+//       contract L6: scores L6a (query q8, Q4) or L6b (f32 cache), L6d online
+//       softmax. Only L6d's l and acc recurrences are serial: the scores, the
+//       running max (a prefix-max scan) and both exponentials do not depend on
+//       acc, so a tile of positions computes them in parallel (one thread per
+//       position); then thread j runs the recurrence for output element j over
+//       the tile (every thread also carries l). Positions stay in ascending
+//       order, every product is rounded before its add, so this is bit-identical
+//       to the serial loop, with a 1-flop-deep serial part (why not the seed's
+//       one thread a head: results/gpu-history.md, attention.cu). The tile's int8
+//       V rows are staged in shared memory first.
 //   attn_fast_q8 / attn_fast_f32
 //       two-pass softmax as engines do it: scores with FMA dots on the
 //       dequantized cache (no query quantization), block max, e = exp(s - max),
@@ -120,7 +116,7 @@ __device__ __forceinline__ void attn_exact(const float *__restrict__ q, const vo
   const float *qh = q + ((size_t)m * n_q + h) * hd;
 
   float dq = 0.0f;
-  if (Q8) {  // query q8: the KV row rule (f32 scale, clamp to +-127)
+  if (Q8) {  // query q8 (contract Q4)
     const float v = tid < hd ? qh[tid] : 0.0f;
     const float amax = block_max(fabsf(v), red);
     dq = FDIV(amax, 127.0f);
@@ -329,8 +325,9 @@ extern "C" __global__ void attn_fast_f32(const float *q, const float *kc, const 
 //
 // The single-kernel versions above run one block per (head, column): at M = 1
 // that is n_q blocks (32 for Qwen3-30B-A3B) working through the whole context
-// with a sync-heavy loop per 256-position tile, ~35 us a layer at context 1024
-// on an H200. The split versions spread the parallel parts over the context:
+// with a sync-heavy loop per 256-position tile (slow at long contexts:
+// results/gpu-history.md, attention.cu). The split versions spread the parallel
+// parts over the context:
 //
 //   attn_exact_scores_q8  grid (n_q, M, tiles of ATT_SPLIT_TILE): the query's q8
 //       quantization and the scores s_p, bit-identical to attn_exact_q8 (same
@@ -339,12 +336,10 @@ extern "C" __global__ void attn_fast_f32(const float *q, const float *kc, const 
 //       serial kernel's, whatever the tiling).
 //   attn_exact_pv_q8      grid (n_q, M, hd/ATT_SPLIT_COLS): in stages of
 //       ATT_PV_STAGE positions (staged one ahead by producer threads), the running
-//       max m_p = max(the max before the tile, I_p), c_p = expf(m_{p-1} - m_p),
-//       w_p = expf(s_p - m_p) and t_p = w_p*(v_p*vs_p) of the block's 32 columns in
-//       parallel, then one warp runs the contract's serial recurrence acc = acc*c_p + t_p,
-//       l = l*c_p + w_p over the positions in order (every product rounded
-//       before its add), out = acc / l: the same operations in the same order
-//       as attn_exact_q8, so the same bits.
+//       max m_p = max(the max before the tile, I_p), L6d's c_p, w_p and its product
+//       t_p = w_p*(v_p*vs_p) of the block's 32 columns in parallel, then one warp
+//       runs L6d's serial recurrence over the positions in order: the same
+//       operations in the same order as attn_exact_q8, so the same bits.
 //   attn_fast_part_q8 +   flash-decoding as engines do it: each tile of positions
 //   attn_fast_combine     gives, per query head, (its max, its sum of exp, its P.V
 //       with FMAs; scores as int8 dots with the query in q8 blocks), and
@@ -354,7 +349,6 @@ extern "C" __global__ void attn_fast_f32(const float *q, const float *kc, const 
 // partials [M, n_q, tiles_cap, hd + 2] (tiles of ATT_FAST_TILE positions). Tiles
 // past a column's position exit at once, so a CUDA graph captures the grid for
 // the whole cache.
-#define ATT_SPLIT_TILE 256
 #define ATT_SPLIT_COLS 32
 #define ATT_PV_BATCH 16  // positions whose operands attn_exact_pv_q8's serial warp loads at a time
 static_assert(ATT_SPLIT_COLS == QK, "a P.V block's 32 dims are one q8_0 block of its output");
@@ -419,11 +413,8 @@ extern "C" __global__ void attn_exact_scores_q8(const float *__restrict__ q, con
 // Positions past T are padded with c = 1, w = -0, t = -0: steps that change no bit.
 // Its launch takes half an SM's shared memory (unused; backends/cuda/launches.py
 // pv_spread_bytes) so that each block has an SM to itself: blocks sharing one slow each other.
-// Measured no faster on the H200 (results/gpu-h200-issue6.md, session 6): operands staged
-// by cp.async two stages ahead, adds only over batches whose every c is 1, 2 or 4 producers a
-// position, the serial warp loading a batch ahead, the serial warp alone on its scheduler.
-#define ATT_PV_STAGE 128
-#define ATT_PV_THREADS (32 + ATT_PV_STAGE)
+// Reshapings of this kernel that were measured and not kept: results/gpu-history.md
+// (attention.cu) and docs/decisions.md.
 #define ATT_PV_TROW (ATT_PV_STAGE + 4)  // floats a dim's row: +4 spreads the lanes' 16-byte loads over the banks
 static_assert(ATT_SPLIT_TILE % ATT_PV_STAGE == 0, "a stage lies in one scores tile");
 static_assert(ATT_PV_STAGE % ATT_PV_BATCH == 0 && ATT_PV_BATCH % 4 == 0, "the serial loop runs whole batches");
@@ -517,10 +508,8 @@ attn_exact_pv_q8(const signed char *__restrict__ vc, const float *__restrict__ v
 // A block stages its tile's K and V rows once for every query head that reads them (GQA:
 // n_q/n_kv heads, 8 for Qwen3-30B-A3B), then a warp takes a head: lane = position for the
 // scores (each lane a whole int8 dot over its row in shared memory, no shuffles), lane = 4 dims
-// for P.V. The first version gave a block one head and a thread one position's dot straight
-// from global memory with 4 warps a block: ~15k cycles a block, latency-bound (issue 6).
-#define ATT_FAST_TILE 32
-#define ATT_FAST_WARPS 8
+// for P.V. (A block a head with a thread's dot straight from global memory was
+// latency-bound: results/gpu-history.md, attention.cu.)
 #define ATT_KROW_PAD 16  // bytes after a staged K row: rows 16 bytes apart in the banks, so the
                          // lanes' 16-byte loads (a lane a row) do not conflict
 static_assert(ATT_FAST_TILE == 32, "the scores give a lane one position");

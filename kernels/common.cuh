@@ -1,32 +1,25 @@
 // common.cuh — shared by every kernel file of the cuda backend.
 //
-// THE EXACT-PATH CONTRACT (docs/numerics.md is the authority; this is how the
-// kernels keep it):
+// THE EXACT-PATH CONTRACT is docs/numerics.md; rules are cited by number ("contract L6",
+// "R1"). Every *_exact kernel reproduces it bit for bit (as the CPU reference does). How the
+// kernels keep it:
 //
-//   * Every *_exact kernel reproduces the CPU reference (backends/ops_exact.py)
-//     bit for bit: the same operations, in the same order, each one rounded
-//     the same way.
-//   * f32 arithmetic in exact code is written with the IEEE round-to-nearest
-//     intrinsics only (FADD/FMUL/FDIV/FSQRT below = __fadd_rn, __fmul_rn,
-//     __fdiv_rn, __fsqrt_rn), so no FMA contraction, no approximate division
-//     and no rsqrtf can creep in. As a second guard the backend compiles every
-//     module with -fmad=false (so plain operators in fast kernels are not
+//   * N1/N2: f32 arithmetic in exact code is written with the IEEE round-to-nearest
+//     intrinsics only (FADD/FSUB/FMUL/FDIV/FSQRT below), so no FMA contraction, no
+//     approximate division and no rsqrtf can creep in. As a second guard the backend
+//     compiles every module with -fmad=false (so plain operators in fast kernels are not
 //     contracted either: the fast kernels ask for FMAs explicitly with fmaf).
-//   * fma appears only in binary64, inside the transcendental replicas below,
-//     as __fma_rn (exactly rounded; -fmad=false does not touch explicit FMAs).
-//   * Reductions follow the contract's orders: lane sum (32 lanes, lane i takes
-//     terms i, i+32, ... from +0, then the xor butterfly 16, 8, 4, 2, 1 — a
-//     warp's native __shfl_xor_sync order), block-8 sum of squares, sequential
-//     sum. Integer dot products (int8 x int8, int4 x int8) are exact in int32,
-//     so __dp4a may sum them in any order.
-//   * expf/cosf/sinf are the UCRT replicas expf_ucrt/cosf_ucrt/sinf_ucrt —
-//     line-by-line ports of numerics/transcend.py (binary64 polynomials with
-//     explicit FMAs, one final rounding to float). Never the device expf/__expf
-//     in exact code.
+//   * N3: __fma_rn only in binary64, inside the replicas below (-fmad=false does not touch
+//     explicit FMAs).
+//   * R1 is a warp's native __shfl_xor_sync order (warp_butterfly_exact); N4 lets __dp4a
+//     sum integer dots in any order.
+//   * T1/T2: expf_ucrt/cosf_ucrt/sinf_ucrt below, line-by-line ports of
+//     numerics/transcend.py. Never the device expf/__expf in exact code.
 //
 // The *_fast kernels do what a GPU engine does (tree reductions with warp
 // shuffles, device expf/sincosf/rsqrtf, FMAs, reciprocal multiplies); they
-// only have to be plausible, deterministic and different.
+// only have to be plausible, deterministic and different. (They are not the sim
+// subject's fast orders, backends/ops_fast.py: each .cu header lists its own.)
 //
 // The replicas are __host__ __device__ so that the CPU-only test suite can
 // compile them for the host with nvcc and check them against the numpy
@@ -35,6 +28,8 @@
 #pragma once
 
 #include <cuda_fp16.h>
+
+#include "launch.cuh"
 #include <stdint.h>
 #ifndef __CUDA_ARCH__
 #include <cmath>
@@ -57,9 +52,9 @@
 // KESTREL_PDL_TRIGGER (env KESTREL_PDL_TRIGGER=1, runtime.py nvcc_options; off by default), each
 // kernel triggers its successor once past its wait (griddepcontrol.launch_dependents), so the
 // next grid's blocks are resident and waiting when it ends. Either way a kernel touches memory
-// only after everything before it has finished: the bits do not change. (The trigger makes both
-// paths faster only with the exact P·V spread one block an SM, launches.py pv_spread_bytes, and
-// even then exact/fast reads 1.18-1.22 on the H200: results/gpu-h200-issue6.md, session 7.)
+// only after everything before it has finished: the bits do not change. (The trigger is off by
+// default because with it exact/fast has no margin left under its 1.2 target: docs/decisions.md,
+// measurements in results/gpu-history.md.)
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -142,7 +137,7 @@ __host__ __device__ __forceinline__ float f_from_bits(unsigned u) {
 
 // ------------------------------------------------------------ expf_ucrt
 #include "ucrt_tables.h"
-// T[j] = 2^(j/64) correctly rounded (numerics/transcend.py _EXP_T_BITS).
+// Contract T1's table: T[j] = 2^(j/64) correctly rounded (numerics/transcend.py _EXP_T_BITS).
 // Global, not __constant__, memory on the device: the lanes of a warp index it divergently,
 // which the constant cache serves one address at a time.
 #ifdef __CUDA_ARCH__
@@ -150,7 +145,7 @@ __device__
 #endif
 static const unsigned long long EXPF_T[64] = UCRT_EXPF_T_BITS;
 
-// UCRT expf (ucrtbase.dll RVA 0xA84F0): 64-entry table + degree-3 polynomial
+// Contract T1, UCRT expf (ucrtbase.dll RVA 0xA84F0): 64-entry table + degree-3 polynomial
 // in binary64 with explicit FMAs; x > 88.7228394f -> +inf, x < -104 -> +0.
 __host__ __device__ __forceinline__ float expf_ucrt(float xf) {
   if (xf > f_from_bits(0x42B17218u)) return f_from_bits(0x7f800000u);  // +inf
@@ -178,7 +173,7 @@ __host__ __device__ __forceinline__ float expf_ucrt(float xf) {
 }
 
 // ------------------------------------------------------------ cosf_ucrt / sinf_ucrt
-// UCRT cosf (RVA 0xA7D20) / sinf (RVA 0xAC110): direct polynomial for
+// Contract T2, UCRT cosf (RVA 0xA7D20) / sinf (RVA 0xAC110): direct polynomial for
 // |x| <= pi/4 (with the two small-|x| shortcuts), Cody-Waite reduction above.
 // Beyond the Payne-Hanek thresholds (never reached by RoPE) they fall back to
 // the binary64 library function, like the numpy replica.
@@ -273,8 +268,7 @@ __device__ __forceinline__ float expf_sel(float x, int exact) {
   return exact ? expf_ucrt(x) : expf(x);
 }
 
-// Contract lane sum, second half: xor butterfly 16, 8, 4, 2, 1 (every lane ends
-// with the same value because + is commutative).
+// Contract R1, second half (the butterfly); every lane ends with the result.
 __device__ __forceinline__ float warp_butterfly_exact(float v) {
 #pragma unroll
   for (int off = 16; off >= 1; off >>= 1) v = FADD(v, __shfl_xor_sync(FULL_MASK, v, off));
@@ -291,22 +285,20 @@ __device__ __forceinline__ float warp_max(float v) {  // max is exact in any ord
   return v;
 }
 
-// The q8 rules' inverse scale (model/quant.py _inverse): 1/d, or 0 where that is not
-// finite (d == 0, or d so tiny that 1/d overflows).
+// The inverse scale id of contract Q2-Q4 (model/quant.py _inverse).
 __device__ __forceinline__ float q8_inverse(float d) {
   const float inv = FDIV(1.0f, d);
   return isfinite(inv) ? inv : 0.0f;
 }
 
-// C roundf (half away from zero) — ggml's q8_0 rounding.
+// C roundf (half away from zero) — ggml's q8_0 rounding (contract Q2, Q3).
 __device__ __forceinline__ float round_half_away(float x) { return roundf(x); }
 
 // f16 round trip of a q8_0 block scale (__float2half_rn = numpy's astype(float16)).
 __device__ __forceinline__ float f16_round(float x) { return __half2float(__float2half_rn(x)); }
 
-// The sequential sum a[0] + a[1] + ... + a[n-1] (from 0, each add rounded, index order) of a
-// 16-byte-aligned shared-memory array, by one thread: the contract's serial chains. Read four
-// at a time with the loads batched ahead of the adds, so the chain waits on adds, not loads.
+// Contract R3 over a 16-byte-aligned shared-memory array, by one thread. Read four at a time
+// with the loads batched ahead of the adds (same order), so the chain waits on adds, not loads.
 __device__ __forceinline__ float serial_sum_shared(const float *a, int n) {
   float s = 0.0f;
   const float4 *a4 = (const float4 *)a;
@@ -322,9 +314,9 @@ __device__ __forceinline__ float serial_sum_shared(const float *a, int n) {
 
 // The q8_0 quantization of a q4_0 GEMV's input, one 32-element block held one element a lane
 // by a whole warp (element i, block i/32; the kernels that produce a GEMV's input call it on
-// their output). quant 2: the exact rule, ggml quantize_row_q8_0_ref (d = amax/127,
-// q = roundf(x * (1/d)), 0 where 1/d is not finite); quant 1: the fast rule, ggml-cuda's
-// quantize_q8_1 (q = roundf(x / d)); quant 0: nothing. The scale is stored f16-rounded.
+// their output). quant 2: the exact rule, contract Q2 (ggml quantize_row_q8_0_ref); quant 1:
+// the fast rule, ggml-cuda's quantize_q8_1 (q = roundf(x / d)); quant 0: nothing. The scale
+// is stored f16-rounded.
 // q8_0_finish: the rest, given the block's amax (every lane holds it).
 __device__ __forceinline__ void q8_0_finish(float v, float amax, size_t i, signed char *__restrict__ xq,
                                             float *__restrict__ xd, int quant) {

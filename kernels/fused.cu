@@ -21,10 +21,8 @@
 //                        argument), so the sum needs no launch (the default;
 //                        combine_rmsnorm_* without it, KESTREL_CUDA_FOLD=).
 //
-// Tried and measured slower on the H200 (results/gpu-h200-issue6.md, session 4;
-// the code is in git history): a GEMV's last block running the op behind it
-// (commit dc0d99c), and every q/k/v or router GEMV block normalizing its own
-// input instead of an RMSNorm launch (commit 20634be).
+// Fusions tried and not kept (measured slower): docs/decisions.md, figures and
+// commits in results/gpu-history.md (fused.cu).
 #include "gemv.cuh"
 #include "kvquant.cuh"
 #include "moe.cuh"
@@ -110,8 +108,6 @@ extern "C" __global__ void heads_fused(const float *__restrict__ q, float *__res
 // n <= FUSED_MAX_ROW. One block sums a whole row (k*n loads): with k <= COMBINE_MAX_K a
 // thread loads all its slots' values for NORM_PER elements before the first add. The norm
 // reads x from shared memory (the values just written).
-#define FUSED_MAX_ROW 4096
-#define COMBINE_MAX_K 8
 template <bool MOE_EXACT>
 __device__ __forceinline__ void combine_row(const float *__restrict__ y, const float *__restrict__ topw,
                                             const float *__restrict__ ores, float *__restrict__ moe,
@@ -170,7 +166,7 @@ COMBINE_RMSNORM_KERNEL(combine_rmsnorm_fast, false)
 // ------------------------------------------------------------ down projection + expert sum
 // The down rows of all k slots of a column in one block (warp j = slot j, EXPERT_ROWS rows),
 // so the block holds every term of its rows' expert sums and adds them in rank order
-// (moe.cuh, moe toggle: moe_exact): x = ores + sum_j w_j*y_j, with no launch of its own.
+// (contract L8d; moe.cuh, moe toggle: moe_exact), with no launch of its own.
 // grid (ceil(n/EXPERT_ROWS), M), block 32*k (k <= COMBINE_MAX_K); y: [M*k, n].
 template <bool EXACT>
 __device__ __forceinline__ void down_combine(const uint4 *W, const __half *D, float *y, const int *eidx,

@@ -10,19 +10,16 @@
 // rounded values), R = columns (dense) or (column, expert) pairs.
 //
 // Versions:
-//   quantize_q8_0_exact  ggml quantize_row_q8_0_ref: d = amax/127,
-//                        id = 1/d (0 where not finite), q = roundf(x*id), d stored as f16.
+//   quantize_q8_0_exact  contract Q2 (ggml quantize_row_q8_0_ref).
 //   quantize_q8_0_fast   ggml-cuda quantize_q8_1: q = roundf(x / d) (a divide
 //                        instead of the reciprocal multiply).
-//   gemv_q4_exact        contract GEMV: isum = exact int dot per 32-block
-//                        (__dp4a), term = float(isum) * (dw*dx), the 32-lane
-//                        sum: lane i takes blocks i, i+32, ... from +0, then the
-//                        xor butterfly. One warp per output row, up to GEMV_MC
-//                        columns per warp so a weight block is read once for
-//                        several columns; every column is still reduced on its
-//                        own, so batch columns equal M=1 decode. At M = 1 a warp
-//                        takes GEMV_ROWS1 rows instead (gemv.cuh gemv_q4_m1:
-//                        the layer's rows in one wave of blocks).
+//   gemv_q4_exact        contract G1 (R1 over the blocks, isum by __dp4a).
+//                        One warp per output row, up to GEMV_MC columns per
+//                        warp so a weight block is read once for several
+//                        columns; every column is still reduced on its own
+//                        (G3). At M = 1 a warp takes GEMV_ROWS1 rows instead
+//                        (gemv.cuh gemv_q4_m1: the layer's rows in one wave of
+//                        blocks).
 //   gemv_q4_fast         same loop with the term fused: acc = fma(float(isum),
 //                        dw*dx, acc) — what FMA contraction makes of it — and
 //                        the block order chosen by M (gemv_split below:
@@ -36,14 +33,13 @@
 //   gemv_q4_experts_*    the same for stacked experts: grid.y = (column,
 //                        slot) pairs, each with its own expert id; grid.z picks
 //                        one of two matrices (gate and up in one launch).
-//   gemv_f32_exact       --weights f32: terms w[i]*x[i] lane-summed over
-//                        elements (lane i takes i, i+32, ...), butterfly.
+//   gemv_f32_exact       --weights f32: contract G2.
 //   gemv_f32_fast        FMA accumulation.
 //   gemv_f32_experts_*   stacked-expert versions.
-//   embed_q4 / embed_f32 the embedding row (q4_0: d * float(q-8)); no toggle.
+//   embed_q4 / embed_f32 the embedding row (contract L9's emb); no toggle.
 //
 // Every dense kernel can add a residual: y = res + W x (the add is rounded on
-// its own, exactly like ores = x + o in the reference).
+// its own, as contract L7's ores = x + o).
 #include "gemv.cuh"
 
 
@@ -224,8 +220,8 @@ extern "C" __global__ void embed_f32(const float *__restrict__ W, const int *__r
 // Counter-based RNG: splitmix64 of (seed, block index). Fills q4_0 blocks with
 // uniform nibbles and f16 scales d = dscale * (0.5 + u), u uniform in [0, 1),
 // so a full-size model is generated in place without a host copy. (Not the
-// host synthetic generator's values: model/weights.py draws Gaussian weights
-// and quantizes them; only the format and the scale of the values agree.)
+// embedded model's values, which model/weights.py draws from PCG64; the host
+// twin of this generator, the same bytes, is model/device_synthetic.py.)
 // W: [n] uint4, D: [n] f16 (the layout of weights.py); grid-stride.
 __device__ __forceinline__ unsigned long long splitmix64(unsigned long long z) {
   z += 0x9e3779b97f4a7c15ull;

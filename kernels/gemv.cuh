@@ -9,7 +9,7 @@
 
 // ------------------------------------------------------------ q4_0 x q8_0
 
-// sum over one 32-block of (q-8)*x, exact in int32 whatever the order: the packed
+// Contract G1's isum of one 32-block (exact in int32 whatever the order, N4): the packed
 // nibbles (q in 0..15) against the q8 activation by dp4a, minus 8*sum(x).
 __device__ __forceinline__ int q4_q8_block_isum(const uint4 wv, const int4 *__restrict__ xp) {
   const int wl0 = wv.x & 0x0F0F0F0F, wl1 = wv.y & 0x0F0F0F0F, wl2 = wv.z & 0x0F0F0F0F, wl3 = wv.w & 0x0F0F0F0F;
@@ -57,8 +57,8 @@ __device__ __forceinline__ float warp_sum_fast_rev(float v) {
 // two warps share a row (warp w takes the w-th half of the blocks, its lanes
 // strided over it; the halves added in shared memory); from M = 5 one warp a
 // row with lanes strided over the blocks. So batch-verify columns differ from
-// M = 1 decode in fast mode. The exact GEMV never splits (the contract's lane
-// order). Host mirror: backends/cuda/backend.py gemv_split() (warps a row).
+// M = 1 decode in fast mode. The exact GEMV never splits (contract G1, R1, G3).
+// Host mirror: backends/cuda/launches.py gemv_split() (warps a row).
 __device__ __forceinline__ int gemv_split(int M) { return M == 1 ? 1 : (M <= 4 ? 2 : 1); }
 
 // W: [out, nb] uint4, D: [out, nb] f16; res, y: [M, out]; xq: [ncols, nb*32] and xd: [ncols, nb],
@@ -120,8 +120,7 @@ __device__ __forceinline__ void q4_lane_terms(const uint4 *__restrict__ wr, cons
 // first weight loads issued together, so a layer's GEMV is a fraction of a wave of blocks that
 // each wait on memory once, not waves of one-row warps. A row's terms and their order are
 // gemv_q4's: fast, lane l takes the contiguous run [l*per, (l+1)*per) and the reversed tree;
-// exact, blocks l, l+32, ... and the contract's lane sum.
-#define GEMV_ROWS1 4
+// exact, contract G1 (R1).
 template <bool EXACT>
 __device__ __forceinline__ void gemv_q4_m1(const uint4 *__restrict__ W, const __half *__restrict__ D,
                                            const signed char *__restrict__ xq, const float *__restrict__ xd,
@@ -254,9 +253,7 @@ __device__ __forceinline__ void gemv_q4_x3(const uint4 *W0, const __half *D0, fl
 // a warp needed 2-3 waves of blocks for the top-8 experts of a 30B-A3B layer, each wave paying
 // the full memory latency. Each row is reduced exactly as one row of gemv_q4 (lane order,
 // then the lane tree). Its row loop repeats gemv_q4_m1's on purpose: one shared loop for both
-// (same bits) compiled to other code and made the full-size step ~0.1 ms slower on the H200
-// (results/runs/2026-11-30-s7/gemv_shared_row_loop.patch).
-#define EXPERT_ROWS 4
+// (same bits) compiled to slower code (results/gpu-history.md, gemv.cuh).
 template <bool EXACT>
 __device__ __forceinline__ void q4_expert_rows(const uint4 *W, const __half *D, int e, int row0, int out, int nb,
                                                const signed char *__restrict__ xr, const float *__restrict__ xdr,

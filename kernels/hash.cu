@@ -1,6 +1,6 @@
 // hash.cu — FNV-1a 64 of every probe key of a decode step, on the device.
 //
-// The hash is a definition (trace/fnv.py: h = 0xcbf29ce484222325; per byte
+// The hash is a definition (contract P3; trace/fnv.py: h = 0xcbf29ce484222325; per byte
 // h ^= b; h *= P = 0x100000001b3 mod 2^64), so there is no fast/exact split;
 // the versions differ in how they parallelise a serial chain. Hashes come back
 // to the host once per step; raw buffers stay on the device.

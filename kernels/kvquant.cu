@@ -1,9 +1,7 @@
-// kvquant.cu — the KV cache row at the new positions (contract step 5). Toggle: kvquant.
+// kvquant.cu — the KV cache row at the new positions (contract L5). Toggle: kvquant.
 //
 // Versions:
-//   kvquant_exact  q8 row per kv head: amax = max|x|, d = amax/127 kept in f32
-//                  (the ks/vs keys), id = 1/d (0 where not finite),
-//                  q = clamp(roundf(x*id), -127, 127) (half away from zero).
+//   kvquant_exact  contract Q3: a q8 row per kv head.
 //   kvquant_fast   the common GPU shortcut: inv = 127/amax computed directly,
 //                  q = rint(x*inv) (ties to even), scale amax/127.
 //   kv_rows_f32    --kv f32: the rows are stored as they are, scales 1.0
@@ -14,8 +12,8 @@
 // Each row goes to its probe buffer and, when the cache pointers are not null,
 // straight into the cache at position pos0+m (isolate mode passes null and
 // copies the reference's rows into the cache instead).
-// The attention kernels' query quantization (same rule as kvquant_exact) lives
-// in attention.cu, next to its only user.
+// The attention kernels' query quantization (contract Q4, the same rule as
+// kvquant_exact) lives in attention.cu, next to its only user.
 #include "kvquant.cuh"
 
 // k_in/v_in: [M, n_kv, hd] f32; k_out/v_out: [M, n_kv, hd] int8; ks_out/vs_out: [M, n_kv];

@@ -5,8 +5,8 @@
 
 #define KV_MAX_PER_LANE 8  // head_dim <= 256
 
-// One row held by one warp, v[i] = x[lane + 32 i] (0 past hd): its q8 values and scale to the
-// probe buffers and, when not null, to the cache row.
+// One row held by one warp, v[i] = x[lane + 32 i] (0 past hd): its q8 values and scale (exact:
+// contract Q3) to the probe buffers and, when not null, to the cache row.
 template <bool EXACT>
 __device__ __forceinline__ void kv_row_q8_regs(const float (&v)[KV_MAX_PER_LANE], signed char *__restrict__ q_out,
                                                float *__restrict__ s_out, signed char *__restrict__ q_cache,

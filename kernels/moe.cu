@@ -4,19 +4,16 @@
 // exponentials follow the expf toggle; the q8_0 rule follows gemm).
 //
 // Versions:
-//   router_exact   contract step 8: m = max r, e_i = expf(r_i - m),
-//                  S = sequential sum in expert order, p_i = e_i / S; top-k by
-//                  rank (descending p, ties to the lower expert index: each
-//                  thread counts the experts ranked before it, so the selection
-//                  is order-free and parallel); w_j = p_j / (sequential sum of
-//                  the selected p in rank order) when norm_topk_prob.
+//   router_exact   contract L8a, L8b. The top-k by rank: each thread counts the
+//                  experts ranked before it, so the selection is order-free and
+//                  parallel.
 //   router_fast    warp-shuffle tree sum, p = e * (1/S), renormalised by a
 //                  reciprocal multiply.
-//   silu_mul_exact a = (g / (1 + expf(-g))) * u, every op rounded.
+//   silu_mul_exact contract T3, L8c: a = silu(g) * u, every op rounded.
 //   silu_mul_fast  a = (g * (1/(1 + expf(-g)))) * u.
 //                  Both optionally quantize a to q8_0 in the same pass (one
 //                  warp = one 32-block), with the exact or the fast rule.
-//   combine_exact  moe = 0; moe = moe + w_j*y_j in rank order; x = ores + moe.
+//   combine_exact  contract L8d, then x = ores + moe.
 //   combine_fast   FMA chain over the slots.
 //                  (Deterministic on purpose: an atomicAdd scatter from the down
 //                  projection would make two fast runs differ from each other,

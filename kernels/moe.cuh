@@ -4,8 +4,8 @@
 #pragma once
 #include "common.cuh"
 
-// One slot's term of the expert sum, and the residual add: exact, every product and add
-// rounded in rank order (the sum starts at 0); fast, an FMA chain.
+// One slot's term of the expert sum, and the residual add: exact, contract L8d; fast, an FMA
+// chain.
 template <bool EXACT>
 __device__ __forceinline__ float moe_sum_step(float acc, float w, float y) {
   return EXACT ? FADD(acc, FMUL(w, y)) : fmaf(w, y, acc);
@@ -28,7 +28,7 @@ __device__ __forceinline__ float moe_combine(const float *__restrict__ y, const 
   return xv;
 }
 
-// SwiGLU's a = silu(g) * u of one element.
+// SwiGLU's a = silu(g) * u of one element (exact: contract T3, L8c).
 template <bool EXACT>
 __device__ __forceinline__ float silu_mul_value(float g, float u, int exact_exp) {
   const float e = expf_sel(-g, exact_exp);
@@ -40,7 +40,7 @@ __device__ __forceinline__ float silu_mul_value(float g, float u, int exact_exp)
 #define MOE_MAX_TOPK 64
 
 // Column m: logits: [M, E]; topk: [M, k] int32; topw: [M, k]. A block of E threads rounded
-// up to a warp.
+// up to a warp. Exact: contract L8a, L8b.
 template <bool EXACT>
 __device__ __forceinline__ void router(const float *__restrict__ logits, int *__restrict__ topk,
                                        float *__restrict__ topw, int E, int k, int norm, int exact_exp, int m) {

@@ -2,16 +2,11 @@
 // head_dim). Toggle: norm.
 //
 // Versions:
-//   rmsnorm_exact   contract step 1: ss = block-8 sum of squares (8-element
-//                   blocks lo[k]=x[b+k]^2, hi[k]=x[b+4+k]^2, lo+=hi,
-//                   (lo0+lo1)+(lo2+lo3), blocks added in ascending order, tail
-//                   element by element); rms = 1/sqrt(ss/d + eps) with IEEE
-//                   divide and sqrt; out = (x*rms)*w. The per-block terms are
-//                   computed in parallel, only the 256-term chain is serial.
+//   rmsnorm_exact   contract L1 (R2). The per-block terms are computed in
+//                   parallel; only the chain over the n/8 block terms is serial.
 //   rmsnorm_fast    what engines do: per-thread FMA partial sums, warp-shuffle
 //                   tree, rsqrtf(ss*(1/d) + eps), out = x*(rms*w).
-//   qknorm_exact    contract step 3: ss = sequential sum of x[j]*x[j] over the
-//                   head, same rms formula; one warp per head, lane 0 sums.
+//   qknorm_exact    contract L3 (R3); one warp per head, lane 0 sums.
 //   qknorm_fast     warp-shuffle tree with FMAs and rsqrtf.
 //
 // Both qknorm kernels normalise the q heads and the k heads of M columns in one

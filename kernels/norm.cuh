@@ -58,7 +58,7 @@ __device__ __forceinline__ void norm_store(const float *__restrict__ xr, const f
 }
 
 // One row (xr -> yr, the q8_0 of yr to xq/xd when quant != 0) by a block of NORM_THREADS;
-// row: its index in xq/xd. Contract step 1 (exact) or the engines' version.
+// row: its index in xq/xd. Contract L1 (exact) or the fast version (norm.cu).
 __device__ __forceinline__ void rmsnorm_row_exact(const float *__restrict__ xr, const float *__restrict__ w,
                                                   float *__restrict__ yr, int n, float eps,
                                                   signed char *__restrict__ xq, float *__restrict__ xd, int quant,
@@ -120,9 +120,8 @@ __device__ __forceinline__ void rmsnorm_row(const float *__restrict__ xr, const 
 }
 
 // QK-norm of one head held by one warp (the block), v[i] = x[lane + 32 i] (hd <= 32 *
-// HEAD_PER_LANE, a multiple of 16): returns rms. Exact: the sequential sum of x[j]*x[j] (each
-// product rounded, then added in j order); fast: FMA partial sums per lane in i order and
-// the warp tree.
+// HEAD_PER_LANE, a multiple of 16): returns rms. Exact: contract L3 (R3); fast: FMA partial
+// sums per lane in i order and the warp tree.
 #define HEAD_PER_LANE 8  // head_dim <= 256
 __device__ __forceinline__ float qk_rms(const float (&v)[HEAD_PER_LANE], int hd,
                                         float eps, bool exact) {

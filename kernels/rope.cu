@@ -1,13 +1,12 @@
 // rope.cu — rotary position embedding, half-split (HF rotate_half). Toggle: rope.
 //
 // Versions:
-//   rope_table_exact  contract step 4: a = f32(t) * inv_freq[i] (one rounding),
-//                     c = cosf_ucrt(a), s = sinf_ucrt(a) — the UCRT replicas.
-//                     inv_freq is the model constant computed once on the host.
+//   rope_table_exact  contract L4a's cos/sin table (T2: the UCRT replicas); inv_freq
+//                     is the model constant computed once on the host.
 //   rope_table_fast   the device library's sincosf (not the UCRT's bits).
-//   rope_exact        y[i] = x[i]*c - x[i+h]*s, y[i+h] = x[i+h]*c + x[i]*s with
-//                     every product rounded before the add (no FMA).
+//   rope_exact        contract L4a's rotation (every product rounded, no FMA).
 //   rope_fast         the same formula with FMA contraction (fmaf).
+//   (Yarn, L4b/L4c, is not implemented here: the cuda subject refuses it.)
 //
 // The cos/sin table [M, hd/2] is built once per step and shared by every layer,
 // like the reference. The rope kernels rotate the q heads and the k heads of M

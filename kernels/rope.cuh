@@ -3,7 +3,7 @@
 #pragma once
 #include "common.cuh"
 
-// (x1, x2) = (x[i], x[i + hd/2]) -> (y[i], y[i + hd/2]).
+// (x1, x2) = (x[i], x[i + hd/2]) -> (y[i], y[i + hd/2]); exact: contract L4a's rotation.
 __device__ __forceinline__ void rope_rotate(float x1, float x2, float c, float s, float &y1, float &y2, bool exact) {
   if (exact) {
     y1 = FSUB(FMUL(x1, c), FMUL(x2, s));

@@ -4,8 +4,8 @@
 //
 // Versions:
 //   eval_expf_ucrt / eval_cosf_ucrt / eval_sinf_ucrt
-//       the UCRT replicas (common.cuh), which must equal numerics/transcend.py
-//       bit for bit (tests/test_cuda.py runs >= 10M inputs each).
+//       the UCRT replicas (common.cuh; contract T1, T2), which must equal
+//       numerics/transcend.py bit for bit (tests/test_cuda.py runs >= 10M inputs each).
 //   eval_expf_fast / eval_sincosf_fast
 //       the device library's expf and sincosf — what the fast kernels use.
 #include "common.cuh"

@@ -1,5 +1,6 @@
-/* The UCRT expf table, T[j] = 2^(j/64) correctly rounded to binary64 (numerics/transcend.py
- * _EXP_T_BITS): one copy for the CUDA replica (common.cuh) and the C one (cref/transcend.c). */
+/* The UCRT expf table of contract T1, T[j] = 2^(j/64) correctly rounded to binary64
+ * (numerics/transcend.py _EXP_T_BITS): one copy for the CUDA replica (common.cuh) and the C
+ * one (cref/transcend.c). */
 #ifndef KESTREL_UCRT_TABLES_H
 #define KESTREL_UCRT_TABLES_H
 

@@ -20,7 +20,7 @@ import time
 import numpy as np
 from rich.table import Table
 
-from .cli import console
+from .terminal import console
 from .errors import UsageError
 
 
@@ -114,7 +114,7 @@ def run_bench_cuda(args: argparse.Namespace) -> int:
     except CudaUnavailable as e:
         raise UsageError(f"--subject cuda: {e.reason}; plain `kestrel-tui bench` gives the CPU figures") from None
     if args.model:
-        from .commands import load_model_args
+        from .terminal import load_model_args
 
         model = load_model_args(args)
     else:
@@ -145,7 +145,7 @@ def run_bench_cuda(args: argparse.Namespace) -> int:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    from .commands import load_model_args, whole_columns_table
+    from .terminal import load_model_args, whole_columns_table
     from .engine.inputs import resolve_prompt
 
     if getattr(args, "subject", "cpu") == "cuda":

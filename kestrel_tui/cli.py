@@ -10,14 +10,8 @@ import argparse
 import signal
 import sys
 
-from rich.console import Console
-
 from .errors import UsageError
-
-# Output carries tags, paths and names from outside: never markup, never wrapped
-# mid-line (styled parts are rich.text.Text; tables fold their own columns).
-console = Console(highlight=False, markup=False, soft_wrap=True)
-err_console = Console(stderr=True, highlight=False, markup=False, soft_wrap=True)
+from .terminal import err_console
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
@@ -37,6 +31,8 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reference", choices=("auto", "compiled", "numpy"), help="the cpu reference's"
                    " implementation of the contract (the same bits): auto (default) takes the compiled one"
                    " where it is built")
+    p.add_argument("--cuda-options", metavar="NAME=on|off,...", help="a cuda side's runtime switches (the same"
+                   " bits either way): graph, pdl, fuse, pv_spread")
     p.add_argument("--no-cache", action="store_true", help="compute the reference even when the reference cache"
                    " (~/.cache/kestrel-tui/reference) holds it")
 

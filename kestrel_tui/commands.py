@@ -3,41 +3,17 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 from rich.table import Table
 from rich.text import Text
 
-from .cli import console, err_console
+from .terminal import console, err_console, load_model_args, whole_columns_table
 from .errors import UsageError
 from .files import check_new_path
 from .backends.toggles import parse_exact
-from .engine.inputs import cache_from_options, engines_from_options, model_from_options, resolve_prompt
+from .engine.inputs import cache_from_options, engines_from_options, resolve_prompt
 from .model.weights import Model
 from .trace.compare import NAN_ULP, Status, parse_tolerance
-
-def load_model_args(args: argparse.Namespace, progress=None) -> Model:
-    """The model the options name; a checkpoint shows a progress bar on a terminal (or calls `progress`),
-    and what the loader noted (a GGUF tokenizer left unused) goes to stderr as `note:` lines."""
-    model = _load_with_bar(args, progress)
-    for note in model.notes:
-        err_console.print(f"note: {note}")
-    return model
-
-
-def _load_with_bar(args: argparse.Namespace, progress) -> Model:
-    if progress is not None or args.model is None or not err_console.is_terminal:
-        return model_from_options(args, progress)
-    from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
-
-    with Progress(TextColumn("loading {task.fields[name]}"), BarColumn(), TaskProgressColumn(),
-                  TextColumn("{task.fields[line]}"), TimeElapsedColumn(), console=err_console,
-                  transient=True) as bar:
-        task = bar.add_task("load", total=None, name=Path(args.model).name, line="")
-
-        def show(step) -> None:
-            bar.update(task, total=step.bytes_total, completed=step.bytes_read, line=step.line())
-        return model_from_options(args, show)
 
 
 def _profile(args: argparse.Namespace):
@@ -135,24 +111,6 @@ def counts_table(counts) -> Table:
     for st, n in counts.items():
         if n:
             table.add_row(st.value, str(n))
-    return table
-
-
-def whole_columns_table(title: str | None, columns: list[tuple[str, bool]], rows: list[list]) -> Table:
-    """A table whose key and number columns (``whole``) never wrap or truncate; the rest fold.
-
-    Piped output is 80 columns wide: a cut key (``t16_l0_kr…``) is worse than no key.
-    """
-    table = Table(title=title, title_justify="left")
-    for i, (name, whole) in enumerate(columns):
-        if whole:
-            width = max([len(name), *(Text(r[i]).cell_len if isinstance(r[i], str) else r[i].cell_len
-                                      for r in rows)])
-            table.add_column(name, no_wrap=True, min_width=width)
-        else:
-            table.add_column(name, overflow="fold")
-    for r in rows:
-        table.add_row(*r)
     return table
 
 

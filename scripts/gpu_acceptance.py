@@ -214,13 +214,16 @@ def _attention_only(b, ctx: int, reps: int = 50) -> float:
     back on the device whatever Python's launch rate: a fast pair is ~13 us of device time, about
     what queuing its two launches from Python takes, and timing it from an idle queue read
     13.5-18.5 us for the same kernels (session 7)."""
-    from kestrel_tui.backends.cuda.launches import attention
+    from kestrel_tui.backends.cuda.launches import Launch, attention, run
 
     cuda = b.rt.cuda
     with b.rt.active():
-        lay = b.prepare(np.array([1], np.int32), ctx - 1, None)  # the arena and scratch of an M=1 step
-        q, out = b.base + lay.offset("qrope", 0), b.base + lay.offset("attn", 0)
-        attention(b, q, out, 0, ctx - 1, 1)
+        lay, T = b.prepare(np.array([1], np.int32), ctx - 1, None)  # the arena and scratch of an M=1 step
+        q, out = T.base + lay.offset("qrope", 0), T.base + lay.offset("attn", 0)
+        steps: list = []
+        attention(b, T, lambda k, grid, block, *a, shared=0: steps.append(Launch(k, grid, block, a, shared)),
+                  q, out, 0, ctx - 1, 1)
+        run(b.rt, steps, None)
         backlog = cuda.mem_alloc(1 << 30)
         try:
             for _ in range(4):  # ~0.3 ms each on an H200
@@ -228,7 +231,7 @@ def _attention_only(b, ctx: int, reps: int = 50) -> float:
             e0, e1 = cuda.Event(), cuda.Event()
             e0.record()
             for _ in range(reps):
-                attention(b, q, out, 0, ctx - 1, 1)
+                run(b.rt, steps, None)
             e1.record()
             e1.synchronize()
             return e0.time_till(e1) / reps

@@ -28,10 +28,12 @@ sys.path.insert(0, str(ROOT))
 
 
 def define(src: str, name: str) -> int:
-    """An integer #define of src, its macros expanded (ATT_PV_THREADS = (32 + ATT_PV_PRODUCERS)...)."""
+    """An integer #define of src, its macros expanded (ATT_PV_THREADS = (32 + ATT_PV_STAGE)...); the
+    first one wins: a version's own #define ahead of an #ifndef default (main passes the version's
+    text, then its module source with kernels/launch.cuh inlined)."""
     defs: dict[str, str] = {}
     for k, v in re.findall(r"^#define (\w+) ([^/\n]+)", src, flags=re.M):
-        defs.setdefault(k, v)  # the first one: a version's own #define ahead of an #ifndef default
+        defs.setdefault(k, v)
     expr = defs[name]
     for _ in range(8):
         expr = re.sub(r"[A-Z_][A-Z0-9_]*", lambda m: f"({defs.get(m.group(0), m.group(0))})", expr)
@@ -75,13 +77,14 @@ def main() -> None:
     ref = None
     for spec in args.versions:
         label, _, path = spec.partition("=")
-        text = Path(path).read_text()
-        mod = SourceModule(module_source("attention", text), options=NVCC_OPTIONS, no_extern_c=True)
+        own = Path(path).read_text()
+        text = module_source("attention", own)
+        mod = SourceModule(text, options=NVCC_OPTIONS, no_extern_c=True)
         ka, kb = mod.get_function("attn_exact_scores_q8"), mod.get_function("attn_exact_pv_q8")
         ka.prepare(SIGNATURES["attn_exact_scores_q8"])
         kb.prepare(SIGNATURES["attn_exact_pv_q8"])
-        tile = define(text, "ATT_SPLIT_TILE")
-        pv_block = (define(text, "ATT_PV_THREADS"), 1, 1)
+        tile = define(own + "\n" + text, "ATT_SPLIT_TILE")
+        pv_block = (define(own + "\n" + text, "ATT_PV_THREADS"), 1, 1)
 
         def scores():
             ka.prepared_call((nh, 1, -(-T // tile)), (tile, 1, 1), d_q, d_kc, d_ks, S, I, cap, pos0, nh, nkv, hd,

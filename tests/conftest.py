@@ -53,3 +53,47 @@ def cref():
     from kestrel_tui.cref import load
 
     return load(os.environ.get("KESTREL_TEST_CREF_LIB") or None)
+
+
+# ---- the Pilot helpers of the app tests (test_app*.py, test_refcache.py)
+
+
+def _make_app(session, tmp_path):
+    """The app on a ready session, exporting under tmp_path."""
+    from kestrel_tui.app.app import KestrelApp
+    from kestrel_tui.app.source import LiveSource, loaded
+
+    return KestrelApp(LiveSource(lambda _progress: loaded(session)), export_dir=tmp_path / "exports")
+
+
+async def _settle(pilot, timeout: float = 120.0) -> None:
+    """Wait until no worker runs and every message they posted has been handled."""
+    import asyncio
+
+    app = pilot.app
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        screen = app.screen
+        if not app.main.busy and not getattr(screen, "busy", False):
+            await pilot.pause()
+            return
+        if loop.time() > deadline:
+            raise TimeoutError(f"app still busy: {app.main.phase}")
+        await asyncio.sleep(0.01)
+
+
+@pytest.fixture
+def make_app():
+    """The factory `make_app(session, tmp_path) -> KestrelApp`: the app on a ready session (through the
+    loader path the CLI uses), exporting under tmp_path / "exports"."""
+    return _make_app
+
+
+@pytest.fixture
+def settle():
+    """The coroutine function `await settle(pilot, timeout=120.0)`: wait until no worker runs and every
+    message they posted has been handled (TimeoutError past the timeout); also a snapshot's run_before."""
+    return _settle

@@ -38,7 +38,6 @@ from kestrel_tui.trace.compare import Status, compare
 from kestrel_tui.trace.dump import read_dump, write_dump
 from kestrel_tui.trace.keys import emb_key, key_name, logits_key, order_key, token_keys
 
-from apptools import make_app, settle  # noqa: F401 - test_app_tolerance takes them from here too
 
 N_TOKENS = 4
 
@@ -71,7 +70,7 @@ def diff_app(tmp_path: Path, pa, pb) -> KestrelApp:
 # ---- toggles ---------------------------------------------------------------
 
 
-async def test_toggle_key_moves_first_diff_where_engine_says(small_model, tmp_path):
+async def test_toggle_key_moves_first_diff_where_engine_says(small_model, tmp_path, make_app, settle):
     session = make_session(small_model)
     engine = make_session(small_model)  # an independent session: what the engine says directly
     app = make_app(session, tmp_path)
@@ -102,7 +101,7 @@ async def test_toggle_key_moves_first_diff_where_engine_says(small_model, tmp_pa
         assert all(main.board.status[k] is s for k, s in cmp.status.items())
 
 
-async def test_switches_and_all_exact(small_model, tmp_path):
+async def test_switches_and_all_exact(small_model, tmp_path, make_app, settle):
     app = make_app(make_session(small_model), tmp_path)
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot)
@@ -122,7 +121,7 @@ async def test_switches_and_all_exact(small_model, tmp_path):
         assert main.result.settings.exact == frozenset()
 
 
-async def test_history_counts_changes_not_words(small_model, tmp_path):
+async def test_history_counts_changes_not_words(small_model, tmp_path, make_app, settle):
     """Two switches in one run (the first run cancelled by the second key) are two changes."""
     gate = threading.Event()
     session = make_session(small_model, cls=gated_session_class(gate, after=17))
@@ -144,7 +143,7 @@ async def test_history_counts_changes_not_words(small_model, tmp_path):
 # ---- bisection ---------------------------------------------------------------
 
 
-async def test_bisect_ends_all_ok(small_model, tmp_path):
+async def test_bisect_ends_all_ok(small_model, tmp_path, make_app, settle):
     session = make_session(small_model)
     app = make_app(session, tmp_path)
     async with app.run_test(size=(120, 40)) as pilot:
@@ -166,7 +165,7 @@ async def test_bisect_ends_all_ok(small_model, tmp_path):
         assert "all ok" in main.status.text
 
 
-async def test_bisect_moves_appear_as_they_happen(small_model, tmp_path):
+async def test_bisect_moves_appear_as_they_happen(small_model, tmp_path, make_app, settle):
     app = make_app(make_session(small_model), tmp_path)
     seen: list[tuple[str, int]] = []
     async with app.run_test(size=(120, 40)) as pilot:
@@ -192,7 +191,7 @@ def folder_bytes(folder: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
 
 
-async def test_export_complete_and_never_overwrites(small_model, tmp_path):
+async def test_export_complete_and_never_overwrites(small_model, tmp_path, make_app, settle):
     session = make_session(small_model)
     app = make_app(session, tmp_path)
     async with app.run_test(size=(120, 40)) as pilot:
@@ -252,7 +251,7 @@ def test_new_export_dir_picks_another_name(tmp_path):
     assert b.exists() and (tmp_path / "20250102-030405-2" / "theirs").is_dir()
 
 
-async def test_export_refused_while_running(small_model, tmp_path):
+async def test_export_refused_while_running(small_model, tmp_path, make_app, settle):
     gate = threading.Event()
     app = make_app(make_session(small_model, cls=gated_session_class(gate, after=2)), tmp_path)
     async with app.run_test(size=(120, 40)) as pilot:
@@ -271,7 +270,7 @@ def no_space(data, f, **kw):
 
 
 @pytest.mark.parametrize("where", ["report", "screenshot"])
-async def test_failed_export_is_never_a_whole_looking_folder(tmp_path, monkeypatch, where):
+async def test_failed_export_is_never_a_whole_looking_folder(tmp_path, monkeypatch, where, settle):
     app = diff_app(tmp_path, *write_dumps(tmp_path))
     if where == "report":
         monkeypatch.setattr(export, "json", SimpleNamespace(dump=no_space))
@@ -292,7 +291,7 @@ async def test_failed_export_is_never_a_whole_looking_folder(tmp_path, monkeypat
         assert main.status.text.startswith("export failed") and str(folder) in main.status.text
 
 
-async def test_failed_export_replaces_exported_status(tmp_path):
+async def test_failed_export_replaces_exported_status(tmp_path, settle):
     app = diff_app(tmp_path, *write_dumps(tmp_path))
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot)
@@ -307,7 +306,7 @@ async def test_failed_export_replaces_exported_status(tmp_path):
         assert main.status.text.startswith("export failed") and "a-file" in main.status.text
 
 
-async def test_export_screenshot_leaves_toasts_out(tmp_path):
+async def test_export_screenshot_leaves_toasts_out(tmp_path, settle):
     app = diff_app(tmp_path, *write_dumps(tmp_path))
     async with app.run_test(size=(120, 40), notifications=True) as pilot:  # run_test hides toasts by default
         await settle(pilot)
@@ -336,7 +335,7 @@ def write_dumps(tmp_path: Path, n_pos=3, n_layers=2):
     return pa, pb
 
 
-async def test_diff_mode_over_two_dump_files(tmp_path):
+async def test_diff_mode_over_two_dump_files(tmp_path, settle):
     pa, pb = write_dumps(tmp_path)
     a, b = read_dump(pa), read_dump(pb)
     assert compare(a, b).first_diff == "t1_l1_attn"
@@ -372,7 +371,7 @@ async def test_diff_mode_over_two_dump_files(tmp_path):
 
 
 
-async def test_diff_mode_shows_tags_and_paths_as_written(tmp_path, monkeypatch):
+async def test_diff_mode_shows_tags_and_paths_as_written(tmp_path, monkeypatch, settle):
     """Tags and paths are data: `[/x]` and `[red]` are shown, never read as markup."""
     monkeypatch.chdir(tmp_path)
     folder = Path("run[/x]/[red]x")  # the folders "run[", "x]", "[red]x"
@@ -402,7 +401,7 @@ async def test_diff_mode_shows_tags_and_paths_as_written(tmp_path, monkeypatch):
         assert json.loads((main.last_export / "report.json").read_text())["first_diff"] == "a[/b]"
 
 
-async def test_diff_grid_is_sized_by_the_positions_present(tmp_path):
+async def test_diff_grid_is_sized_by_the_positions_present(tmp_path, settle):
     far = (0, 1_000_000_000, 1_000_000_001)
     keys = [k for t in far for k in (emb_key(t), key_name(t, 7, "attn"), logits_key(t))]
     a = {k: i + 1 for i, k in enumerate(keys)} | {"zz[/x]": 1}  # and a foreign tag, outside the grid
@@ -444,7 +443,7 @@ def cli_args(**kw) -> argparse.Namespace:
     return argparse.Namespace(**base)
 
 
-async def test_unreadable_model_dir_shows_message_and_app_stays_usable(small_model, tmp_path):
+async def test_unreadable_model_dir_shows_message_and_app_stays_usable(small_model, tmp_path, settle):
     app = KestrelApp(LiveSource(args_loader(cli_args(model=str(tmp_path / "no-such-model")))),
                      export_dir=tmp_path / "exports")
     async with app.run_test(size=(120, 40)) as pilot:
@@ -474,7 +473,7 @@ class FailingSession(Session):
         return super().run(*a, **kw)
 
 
-async def test_run_error_shows_message_and_app_stays_usable(small_model, tmp_path):
+async def test_run_error_shows_message_and_app_stays_usable(small_model, tmp_path, make_app, settle):
     session = make_session(small_model, cls=FailingSession)
     app = make_app(session, tmp_path)
     async with app.run_test(size=(120, 40)) as pilot:
@@ -495,7 +494,7 @@ async def test_run_error_shows_message_and_app_stays_usable(small_model, tmp_pat
 @pytest.mark.parametrize("kw, why", [(dict(prompt_ids="1,99999"), "outside the vocabulary"),
                                      (dict(tokens=100_000), "exceed the model's context"),
                                      (dict(tokens=0), "must be at least 1")])
-async def test_prompt_errors_are_not_called_model_errors(small_model, tmp_path, monkeypatch, kw, why):
+async def test_prompt_errors_are_not_called_model_errors(small_model, tmp_path, monkeypatch, kw, why, settle):
     monkeypatch.setattr(inputs, "model_from_options", lambda args, progress=None: small_model)  # loads fine
     app = KestrelApp(LiveSource(args_loader(cli_args(**kw))), export_dir=tmp_path / "exports")
     async with app.run_test(size=(120, 40)) as pilot:
@@ -532,7 +531,7 @@ async def wait_for(pilot, cond, timeout=60.0):
         await pilot.pause()
 
 
-async def test_cancel_mid_run(small_model, tmp_path):
+async def test_cancel_mid_run(small_model, tmp_path, make_app, settle):
     gate = threading.Event()
     session = make_session(small_model, n_tokens=6, cls=gated_session_class(gate, after=18))
     app = make_app(session, tmp_path)
@@ -553,7 +552,7 @@ async def test_cancel_mid_run(small_model, tmp_path):
         assert [h.change for h in session.history] == ["start"]
 
 
-async def test_toggle_cancels_run_in_flight(small_model, tmp_path):
+async def test_toggle_cancels_run_in_flight(small_model, tmp_path, make_app, settle):
     gate = threading.Event()
     session = make_session(small_model, n_tokens=6, cls=gated_session_class(gate, after=18))
     app = make_app(session, tmp_path)
@@ -570,7 +569,7 @@ async def test_toggle_cancels_run_in_flight(small_model, tmp_path):
         assert session.history[0].settings.exact == frozenset({"norm"})
 
 
-async def test_cancel_bisection_restores_settings(small_model, tmp_path):
+async def test_cancel_bisection_restores_settings(small_model, tmp_path, make_app, settle):
     gate = threading.Event()
     session = make_session(small_model, cls=gated_session_class(gate, after=17))
     app = make_app(session, tmp_path)
@@ -594,7 +593,7 @@ async def test_cancel_bisection_restores_settings(small_model, tmp_path):
 # ---- navigation, help, palette, iso -------------------------------------------
 
 
-async def test_navigation_keys(small_model, tmp_path):
+async def test_navigation_keys(small_model, tmp_path, make_app, settle):
     app = make_app(make_session(small_model), tmp_path)
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot)
@@ -630,7 +629,7 @@ async def test_navigation_keys(small_model, tmp_path):
         assert (main.cursor.row, main.cursor.col) == (2, 2)
 
 
-async def test_help_lists_every_binding(small_model, tmp_path):
+async def test_help_lists_every_binding(small_model, tmp_path, make_app, settle):
     app = make_app(make_session(small_model), tmp_path)
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot)
@@ -644,7 +643,7 @@ async def test_help_lists_every_binding(small_model, tmp_path):
         assert app.screen is app.main
 
 
-async def test_command_palette_runs_actions(small_model, tmp_path):
+async def test_command_palette_runs_actions(small_model, tmp_path, make_app, settle):
     app = make_app(make_session(small_model), tmp_path)
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot)
@@ -661,7 +660,7 @@ async def test_command_palette_runs_actions(small_model, tmp_path):
         assert app.main.result.settings.exact == frozenset({"norm"})
 
 
-async def test_iso_view(small_model, tmp_path):
+async def test_iso_view(small_model, tmp_path, make_app, settle):
     session = make_session(small_model)
     app = make_app(session, tmp_path)
     async with app.run_test(size=(120, 40)) as pilot:
@@ -681,7 +680,7 @@ async def test_iso_view(small_model, tmp_path):
         assert app.screen is app.main
 
 
-async def test_narrow_terminal_is_usable(small_model, tmp_path):
+async def test_narrow_terminal_is_usable(small_model, tmp_path, make_app, settle):
     app = make_app(make_session(small_model), tmp_path)
     async with app.run_test(size=(80, 24)) as pilot:
         await settle(pilot)
@@ -696,7 +695,7 @@ async def test_narrow_terminal_is_usable(small_model, tmp_path):
 
 
 
-async def test_below_80x24_one_line_asks_for_room(small_model, tmp_path):
+async def test_below_80x24_one_line_asks_for_room(small_model, tmp_path, make_app, settle):
     app = make_app(make_session(small_model), tmp_path)
     async with app.run_test(size=(60, 20)) as pilot:
         await settle(pilot)
@@ -716,7 +715,7 @@ async def test_below_80x24_one_line_asks_for_room(small_model, tmp_path):
         assert main.result.settings.exact == frozenset({"norm"})
 
 @pytest.mark.slow
-async def test_default_model_grid_fills_and_scrolls(default_model, tmp_path):
+async def test_default_model_grid_fills_and_scrolls(default_model, tmp_path, make_app, settle):
     session = Session(default_model, default_prompt(default_model.cfg.vocab), 2, subject="sim")
     app = make_app(session, tmp_path)
     async with app.run_test(size=(120, 40)) as pilot:

@@ -22,7 +22,6 @@ from kestrel_tui.engines.build import make_backend, make_engine
 from kestrel_tui.engines.builtin import OP_TOGGLES
 from kestrel_tui.trace.compare import Status, compare
 
-from apptools import make_app, settle
 from toytools import N, PROMPT, model, ref, toy_options  # noqa: F401 - model, ref: fixtures
 
 pytestmark = pytest.mark.anyio
@@ -88,7 +87,7 @@ def sim_hashes(model, ref, exact):
 # ---- live positions -------------------------------------------------------------------------------
 
 
-async def test_positions_arrive_while_the_process_runs_then_the_expected_diff(model, ref, tmp_path):
+async def test_positions_arrive_while_the_process_runs_then_the_expected_diff(model, ref, tmp_path, make_app, settle):
     pidfile = tmp_path / "pid"
     session = toy_session(model, toy("--sleep", "0.25", "--pid-file", str(pidfile)))
     app = make_app(session, tmp_path)
@@ -130,7 +129,8 @@ async def test_positions_arrive_while_the_process_runs_then_the_expected_diff(mo
 # ---- toggles ----------------------------------------------------------------------------------------
 
 
-async def test_toggles_panel_lists_the_toys_toggles_and_1_reruns_killing_the_old_process(model, ref, tmp_path):
+async def test_toggles_panel_lists_the_toys_toggles_and_1_reruns_killing_the_old_process(model, ref, tmp_path,
+                                                                                          make_app, settle):
     pidfile = tmp_path / "pid"
     session = toy_session(model, toy("--sleep", "0.3", "--pid-file", str(pidfile)), toggles=(EXACT, NORM))
     app = make_app(session, tmp_path)
@@ -175,7 +175,7 @@ async def test_toggles_panel_lists_the_toys_toggles_and_1_reruns_killing_the_old
 # ---- failures ---------------------------------------------------------------------------------------
 
 
-async def test_exit_midway_keeps_the_app_usable_and_marks_the_rest_missing(model, ref, tmp_path):
+async def test_exit_midway_keeps_the_app_usable_and_marks_the_rest_missing(model, ref, tmp_path, make_app, settle):
     # every op exact through the fixed env: the only problem is the exit after position 4
     session = toy_session(model, toy("--fail-after", "4", env={"TOY_EXACT": "all"}), toggles=())
     app = make_app(session, tmp_path)
@@ -206,7 +206,7 @@ async def test_exit_midway_keeps_the_app_usable_and_marks_the_rest_missing(model
         assert main.result is not res and main.result.n_missing == res.n_missing
 
 
-async def test_exit_midway_board_shows_the_rest_missing_not_pending(model, tmp_path):
+async def test_exit_midway_board_shows_the_rest_missing_not_pending(model, tmp_path, make_app, settle):
     session = toy_session(model, toy("--fail-after", "4", env={"TOY_EXACT": "all"}), toggles=())
     app = make_app(session, tmp_path)
     async with app.run_test(size=(120, 40)) as pilot:
@@ -216,7 +216,7 @@ async def test_exit_midway_board_shows_the_rest_missing_not_pending(model, tmp_p
         assert board.position_state(5) == "missing"
 
 
-async def test_hash_only_subject_all_ok_shows_no_flips(model, tmp_path):
+async def test_hash_only_subject_all_ok_shows_no_flips(model, tmp_path, make_app, settle):
     session = toy_session(model, toy(env={"TOY_EXACT": "all"}), toggles=())
     app = make_app(session, tmp_path)
     async with app.run_test(size=(120, 40)) as pilot:
@@ -227,7 +227,7 @@ async def test_hash_only_subject_all_ok_shows_no_flips(model, tmp_path):
         assert not any(s.flip for s in main.result.tokens)
 
 
-async def test_hang_times_out_in_one_line_and_the_app_stays_usable(model, tmp_path):
+async def test_hang_times_out_in_one_line_and_the_app_stays_usable(model, tmp_path, make_app, settle):
     pidfile = tmp_path / "pid"
     session = toy_session(model, toy("--hang-after", "3", "--pid-file", str(pidfile), timeout=3), toggles=())
     app = make_app(session, tmp_path)
@@ -253,7 +253,7 @@ async def test_hang_times_out_in_one_line_and_the_app_stays_usable(model, tmp_pa
 # ---- bisection --------------------------------------------------------------------------------------
 
 
-async def test_b_bisects_over_the_toys_toggles_to_the_minimal_set(model, ref, tmp_path):
+async def test_b_bisects_over_the_toys_toggles_to_the_minimal_set(model, ref, tmp_path, make_app, settle):
     chosen = ("norm", "rope", "expf")
     # what each chosen op does alone, with every other op exact: the ops whose fast version breaks it
     needed = {op for op in chosen if sim_hashes(model, ref, frozenset(set(TOGGLES) - {op})) != ref.hashes()}

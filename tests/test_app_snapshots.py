@@ -12,21 +12,20 @@ import pytest
 from kestrel_tui.engine.inputs import default_prompt
 from kestrel_tui.engine.session import Session
 
-from apptools import make_app, settle
 
 N_TOKENS = 8
 
 
-def app_on(model, tmp_path):
+def app_on(make_app, model, tmp_path):
     return make_app(Session(model, default_prompt(model.cfg.vocab), N_TOKENS, subject="sim"), tmp_path)
 
 
 @pytest.mark.parametrize("size", [(120, 40), (80, 24)], ids=["120x40", "80x24"])
-def test_main_screen(snap_compare, default_model, tmp_path, size):
-    assert snap_compare(app_on(default_model, tmp_path), terminal_size=size, run_before=settle)
+def test_main_screen(snap_compare, default_model, tmp_path, size, make_app, settle):
+    assert snap_compare(app_on(make_app, default_model, tmp_path), terminal_size=size, run_before=settle)
 
 
-def test_main_screen_after_toggles(snap_compare, small_model, tmp_path):
+def test_main_screen_after_toggles(snap_compare, small_model, tmp_path, make_app, settle):
     """Two toggles later: the history panel, the toggles panel and the moved first DIFF."""
     async def run_before(pilot):
         await settle(pilot)
@@ -34,15 +33,15 @@ def test_main_screen_after_toggles(snap_compare, small_model, tmp_path):
             await pilot.press(key)
             await settle(pilot)
 
-    assert snap_compare(app_on(small_model, tmp_path), terminal_size=(120, 40), run_before=run_before)
+    assert snap_compare(app_on(make_app, small_model, tmp_path), terminal_size=(120, 40), run_before=run_before)
 
 
-def test_main_screen_too_small(snap_compare, small_model, tmp_path):
+def test_main_screen_too_small(snap_compare, small_model, tmp_path, make_app, settle):
     """Below 80x24: one centred line asking for room, instead of panels that cannot fit."""
-    assert snap_compare(app_on(small_model, tmp_path), terminal_size=(60, 20), run_before=settle)
+    assert snap_compare(app_on(make_app, small_model, tmp_path), terminal_size=(60, 20), run_before=settle)
 
 
-def test_main_screen_tolerance(snap_compare, small_model, tmp_path):
+def test_main_screen_tolerance(snap_compare, small_model, tmp_path, make_app, settle):
     """Tolerance on (T once: nmse <= 1e-7): DIFF keys read close/far, the status names the first far key
     and the detail panel shows the first DIFF's NMSE, max rel. err, max ULP and verdict."""
     async def run_before(pilot):
@@ -50,4 +49,4 @@ def test_main_screen_tolerance(snap_compare, small_model, tmp_path):
         await pilot.press("T")
         await settle(pilot)
 
-    assert snap_compare(app_on(small_model, tmp_path), terminal_size=(120, 40), run_before=run_before)
+    assert snap_compare(app_on(make_app, small_model, tmp_path), terminal_size=(120, 40), run_before=run_before)

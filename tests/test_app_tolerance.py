@@ -11,7 +11,7 @@ from kestrel_tui.engine.session import RunSettings
 from kestrel_tui.trace.compare import CLOSE, FAR, NAN_ULP, Status, Tolerance
 from kestrel_tui.trace.dump import write_dump
 
-from test_app import diff_app, make_app, make_session, notes, screen_text, settle
+from test_app import diff_app, make_session, notes, screen_text
 
 pytestmark = pytest.mark.anyio
 
@@ -38,7 +38,7 @@ def detail_text(main, key: str) -> str:
     return str(panel.render())
 
 
-async def test_tolerance_cycle(small_model, tmp_path):
+async def test_tolerance_cycle(small_model, tmp_path, make_app, settle):
     assert TOLERANCES == (None, Tolerance(), Tolerance(nmse=1e-4), Tolerance(nmse=None, ulp=4))
     engine = make_session(small_model).run(RunSettings())  # independent: what the engine says
     app = make_app(make_session(small_model), tmp_path)
@@ -76,7 +76,7 @@ async def test_tolerance_cycle(small_model, tmp_path):
         assert "nmse" not in detail_text(main, engine.first_diff)
 
 
-async def test_tolerance_close_key_detail_and_new_run_drops_it(small_model, tmp_path):
+async def test_tolerance_close_key_detail_and_new_run_drops_it(small_model, tmp_path, make_app, settle):
     engine = make_session(small_model).run(RunSettings())
     tol = TOLERANCES[2]  # nmse <= 1e-4: many close keys
     want = engine.tolerance(tol)
@@ -105,7 +105,7 @@ async def test_tolerance_close_key_detail_and_new_run_drops_it(small_model, tmp_
         assert f"first far {again.first_far}" in main.status.text
 
 
-async def test_tolerance_diff_mode_says_hash_only_once(small_model, tmp_path):
+async def test_tolerance_diff_mode_says_hash_only_once(small_model, tmp_path, settle):
     ref = make_session(small_model).reference()
     sub = make_session(small_model).run(RunSettings()).sub
     pa, pb = tmp_path / "a.txt", tmp_path / "b.txt"
@@ -124,7 +124,7 @@ async def test_tolerance_diff_mode_says_hash_only_once(small_model, tmp_path):
         assert "DIFF" in screen_text(app)
 
 
-async def test_tolerance_in_palette_and_help(small_model, tmp_path):
+async def test_tolerance_in_palette_and_help(small_model, tmp_path, make_app, settle):
     app = make_app(make_session(small_model), tmp_path)
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot)

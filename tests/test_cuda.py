@@ -274,31 +274,31 @@ def _fused_toggle_sets():
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("exact", _fused_toggle_sets(), ids=lambda s: "+".join(sorted(s)) or "none")
 def test_fused_launches_equal_separate_ones(rt, head_dim, exact):
-    """kernels/fused.cu (QK-norm+RoPE+KV rows; down + expert sum, the default folds) and the attention kernels' own q8_0 of their output vs every op
-    launched on its own (KESTREL_CUDA_FUSE=0's path): logits bit for bit and every key's hash,
-    for a prefill (M=6), batch steps (M=3) and M=1 decode through the graph, under any mix of
-    fast and exact ops."""
+    """kernels/fused.cu (QK-norm+RoPE+KV rows; down + expert sum) and the attention kernels' own q8_0
+    of their output vs every op launched on its own (the fuse option off): logits bit for bit and
+    every key's hash, for a prefill (M=6), batch steps (M=3) and M=1 decode through the graph,
+    under any mix of fast and exact ops."""
     _assert_fused_equals_plain(head_dim, exact)
 
 
-def test_without_the_combine_fold_equals_separate_launches(rt, monkeypatch):
-    """KESTREL_CUDA_FOLD= (what scripts/gpu_ab.py compares the default with): the expert sum goes
-    with the next norm (combine_rmsnorm) instead of the down GEMV; the same bits too."""
-    monkeypatch.setenv("KESTREL_CUDA_FOLD", "")
-    _assert_fused_equals_plain(128, _fused_toggle_sets()[-1])
+def test_combine_with_the_norm_equals_separate_launches(rt):
+    """f32 weights: the down GEMV does not fold the expert sum, which goes with the next norm
+    (combine_rmsnorm) instead; the same bits as separate launches too."""
+    _assert_fused_equals_plain(128, _fused_toggle_sets()[-1], weights="f32")
 
 
-def _assert_fused_equals_plain(head_dim, exact):
+def _assert_fused_equals_plain(head_dim, exact, weights="q4_0"):
     from dataclasses import replace
 
     from kestrel_tui.backends.cuda import make_cuda_backend
+    from kestrel_tui.backends.cuda.options import CudaOptions
     from kestrel_tui.model.config import default_config
     from kestrel_tui.model.weights import synthetic_model
 
-    model = synthetic_model(replace(default_config().with_layers(3), head_dim=head_dim), "q4_0")
-    fused, plain = make_cuda_backend(model, exact=exact), make_cuda_backend(model, exact=exact)
-    plain.fuse = False
-    assert fused.fuse
+    model = synthetic_model(replace(default_config().with_layers(3), head_dim=head_dim), weights)
+    fused = make_cuda_backend(model, exact=exact, options=CudaOptions())
+    plain = make_cuda_backend(model, exact=exact, options=CudaOptions(fuse=False))
+    assert fused.fuse and not plain.fuse
     prompt = np.random.default_rng().integers(0, model.cfg.vocab, 6)
     outs = []
     for b in (fused, plain):

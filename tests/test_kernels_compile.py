@@ -1,24 +1,23 @@
-"""The cuda backend's CPU-side checks: they run in CI, where there is nvcc but no GPU.
+"""The cuda backend's compile-time checks: they run in CI, where there is nvcc but no GPU.
 
 * every kernels/*.cu compiles with the local nvcc for sm_90 (PTX), and every
   kernel's parameter list matches the argument format the backend launches it
-  with (runtime.SIGNATURES);
+  with (runtime.SIGNATURES); the PDL trigger is opt-in in the PTX; the launch
+  constants copied into launches.py (and read by scripts/gpu_attn_bench.py)
+  match the kernels' #defines;
 * the UCRT replica device functions of common.cuh, compiled for the *host* by
   nvcc, equal the numpy replicas (numerics/transcend.py) bit for bit — the same
   source the GPU runs, with the C99 equivalents of its IEEE intrinsics;
 * the device weight layout equals ggml's q4_0 bytes, and the hash work list
-  folded the way kernels/hash.cu folds it gives trace.fnv's FNV-1a 64;
-* the whole step, run against a fake driver, launches every kernel with
-  pointers inside live allocations and returns the cpu backend's keys, shapes
-  and dtypes.
+  folded the way kernels/hash.cu folds it gives trace.fnv's FNV-1a 64.
+
+The whole step run against a fake driver (no nvcc, no GPU) is in test_cuda_fake_driver.py.
 """
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import re
 import shutil
-import struct
 import subprocess
 from pathlib import Path
 
@@ -90,21 +89,37 @@ def test_pdl_trigger_is_opt_in(monkeypatch, tmp_path):
     assert "griddepcontrol.launch_dependents" in ptx("1")
 
 
-def test_launch_constants_match_the_kernels():
-    """launches.py sizes grids, blocks and scratch from copies of the kernels' #defines; a copy
-    that drifts would launch a wrong grid without any compile error."""
+LAUNCH_CONSTANTS = ("ATT_SPLIT_TILE", "ATT_PV_STAGE", "ATT_PV_THREADS", "ATT_FAST_TILE", "ATT_FAST_WARPS",
+                    "GEMV_ROWS1", "EXPERT_ROWS", "FUSED_MAX_ROW", "COMBINE_MAX_K")
+
+
+def test_launch_constants_have_one_definition():
+    """launches.py sizes grids, blocks and scratch by the kernels' constants, read from
+    kernels/launch.cuh: each is defined there and in no other kernels file (no copy to drift)."""
     from kestrel_tui.backends.cuda import launches
 
-    for file, names in (("attention.cu", ("ATT_SPLIT_TILE", "ATT_FAST_TILE", "ATT_FAST_WARPS")),
-                        ("gemv.cuh", ("EXPERT_ROWS", "GEMV_ROWS1")),
-                        ("fused.cu", ("FUSED_MAX_ROW", "COMBINE_MAX_K"))):
-        defines = dict(re.findall(r"^#define (\w+) (\d+)\b", (KERNEL_DIR / file).read_text(), flags=re.M))
-        for name in names:
-            assert int(defines[name]) == getattr(launches, name), f"{file} {name}"
-    src = (KERNEL_DIR / "attention.cu").read_text()
-    stage = re.search(r"^#define ATT_PV_STAGE (\d+)", src, flags=re.M)
-    threads = re.search(r"^#define ATT_PV_THREADS \((\d+) \+ ATT_PV_STAGE\)", src, flags=re.M)
-    assert launches.ATT_PV_THREADS == int(threads.group(1)) + int(stage.group(1))
+    header = set(re.findall(r"^#define (\w+) ", (KERNEL_DIR / "launch.cuh").read_text(), flags=re.M))
+    assert set(LAUNCH_CONSTANTS) <= header
+    for f in KERNEL_DIR.iterdir():
+        if f.suffix in (".cu", ".cuh", ".h") and f.name != "launch.cuh":
+            again = set(re.findall(r"^\s*#define (\w+)", f.read_text(), flags=re.M)) & set(LAUNCH_CONSTANTS)
+            assert not again, f"{f.name} defines {sorted(again)} again"
+    assert launches.ATT_PV_THREADS == 32 + launches._C["ATT_PV_STAGE"]
+
+
+@needs_nvcc
+def test_launch_constants_are_the_compiled_kernels(ptx_dir):
+    """The block sizes launches.py gives the kernels with __launch_bounds__ are those the compiled
+    kernels carry (.maxntid in the PTX)."""
+    from kestrel_tui.backends.cuda import launches
+
+    ptx = (ptx_dir / "attention.ptx").read_text()
+
+    def maxntid(kernel: str) -> int:
+        return int(re.search(rf"\.entry {kernel}\([^)]*\)\s*\.maxntid (\d+)", ptx).group(1))
+
+    assert maxntid("attn_exact_pv_q8") == launches.ATT_PV_THREADS
+    assert maxntid("attn_fast_part_q8") == 32 * launches.ATT_FAST_WARPS
 
 
 def test_attn_bench_reads_a_versions_own_block_size():
@@ -119,7 +134,9 @@ def test_attn_bench_reads_a_versions_own_block_size():
     spec = importlib.util.spec_from_file_location("gpu_attn_bench", script)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    src = (KERNEL_DIR / "attention.cu").read_text()
+    from kestrel_tui.backends.cuda.runtime import module_source
+
+    src = module_source("attention")  # kernels/launch.cuh inlined
     assert bench.define(src, "ATT_PV_THREADS") == launches.ATT_PV_THREADS
     assert bench.define(src, "ATT_SPLIT_TILE") == launches.ATT_SPLIT_TILE
     variant = ("#define PPP 2\n#ifndef PPP\n#define PPP 1\n#endif\n"
@@ -274,577 +291,3 @@ def test_two_pass_hash_on_odd_spans():
     want = [fnv1a64(arena[o:o + n]) for o, n in spans]
     assert _fold_two_pass(HashWork(spans), arena) == want
 
-
-# ------------------------------------------------------------ the step against a fake driver
-
-class _FakeDriver:
-    """Just enough of pycuda.driver: allocations are host buffers at fake addresses."""
-
-    # an H200's per-block shared memory (232448) less attn_exact_pv_q8's static 35840: the dynamic
-    # memory it may opt in to
-    smem_optin = 232448 - 35840
-
-    class function_attribute:  # noqa: N801 (pycuda.driver's name)
-        MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
-
-    def __init__(self):
-        self.allocs: dict[int, np.ndarray] = {}
-        self.next = 1 << 32
-        self.optin: dict[str, int] = {}  # kernel -> set_attribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)
-
-    def _find(self, ptr: int, n: int = 1) -> tuple[np.ndarray, int]:
-        ptr = int(ptr)
-        for base, buf in self.allocs.items():
-            if base <= ptr and ptr + n <= base + buf.size:
-                return buf, ptr - base
-        raise AssertionError(f"pointer {ptr:#x} (+{n}) outside every live allocation")
-
-    def mem_alloc(self, n):
-        base = self.next
-        self.next += (n + 4095) // 4096 * 4096 + 4096
-        self.allocs[base] = np.zeros(n, np.uint8)
-        return base
-
-    def to_device(self, arr):
-        p = self.mem_alloc(arr.nbytes)
-        self.memcpy_htod(p, arr)
-        return p
-
-    def memset_d8(self, p, v, n):
-        buf, o = self._find(p, n)
-        buf[o:o + n] = v
-
-    def memset_d32(self, p, v, n):
-        self.memset_d8(p, 0, 4 * n)
-
-    def memcpy_htod(self, p, arr):
-        raw = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
-        buf, o = self._find(p, raw.size)
-        buf[o:o + raw.size] = raw
-
-    def memcpy_dtoh(self, arr, p):
-        raw = arr.reshape(-1).view(np.uint8)
-        buf, o = self._find(p, raw.size)
-        raw[:] = buf[o:o + raw.size]
-
-    def memcpy_dtod(self, dst, src, n):
-        b1, o1 = self._find(dst, n)
-        b2, o2 = self._find(src, n)
-        b1[o1:o1 + n] = b2[o2:o2 + n]
-
-    def pagelocked_empty(self, n, dtype):
-        return np.empty(n, dtype)
-
-    def memcpy_dtoh_async(self, arr, p, stream=None):
-        self.memcpy_dtoh(arr, p)
-
-    def memcpy_htod_async(self, p, arr, stream=None):
-        self.memcpy_htod(p, arr)
-
-    class Stream:
-        handle = 0x5EED
-
-        def __init__(self, flags=0):
-            pass
-
-        def wait_for_event(self, ev):
-            pass
-
-        def synchronize(self):
-            pass
-
-    class Event:
-        def record(self, stream=None):
-            pass
-
-        def synchronize(self):
-            pass
-
-        def time_till(self, other):
-            return 1.0
-
-    class Context:
-        @staticmethod
-        def synchronize():
-            pass
-
-
-class _FakeKernel:
-    def __init__(self, drv, name):
-        self.drv, self.name, self.fmt = drv, name, SIGNATURES[name]
-        self.calls = 0
-
-    def prepared_call(self, grid, block, *args, shared_size=0):
-        assert len(args) == len(self.fmt), f"{self.name}: {len(args)} args for format {self.fmt}"
-        assert 0 <= shared_size <= self.drv.optin.get(self.name, 0) or shared_size == 0, \
-            (self.name, shared_size, "dynamic shared memory without opting in")
-        self.shared_size = shared_size
-        struct.pack("".join({"P": "Q", "i": "i", "f": "f"}[c] for c in self.fmt), *args)  # types
-        for c, a in zip(self.fmt, args):
-            if c == "P" and a:
-                self.drv._find(a)
-        assert all(g >= 1 for g in grid) and block[0] % 32 == 0 and block[0] <= 1024, (self.name, grid, block)
-        self.calls += 1
-
-    def prepared_async_call(self, grid, block, stream, *args, shared_size=0):
-        self.prepared_call(grid, block, *args, shared_size=shared_size)
-
-    def set_attribute(self, attr, value):
-        assert attr == _FakeDriver.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES
-        assert value <= self.drv.smem_optin, (self.name, value)
-        self.drv.optin[self.name] = value
-
-
-class _FakeRuntime:
-    name, arch = "fake GPU", "sm_90"
-
-    def __init__(self):
-        self.cuda = _FakeDriver()
-        self.kernels: dict[str, _FakeKernel] = {}
-        self.kernel_names: dict[int, tuple[str, str]] = {}
-        self.pdl, self.pdl_error = None, None
-
-    @contextlib.contextmanager
-    def active(self):
-        yield self
-
-    def bury(self, objects):
-        pass
-
-    def kernel(self, module, name):
-        k = self.kernels.setdefault(name, _FakeKernel(self.cuda, name))
-        self.kernel_names[id(k)] = (module, name)
-        return k
-
-
-@pytest.mark.parametrize("weights,kv,deep,exact", [("q4_0", "q8", False, "all"), ("q4_0", "q8", True, "none"),
-                                                    ("f32", "f32", False, "norm,attention")])
-def test_step_wiring_against_fake_driver(monkeypatch, weights, kv, deep, exact):
-    from kestrel_tui.backends import cuda as cuda_pkg
-    from kestrel_tui.backends.base import NumpyBackend
-    from kestrel_tui.backends.cuda import backend as be
-    from kestrel_tui.backends.toggles import parse_exact
-    from kestrel_tui.model.weights import synthetic_model
-    from kestrel_tui.trace.keys import token_keys
-
-    fake = _FakeRuntime()
-    monkeypatch.setattr(be, "runtime", lambda: fake)
-    model = synthetic_model(default_config().with_layers(2), weights)
-    sub = cuda_pkg.make_cuda_backend(model, kv=kv, exact=parse_exact(exact), deep=deep)
-    ref = NumpyBackend(model, kv=kv, deep=deep)
-    for b in (sub, ref):
-        b.reset(8)
-    prompt = np.array([5, 9, 11])
-    r_out, s_out = ref.step(prompt, 0), sub.step(prompt, 0)
-    sub.load_kv(0, r_out.raw)
-    s_iso = sub.step(np.array([7]), 3, feed=ref.step(np.array([7]), 3).raw)
-    for r_col, s_col in zip(r_out.raw, s_out.raw):
-        assert list(s_col) == list(r_col)
-        for key in r_col:
-            assert (s_col[key].shape, s_col[key].dtype) == (r_col[key].shape, r_col[key].dtype), key
-    assert list(s_iso.hashes[0]) == token_keys(3, 2, deep)
-    assert s_out.logits.shape == r_out.logits.shape
-    # two steps, each: the body keys (on the hash stream) and the logits
-    assert fake.kernels["fnv_states"].calls == fake.kernels["fnv_chunks"].calls == 4
-
-
-class _FakeLibcuda:
-    """The driver entry points graph.py calls through ctypes; records the capture calls."""
-
-    def __init__(self):
-        self.calls = []
-
-    def __getattr__(self, name):
-        def fn(*args):
-            self.calls.append(name)
-            return 0
-        return fn
-
-
-def test_device_synthetic_model_graph_and_bench_wiring(monkeypatch):
-    """The full-size path on a small config: weights generated on the (fake) device, an M=1 step
-    captured as a graph (the capture entry points faked), the batch widths' split-K grids, and
-    the bench's bookkeeping."""
-    from kestrel_tui.backends.cuda import backend as be
-    from kestrel_tui.backends.cuda import graph as gr
-    from kestrel_tui.backends.cuda import launches, make_cuda_backend, perf
-    from kestrel_tui.backends.cuda.weights import DeviceSyntheticModel
-    from kestrel_tui.model.config import qwen3_30b_a3b_config
-
-    fake = _FakeRuntime()
-    monkeypatch.setattr(be, "runtime", lambda: fake)
-    lib = _FakeLibcuda()
-    monkeypatch.setattr(gr, "_cu", lambda: lib)
-    model = DeviceSyntheticModel(default_config().with_layers(2))
-    b = make_cuda_backend(model)
-    b.reset(40)
-    assert fake.kernels["gen_q4"].calls == 1 + 1 + 2 * 8  # embed, lm_head, 8 matrices a layer
-    for M in (1, 2, 5, 8):
-        out = b.step(np.arange(M) + 3, 0, raw=False)
-        assert out.logits.shape == (M, model.cfg.vocab) and len(out.hashes) == M
-    g = gr.DecodeGraph(b, hashing=True)
-    assert b.stream is None and b.dpos == 0 and b.cap_s == 0  # restored after the capture
-    capture = [c for c in lib.calls if c.startswith("cuStream") or c.startswith("cuEventRecord")]
-    # the logits' copy records an event the host waits on before the hashes are done
-    assert capture[:3] == ["cuStreamBeginCapture_v2", "cuEventRecordWithFlags", "cuStreamEndCapture"]
-    assert g.logits_event
-    logits, hashes = g.step(7, 9)
-    assert logits.shape == (model.cfg.vocab,) and len(hashes) == len(g.keys(9))
-    g.close()
-    r = perf.decode_bench(model, ctx=8, steps=2, warm=1, log=lambda *_: None)
-    assert set(r) == {"fast", "exact", "exact_over_fast"}
-    bv = perf.batch_verify(model, frozenset(), n_pos=6, widths=(2, 5), n_prompt=3, log=lambda *_: None)
-    assert bv["widths"][5]["ndiff_per_column"] == [0] * 5  # the fake device returns zeros
-    assert perf.graph_equals_direct(model, frozenset(), n_pos=3)["key_diffs"] == 0
-    fb = perf.active_bytes(qwen3_30b_a3b_config(48), 1024)
-    assert 1.5e9 < fb["total"] < 2.0e9, fb
-    assert launches.gemv_split(1, False) == 1 and launches.gemv_split(3, False) == 2 and launches.gemv_split(8, False) == 1
-    assert all(launches.gemv_split(m, True) == 1 for m in range(1, 9))
-
-
-def test_step_replays_graph_for_m1_and_falls_back(monkeypatch):
-    """CudaBackend.step: M=1 without a feed replays the decode graph (captured at the first such
-    step and again after reset), returning the direct path's keys and raw buffers (names, shapes,
-    dtypes); M>1 and isolate launch directly; KESTREL_CUDA_GRAPH=0 and a failing capture keep the
-    direct path, the latter saying why in graph_status."""
-    from kestrel_tui.backends.base import NumpyBackend
-    from kestrel_tui.backends.cuda import backend as be
-    from kestrel_tui.backends.cuda import graph as gr
-    from kestrel_tui.backends.cuda import make_cuda_backend
-    from kestrel_tui.model.weights import synthetic_model
-    from kestrel_tui.trace.keys import token_keys
-
-    fake = _FakeRuntime()
-    monkeypatch.setattr(be, "runtime", lambda: fake)
-    lib = _FakeLibcuda()
-    monkeypatch.setattr(gr, "_cu", lambda: lib)
-    monkeypatch.delenv("KESTREL_CUDA_GRAPH", raising=False)
-    model = synthetic_model(default_config().with_layers(2), "q4_0")
-    g_b, d_b = make_cuda_backend(model), make_cuda_backend(model, graph=False)
-    assert g_b.use_graph and not d_b.use_graph and g_b.graph_status == "graph (not captured yet)"
-    for b in (g_b, d_b):
-        b.reset(8)
-        b.step(np.array([5, 9, 11]), 0, raw=False)  # M=3: direct
-    assert g_b.graph_steps == 0 and "cuStreamBeginCapture_v2" not in lib.calls
-    g_out, d_out = g_b.step(np.array([7]), 3), d_b.step(np.array([7]), 3)
-    assert g_b.graph_steps == 1 and d_b.graph_steps == 0 and lib.calls.count("cuGraphLaunch") == 1
-    assert list(g_out.hashes[0]) == list(d_out.hashes[0]) == token_keys(3, 2, False)
-    assert g_out.logits.shape == d_out.logits.shape == (1, model.cfg.vocab) and g_out.logits.dtype == np.float32
-    assert all(isinstance(v, int) for v in g_out.hashes[0].values())
-    assert len(g_out.raw) == 1 and list(g_out.raw[0]) == list(d_out.raw[0])
-    for key, a in d_out.raw[0].items():
-        assert (g_out.raw[0][key].shape, g_out.raw[0][key].dtype) == (a.shape, a.dtype), key
-    assert g_b.step(np.array([8]), 4, raw=False).raw is None and g_b.graph_steps == 2
-    assert lib.calls.count("cuStreamBeginCapture_v2") == 1 and g_b.graph_status.startswith("graph (")
-    ref = NumpyBackend(model)
-    ref.reset(8)
-    ref.step(np.array([5, 9, 11, 7, 8]), 0)
-    g_b.step(np.array([1]), 5, feed=ref.step(np.array([1]), 5).raw)  # isolate: direct
-    assert g_b.graph_steps == 2
-    g_b.reset(16)  # a new cache and capacity: captured again at the next M=1 step
-    assert g_b._graph is None
-    g_b.step(np.array([5]), 0, raw=False)
-    assert lib.calls.count("cuStreamBeginCapture_v2") == 2 and g_b.graph_steps == 3
-
-    monkeypatch.setenv("KESTREL_CUDA_GRAPH", "0")
-    off = make_cuda_backend(model)
-    off.reset(4)
-    off.step(np.array([5]), 0, raw=False)
-    assert off.graph_steps == 0 and off.graph_status == "direct (KESTREL_CUDA_GRAPH=0)"
-    assert lib.calls.count("cuStreamBeginCapture_v2") == 2
-
-    monkeypatch.delenv("KESTREL_CUDA_GRAPH")
-
-    def no_driver():
-        raise OSError("libcuda.so.1: cannot open shared object file")
-
-    monkeypatch.setattr(gr, "_cu", no_driver)
-    broken = make_cuda_backend(model)
-    broken.reset(4)
-    for t in range(2):
-        out = broken.step(np.array([5 + t]), t)
-        assert list(out.hashes[0]) == token_keys(t, 2, False) and out.raw is not None
-    assert broken.graph_steps == 0 and broken._graph is None
-    assert broken.graph_status == "direct (graph failed: capture: OSError: libcuda.so.1: cannot open shared object file)"
-
-    class _NoInstantiate(_FakeLibcuda):
-        def __getattr__(self, name):
-            if name == "cuGraphInstantiateWithFlags":
-                return lambda *args: 999
-            return super().__getattr__(name)
-
-    lib2 = _NoInstantiate()
-    monkeypatch.setattr(gr, "_cu", lambda: lib2)
-    refused = make_cuda_backend(model)
-    refused.reset(4)
-    out = refused.step(np.array([5]), 0)
-    assert refused.graph_steps == 0 and "CUresult 999" in refused.graph_status
-    assert refused.stream is None and refused.dpos == 0 and refused.cap_s == 0  # restored after the capture
-    assert list(out.hashes[0]) == token_keys(0, 2, False) and "cuGraphLaunch" not in lib2.calls
-
-
-@pytest.mark.parametrize("graph", [True, False])
-def test_hashing_off_launches_no_hash_kernels(monkeypatch, graph):
-    """hashing=False (what the benchmarks compare against): the same step with no hash launches
-    and no hashes; switching back hashes every key again (a second graph, captured on demand)."""
-    from kestrel_tui.backends.cuda import backend as be
-    from kestrel_tui.backends.cuda import graph as gr
-    from kestrel_tui.backends.cuda import make_cuda_backend
-    from kestrel_tui.model.weights import synthetic_model
-    from kestrel_tui.trace.keys import token_keys
-
-    fake = _FakeRuntime()
-    monkeypatch.setattr(be, "runtime", lambda: fake)
-    lib = _FakeLibcuda()
-    monkeypatch.setattr(gr, "_cu", lambda: lib)
-    b = make_cuda_backend(synthetic_model(default_config().with_layers(2), "q4_0"), graph=graph)
-    b.reset(8)
-    b.hashing = False
-    out = b.step(np.array([5]), 0, raw=False)
-    assert out.hashes == [{}] and out.logits.shape == (1, b.model.cfg.vocab)
-    assert "fnv_states" not in fake.kernels and "fnv_chunks" not in fake.kernels
-    b.hashing = True
-    assert list(b.step(np.array([6]), 1, raw=False).hashes[0]) == token_keys(1, 2, False)
-    assert fake.kernels["fnv_states"].calls == fake.kernels["fnv_chunks"].calls == 2
-    assert lib.calls.count("cuStreamBeginCapture_v2") == (2 if graph else 0)
-    assert b.graph_steps == (2 if graph else 0)
-
-
-def _fake_pdl(monkeypatch, fake):
-    """A libcuda for graph.py and pdl.py whose cuLaunchKernelEx and cuFuncSetAttribute record
-    their calls, and `fake`'s PdlLauncher on it (no modules to load). Returns the launches
-    (LaunchConfig fields and the first attribute, a dict each) and the opt-ins ((attr, bytes))."""
-    import ctypes
-
-    from kestrel_tui.backends.cuda import graph as gr
-    from kestrel_tui.backends.cuda import pdl
-    from kestrel_tui.backends.cuda.runtime import MODULES, SIGNATURES
-
-    launched, opted_in = [], []
-
-    class _Lib(_FakeLibcuda):
-        def __getattr__(self, name):
-            if name == "cuLaunchKernelEx":
-                def fn(cfg, f, params, extra):
-                    c = ctypes.cast(cfg, ctypes.POINTER(pdl.LaunchConfig)).contents
-                    a = c.attrs.contents
-                    launched.append(dict(grid=c.gridDimX, block=c.blockDimX, n_attrs=c.numAttrs, attr=a.id,
-                                         value=a.value[0], shared=c.sharedMemBytes))
-                    return 0
-                return fn
-            if name == "cuFuncSetAttribute":
-                def fn(f, attr, value):
-                    opted_in.append((attr, value.value))
-                    return 0
-                return fn
-            return super().__getattr__(name)
-
-    lib = _Lib()
-    monkeypatch.setattr(gr, "_cu", lambda: lib)
-    launcher = object.__new__(pdl.PdlLauncher)  # a launcher without modules to load
-    launcher.lib, launcher.signatures, launcher.names = lib, SIGNATURES, fake.kernel_names
-    launcher.modules, launcher.functions, launcher.opted_in = {m: ctypes.c_void_p(1) for m in MODULES}, {}, {}
-    launcher.attr = pdl.LaunchAttribute(id=pdl.LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
-    launcher.attr.value[0] = 1
-    fake.pdl = launcher
-    return launched, opted_in
-
-
-def test_pdl_launch_structures_and_routing(monkeypatch):
-    """The driver structures of cuLaunchKernelEx as laid out in cuda.h, and a capture with PDL:
-    every kernel launched on the capturing stream goes through cuLaunchKernelEx with the
-    programmatic-serialization attribute and its arguments packed per SIGNATURES; launches on
-    other streams (the body hashes) stay PyCUDA's."""
-    import ctypes
-
-    from kestrel_tui.backends.cuda import backend as be
-    from kestrel_tui.backends.cuda import graph as gr
-    from kestrel_tui.backends.cuda import make_cuda_backend, pdl
-    from kestrel_tui.model.weights import synthetic_model
-
-    assert ctypes.sizeof(pdl.LaunchAttribute) == 72 and pdl.LaunchAttribute.value.offset == 8
-    assert [getattr(pdl.LaunchConfig, f).offset for f in ("sharedMemBytes", "hStream", "attrs", "numAttrs")] == \
-        [24, 32, 40, 48] and ctypes.sizeof(pdl.LaunchConfig) == 56
-
-    fake = _FakeRuntime()
-    monkeypatch.setattr(be, "runtime", lambda: fake)
-    launched, _ = _fake_pdl(monkeypatch, fake)
-    b = make_cuda_backend(synthetic_model(default_config().with_layers(2), "q4_0"))
-    b.reset(8)
-    before = sum(k.calls for k in fake.kernels.values())
-    g = gr.DecodeGraph(b, hashing=True)
-    pycuda_calls = sum(k.calls for k in fake.kernels.values()) - before
-    assert g.pdl and launched and all(x["n_attrs"] == 1 and x["attr"] == 6 and x["value"] == 1 for x in launched)
-    assert pycuda_calls == 2  # the body hash (fnv_states, fnv_chunks) on its own stream
-    assert b.stream is None  # restored after the capture
-    monkeypatch.setenv("KESTREL_CUDA_PDL", "0")
-    assert pdl.launcher_for(fake) is None and not gr.DecodeGraph(b, hashing=True).pdl
-
-
-def test_exact_pv_spread_one_block_an_sm(monkeypatch):
-    """attn_exact_pv_q8 takes half an SM's shared memory (unused) so no two of its blocks share an
-    SM: opted in above 48 KB, on PyCUDA's launch and on the PDL launcher's (cuFuncSetAttribute,
-    sharedMemBytes); no spread for the fast kernels, with KESTREL_PV_SPREAD=0, or where the
-    runtime does not know its SMs' shared memory."""
-    from kestrel_tui.backends.cuda import backend as be
-    from kestrel_tui.backends.cuda import graph as gr
-    from kestrel_tui.backends.cuda import launches, make_cuda_backend, pdl, perf
-    from kestrel_tui.backends.toggles import TOGGLES
-    from kestrel_tui.model.weights import synthetic_model
-
-    fake = _FakeRuntime()
-    monkeypatch.setattr(be, "runtime", lambda: fake)
-    assert launches.pv_spread_bytes(fake) == 0  # nothing known: no spread
-    fake.smem_per_sm = 233472  # an H200's
-    assert launches.pv_spread_bytes(fake) == 116736
-    monkeypatch.setenv("KESTREL_PV_SPREAD", "0")
-    assert launches.pv_spread_bytes(fake) == 0
-    monkeypatch.delenv("KESTREL_PV_SPREAD")
-    model = synthetic_model(default_config().with_layers(2), "q4_0")
-    fast = make_cuda_backend(model)
-    fast.reset(8)
-    fast.step(np.array([5, 9]), 0, raw=False)
-    assert fast.pv_spread == 0 and fake.kernels["attn_fast_part_q8"].shared_size == 0
-    exact = make_cuda_backend(model, exact=frozenset(TOGGLES))
-    exact.reset(8)
-    exact.step(np.array([5, 9]), 0, raw=False)
-    pv = fake.kernels["attn_exact_pv_q8"]
-    assert exact.pv_spread == 116736 and pv.shared_size == 116736 and fake.cuda.optin["attn_exact_pv_q8"] == 116736
-    pv.shared_size = None
-    prof = perf.kernel_profile(model, frozenset(TOGGLES), ctx=4, reps=1)  # its timed launches pass it on
-    assert prof["kernels"]["attn_exact_pv_q8"][0] == 2 and pv.shared_size == 116736
-
-    launched, opted_in = _fake_pdl(monkeypatch, fake)
-    gr.DecodeGraph(exact, hashing=True)
-    assert [x["shared"] for x in launched if x["shared"]] == [116736] * 2  # one P·V a layer, nothing else
-    assert opted_in == [(pdl.FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 116736)]
-
-
-def test_graph_without_the_logits_event_when_refused(monkeypatch):
-    """A driver that refuses the external event record: the graph is captured again without it
-    (the host then waits for the whole replay), copies still inside; steps still work."""
-    from kestrel_tui.backends.cuda import backend as be
-    from kestrel_tui.backends.cuda import graph as gr
-    from kestrel_tui.backends.cuda import make_cuda_backend
-    from kestrel_tui.model.weights import synthetic_model
-    from kestrel_tui.trace.keys import token_keys
-
-    class _NoEvent(_FakeLibcuda):
-        def __getattr__(self, name):
-            if name == "cuEventRecordWithFlags":
-                return lambda *args: 801  # CUDA_ERROR_NOT_SUPPORTED
-            return super().__getattr__(name)
-
-    fake = _FakeRuntime()
-    monkeypatch.setattr(be, "runtime", lambda: fake)
-    lib = _NoEvent()
-    monkeypatch.setattr(gr, "_cu", lambda: lib)
-    b = make_cuda_backend(synthetic_model(default_config().with_layers(2), "q4_0"))
-    b.reset(8)
-    out = b.step(np.array([5]), 0, raw=False)
-    g = b._graph
-    assert g is not None and b.graph_steps == 1 and not g.logits_event and g.copies_in_graph
-    assert lib.calls.count("cuStreamBeginCapture_v2") == 2 and list(out.hashes[0]) == token_keys(0, 2, False)
-
-
-@pytest.mark.parametrize("fuse,folds", [(True, None), (True, ""), (False, None)])
-def test_fused_launch_wiring(monkeypatch, fuse, folds):
-    """Outside isolate mode a q4_0 / q8-KV MoE step launches kernels/fused.cu's kernels and none
-    of the ops they replace: heads_fused a layer; with the combine fold (the default) the down
-    GEMV adds the expert sum, without it (KESTREL_CUDA_FOLD=) the expert sum goes with the next
-    norm (combine_rmsnorm). Isolate mode, and fuse=False (KESTREL_CUDA_FUSE=0), launch every op
-    on its own."""
-    from kestrel_tui.backends import cuda as cuda_pkg
-    from kestrel_tui.backends.base import NumpyBackend
-    from kestrel_tui.backends.cuda import backend as be
-    from kestrel_tui.model.weights import synthetic_model
-
-    fake = _FakeRuntime()
-    monkeypatch.setattr(be, "runtime", lambda: fake)
-    monkeypatch.setenv("KESTREL_CUDA_FUSE", "1" if fuse else "0")
-    if folds is None:  # the default
-        monkeypatch.delenv("KESTREL_CUDA_FOLD", raising=False)
-        folds = "combine"
-    else:
-        monkeypatch.setenv("KESTREL_CUDA_FOLD", folds)
-    n = 3
-    model = synthetic_model(default_config().with_layers(n), "q4_0")
-    sub = cuda_pkg.make_cuda_backend(model, graph=False)
-    assert sub.fuse is fuse
-    ref = NumpyBackend(model)
-    for b in (sub, ref):
-        b.reset(8)
-
-    def calls() -> dict[str, int]:
-        return {name: k.calls for name, k in fake.kernels.items()}
-
-    def launched(before: dict[str, int]) -> dict[str, int]:
-        return {k: c - before.get(k, 0) for k, c in calls().items() if c - before.get(k, 0)}
-
-    separate = {"qknorm_fast", "rope_fast", "kvquant_fast", "combine_fast", "quantize_q8_0_fast"}
-    fused_only = {"heads_fused", "combine_rmsnorm_fast", "down_combine_fast"}
-    c0 = calls()
-    sub.step(np.array([5, 9, 11]), 0)
-    plain = launched(c0)
-    if fuse:
-        comb = "combine" in folds
-        want = {"heads_fused": n, "gemv_q4_x3_fast": n, "down_combine_fast": n if comb else 0,
-                "gemv_q4_experts_fast": n if comb else 2 * n, "combine_rmsnorm_fast": 0 if comb else n,
-                # the final norm and each layer's post-attention norm, and its input norm where no
-                # expert sum goes with it (layer 0, or every one with the combine fold)
-                "rmsnorm_fast": 2 * n + 1 if comb else n + 1}
-        assert {k: plain.get(k, 0) for k in want} == want, plain
-        assert not separate & set(plain), plain
-    else:
-        assert not fused_only & set(plain), plain
-        assert all(plain[k] == n for k in separate), plain
-    c1 = calls()
-    sub.step(np.array([7]), 3, feed=ref.step(np.array([7]), 3).raw)
-    iso = launched(c1)
-    assert not fused_only & set(iso), iso
-    assert all(iso[k] == n for k in ("qknorm_fast", "rope_fast", "kvquant_fast", "combine_fast")), iso
-
-
-@pytest.mark.parametrize("head_dim", range(16, 257, 16))
-def test_every_accepted_head_dim_launches_whole_warps_inside_allocations(monkeypatch, head_dim):
-    """The backend takes any head_dim that is a multiple of 16 up to 256 (split or single-kernel
-    attention, fused or separate heads); past one 256-position exact-attention tile, fast and
-    exact, every launch stays inside live allocations with whole-warp blocks (the fake driver
-    checks both)."""
-    from dataclasses import replace
-
-    from kestrel_tui.backends import cuda as cuda_pkg
-    from kestrel_tui.backends.cuda import backend as be
-    from kestrel_tui.backends.toggles import TOGGLES
-    from kestrel_tui.model.weights import synthetic_model
-
-    model = synthetic_model(replace(default_config().with_layers(1), head_dim=head_dim), "q4_0")
-    for exact in (frozenset(), frozenset(TOGGLES)):
-        fake = _FakeRuntime()
-        monkeypatch.setattr(be, "runtime", lambda fake=fake: fake)
-        sub = cuda_pkg.make_cuda_backend(model, graph=False, exact=exact)
-        sub.reset(264)
-        sub.step(np.arange(260) % 50 + 1, 0)
-        sub.step(np.array([3]), 260)
-        assert any(k.calls for n, k in fake.kernels.items() if n.startswith("attn_")), head_dim
-
-
-@pytest.mark.parametrize("head_dim,fused", [(64, True), (80, False), (128, True), (256, True), (192, False)])
-def test_heads_fused_only_where_a_lane_holds_its_rope_pairs(monkeypatch, head_dim, fused):
-    """heads_fused pairs register i with i + hd/64 (rope_regs<1|2|4>): other head_dims take the
-    separate kernels."""
-    from dataclasses import replace
-
-    from kestrel_tui.backends import cuda as cuda_pkg
-    from kestrel_tui.backends.cuda import backend as be
-    from kestrel_tui.model.weights import synthetic_model
-
-    fake = _FakeRuntime()
-    monkeypatch.setattr(be, "runtime", lambda: fake)
-    model = synthetic_model(replace(default_config().with_layers(1), head_dim=head_dim), "q4_0")
-    sub = cuda_pkg.make_cuda_backend(model, graph=False)
-    sub.reset(4)
-    sub.step(np.array([1, 2]), 0)
-    used = {n for n, k in fake.kernels.items() if k.calls}
-    assert ("heads_fused" in used) is fused, used
-    assert ("rope_fast" in used) is not fused, used

@@ -11,7 +11,6 @@ from kestrel_tui.engine.refcache import RefCache
 from kestrel_tui.engine.session import RunSettings, Session
 from kestrel_tui.model.hf import load_model
 
-from apptools import make_app, settle
 
 N = 3
 
@@ -91,7 +90,7 @@ def test_oldest_entries_go_past_the_size_limit(model, tmp_path):
 
 
 @pytest.mark.anyio
-async def test_the_app_on_a_cached_reference_says_so_and_shows_the_grid_at_once(model, tmp_path):
+async def test_the_app_on_a_cached_reference_says_so_and_shows_the_grid_at_once(model, tmp_path, make_app, settle):
     session(model, RefCache(tmp_path / "cache")).reference()
     s = session(model, RefCache(tmp_path / "cache"))
     app = make_app(s, tmp_path)

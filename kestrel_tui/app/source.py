@@ -61,7 +61,7 @@ def device_of(subject: str, backend=None) -> str:
         # the CUDA backend may name its device; fall back to the backend name
         return str(getattr(backend, "device_name", None) or "cuda")
     if subject == "sim":
-        return "CPU (sim: GPU-order emulation)"
+        return "CPU (sim: GPU-style fast variants)"
     return str(getattr(backend, "device_name", None) or subject)  # a foreign engine may say where it runs
 
 

@@ -1,9 +1,10 @@
-"""The sim backend's *fast* ops: what a GPU engine naturally does, in real arithmetic.
+"""The sim backend's *fast* ops: GPU-style evaluations, in real arithmetic, on the CPU.
 
 Each is a genuinely different evaluation, not noise added to the reference, so
 its DIFFs behave like a GPU's: they appear in the op's output, propagate, and
-vanish when the op's toggle is switched to exact. The orders, so GPU fast
-kernels can mirror them:
+vanish when the op's toggle is switched to exact. They are not the CUDA fast
+kernels' orders (kernels/*.cu have their own; the two move a first DIFF along
+different paths). Their orders:
 
 * tree sum (`tree_sum`): pad to a power of two with +0, then v = v[:n/2] + v[n/2:]
   until one value is left — a shared-memory block reduction.
@@ -160,22 +161,11 @@ def combine(y, w):
     return tree_sum(w[..., None] * y, axis=1)
 
 
-FAST: dict[str, dict] = {
-    "norm": dict(rmsnorm=rmsnorm, qknorm=qknorm),
-    "gemm": dict(project=project, project_experts=project_experts),
-    "rope": dict(rope_cos_sin=rope_cos_sin),
-    "expf": dict(expf=expf),
-    "attention": dict(attention=attention),
-    "kvquant": dict(kvquant=kvquant),
-    "moe": dict(route=route, combine=combine, silu=silu),
-}
-
-
 def sim_ops(exact: frozenset[str]) -> Ops:
-    """The op table with every toggle not in `exact` swapped for its fast version."""
-    changes: dict = {}
-    for toggle, fns in FAST.items():
-        if toggle not in exact:
-            changes.update(fns)
-    return replace(EXACT, **changes)
+    """The op table with every toggle not in `exact` swapped for its fast version: the registry's
+    (backends/toggles.py) op-table entries of that toggle, each this module's function of that name."""
+    from .toggles import REGISTRY
+
+    fast = globals()
+    return replace(EXACT, **{name: fast[name] for op in REGISTRY if op.name not in exact for name in op.ops})
 

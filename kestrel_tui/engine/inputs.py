@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from dataclasses import replace
 
 from ..errors import UsageError
 from ..model.progress import Progress
@@ -118,6 +119,14 @@ def engines_from_options(args: argparse.Namespace, profile, model: Model, subjec
         specs = {"reference": EngineSpec("cpu"), "subject": EngineSpec(name, model=args.model)}
     else:
         specs = {"reference": profile.reference, "subject": profile.subject}
+    cuda_flag = getattr(args, "cuda_options", None)
+    if cuda_flag:  # --cuda-options: a cuda side's runtime switches, over the profile's
+        from ..backends.cuda.options import CudaOptions
+
+        CudaOptions().parse(cuda_flag)  # a bad spelling is refused here, whatever the sides
+        flag = dict(s.strip().split("=", 1) for s in cuda_flag.split(",") if s.strip())
+        specs = {side: replace(spec, options={**spec.options, **flag}) if spec.engine == "cuda" else spec
+                 for side, spec in specs.items()}
     built = {"reference": None, "subject": None}
     for side, spec in specs.items():
         if side not in sides:

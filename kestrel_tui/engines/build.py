@@ -1,58 +1,10 @@
-"""Backends by name: cpu (the reference: compiled, or numpy), sim (GPU-order emulation), cuda (PyCUDA)."""
+"""Engines by name: the built-in backends (backends/select.py) and the foreign engines."""
 from __future__ import annotations
 
-from ..backends.base import Backend, NumpyBackend
-from ..backends.toggles import describe, parse_exact
+from ..backends.select import BACKENDS, REFERENCE_IMPLS, make_backend, reference_impl  # noqa: F401 (re-exported)
 from ..errors import UsageError
 from ..model.config import cuda_unsupported
 from ..model.weights import Model
-
-BACKENDS = ("cpu", "sim", "cuda")
-
-
-REFERENCE_IMPLS = ("auto", "compiled", "numpy")
-
-
-def reference_impl(impl: str = "auto") -> tuple[str, str | None]:
-    """Which implementation of the contract decodes the cpu reference: ("compiled" | "numpy", why the
-    compiled one is not used, or None). auto takes the compiled reference wherever it is built."""
-    if impl not in REFERENCE_IMPLS:
-        raise UsageError(f"--reference {impl}: choose from {', '.join(REFERENCE_IMPLS)}")
-    if impl == "numpy":
-        return "numpy", None
-    from ..cref import Unavailable, load
-
-    try:
-        load()
-    except Unavailable as e:
-        if impl == "compiled":
-            raise UsageError(f"--reference compiled: {e}") from None
-        return "numpy", f"the reference runs on numpy: {e}"
-    return "compiled", None
-
-
-def make_backend(name: str, model: Model, kv: str = "q8", exact: str | frozenset = "all",
-                 deep: bool = False, impl: str = "auto") -> Backend:
-    toggles = parse_exact(exact) if isinstance(exact, str) else frozenset(exact)
-    if name == "cpu":
-        if reference_impl(impl)[0] == "compiled":
-            from ..cref.backend import CompiledBackend
-
-            return CompiledBackend(model, kv=kv, deep=deep)
-        return NumpyBackend(model, kv=kv, name="cpu", deep=deep)
-    if name == "sim":
-        from ..backends.ops_fast import sim_ops
-
-        return NumpyBackend(model, kv=kv, ops=sim_ops(toggles), name=f"sim ({describe(toggles)})", deep=deep)
-    if name == "cuda":
-        problem = cuda_unsupported(model.cfg)
-        if problem:  # refused before any device work: the kernels would silently decode another model
-            raise UsageError(f"cuda subject: {problem}; the sim subject is the fallback (--subject sim)")
-        from ..backends.cuda import make_cuda_backend
-
-        return make_cuda_backend(model, kv=kv, exact=toggles, deep=deep)
-    raise UsageError(f"unknown backend {name!r}; choose from {', '.join(BACKENDS)}")
-
 
 ENGINES = (*BACKENDS, "hf", "process", "llama.cpp")
 
@@ -67,14 +19,18 @@ def make_engine(spec, model: Model | None, kv: str = "q8", deep: bool = False, i
     if spec.engine in BACKENDS:
         from .builtin import BuiltinEngine
 
-        if spec.options:
-            raise UsageError(f"engine {spec.engine}: takes no options (got {', '.join(map(str, spec.options))});"
-                             f" its toggles are the op families")
-        if spec.engine == "cuda":
+        cuda_options = None
+        if spec.engine == "cuda":  # its runtime switches are options (backends/cuda/options.py)
+            from ..backends.cuda.options import CudaOptions
+
+            cuda_options = CudaOptions.from_env().set(dict(spec.options))
             problem = cuda_unsupported(model.cfg)
             if problem:
                 raise UsageError(f"cuda subject: {problem}; the sim subject is the fallback (--subject sim)")
-        return BuiltinEngine(spec.engine, model, kv=kv, deep=deep, impl=impl)
+        elif spec.options:
+            raise UsageError(f"engine {spec.engine}: takes no options (got {', '.join(map(str, spec.options))});"
+                             f" its toggles are the op families")
+        return BuiltinEngine(spec.engine, model, kv=kv, deep=deep, impl=impl, cuda_options=cuda_options)
     if spec.engine == "hf":
         from .hf import make_hf_engine
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from ..backends.select import make_backend, reference_impl
 from ..backends.toggles import OWNERS, TOGGLES, describe
 from ..model.weights import Model
 from .base import Capabilities, Engine, RunRequest, fast_exact
@@ -26,10 +27,10 @@ OP_TOGGLES = tuple(fast_exact(op, owns=_owned_fields(op), help=f"switch {op} bet
 class BuiltinEngine(Engine):
     caps = Capabilities(prefill_from=True, forcing=True, isolate=True, logits=True, raw=True)
 
-    def __init__(self, kind: str, model: Model, kv: str = "q8", deep: bool = False, impl: str = "auto"):
-        from .build import reference_impl
-
+    def __init__(self, kind: str, model: Model, kv: str = "q8", deep: bool = False, impl: str = "auto",
+                 cuda_options=None):
         self.name, self.model, self.kv, self.deep = kind, model, kv, deep
+        self.cuda_options = cuda_options  # a cuda subject's runtime switches (backends/cuda/options.py)
         self.toggles = () if kind == "cpu" else OP_TOGGLES  # cpu is all exact by definition
         # the cpu reference's implementation (the same bits either way); a fallback is said once
         self.impl, why = reference_impl(impl) if kind == "cpu" else ("numpy", None)
@@ -39,10 +40,8 @@ class BuiltinEngine(Engine):
         return frozenset(t.name for t in self.toggles if values.get(t.name) == t.exact)
 
     def backend(self, values: Mapping[str, str]):
-        from .build import make_backend
-
         return make_backend(self.name, self.model, kv=self.kv, exact=self.exact_ops(values) if self.toggles
-                            else "all", deep=self.deep, impl=self.impl)
+                            else "all", deep=self.deep, impl=self.impl, cuda_options=self.cuda_options)
 
     def owners(self, field_name: str) -> tuple[str, ...]:
         return OWNERS.get(field_name, ()) if self.toggles else ()

@@ -278,7 +278,7 @@ class _Checker:
         own = self.string(t, (side,), "model")
         side_model = self.model(own, (side, "model")) if own is not None else model
         options = self.table(t, (side,), "options") or {}
-        if engine in BUILTIN and options:
+        if engine in BUILTIN and engine != "cuda" and options:
             self.fail((side, "options"), f"engine {engine} takes no options",
                       "remove them; its toggles are the op families")
         return EngineSpec(engine, side_model, options, None)

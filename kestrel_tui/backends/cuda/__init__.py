@@ -14,11 +14,12 @@ from ...model.weights import Model
 
 
 def make_cuda_backend(model: Model, kv: str = "q8", exact: frozenset[str] = frozenset(), deep: bool = False,
-                      graph: bool | None = None):
-    """graph: replay M=1 steps as a CUDA graph (None: unless KESTREL_CUDA_GRAPH=0; False: direct launches)."""
+                      graph: bool | None = None, options=None):
+    """options: the runtime switches (options.CudaOptions; None: the environment's defaults);
+    graph=False: direct launches whatever the options say."""
     from .backend import CudaBackend
 
-    return CudaBackend(model, kv=kv, exact=frozenset(exact), deep=deep, graph=graph)
+    return CudaBackend(model, kv=kv, exact=frozenset(exact), deep=deep, graph=graph, options=options)
 
 
 __all__ = ["make_cuda_backend"]

@@ -16,7 +16,7 @@ instead one replay of a CUDA graph of the same kernels (graph.py), captured
 lazily at the first such step and again after reset(); it is bit-identical to
 the direct launches and spares the ~20 Python launches a layer (its kernels
 use programmatic dependent launch, pdl.py). Isolate mode and M>1 launch
-directly. KESTREL_CUDA_GRAPH=0 (or graph=False) forces the direct path; a
+directly. The graph option (options.py; or graph=False) forces the direct path; a
 capture that fails falls back to it silently, and `graph_status` says why.
 hashing=False (the benchmarks' baseline) runs the same step without the hash
 launches and returns no hashes.
@@ -29,7 +29,7 @@ combine_* (fused.cu's launches take each op's choice).
 """
 from __future__ import annotations
 
-import os
+from dataclasses import replace
 
 import numpy as np
 
@@ -42,17 +42,11 @@ from . import launches
 from .launches import FED, _blocks, launch
 from .graph import DecodeGraph
 from .layout import HASH_CHUNK, HASH_PIECE, HashWork, Layout
+from .options import CudaOptions
 from .runtime import runtime
 from .weights import device_model
 
 F32 = np.float32
-
-
-def graph_default() -> bool:
-    """Whether M=1 steps replay a CUDA graph by default (KESTREL_CUDA_GRAPH=0: launch directly)."""
-    return os.environ.get("KESTREL_CUDA_GRAPH", "1").strip().lower() not in ("0", "off", "false", "no")
-
-
 
 
 def device_hash_work(cuda, work: HashWork, onepass: bool = False, out: int | None = None) -> dict:
@@ -80,23 +74,26 @@ def device_hash_work(cuda, work: HashWork, onepass: bool = False, out: int | Non
 
 
 
-def launch_hash(rt, hb: dict, base: int, stream=None) -> None:
-    """Hash every span of the work list (two launches, or one with onepass scratch)."""
+def launch_hash(rt, hb: dict, base: int, stream=None, launcher=None) -> None:
+    """Hash every span of the work list (two launches, or one with onepass scratch); launcher: as
+    launches.launch's."""
     p, n = hb["ptr"], hb["n_chunks"]
     if hb["onepass"]:
-        launch(rt.kernel("hash", "fnv1a64_keys"), (n, 1, 1), (256, 1, 1), stream, base, p["chunk_key"], p["chunk_off"], p["chunk_len"], p["chunk_pow"],
-            p["key_first"], p["key_n"], p["F"], p["tickets"], p["out"])
+        launch(rt.kernel("hash", "fnv1a64_keys"), (n, 1, 1), (256, 1, 1), stream, base, p["chunk_key"],
+               p["chunk_off"], p["chunk_len"], p["chunk_pow"], p["key_first"], p["key_n"], p["F"], p["tickets"],
+               p["out"], launcher=launcher)
         return
-    launch(rt.kernel("hash", "fnv_states"), (n, 1, 1), (256, 1, 1), stream, base, p["chunk_key"], p["chunk_off"], p["chunk_len"], p["key_first"], p["key_n"],
-        p["snap"], p["start"], p["tickets"], p["out"])
+    launch(rt.kernel("hash", "fnv_states"), (n, 1, 1), (256, 1, 1), stream, base, p["chunk_key"], p["chunk_off"],
+           p["chunk_len"], p["key_first"], p["key_n"], p["snap"], p["start"], p["tickets"], p["out"],
+           launcher=launcher)
     launch(rt.kernel("hash", "fnv_chunks"), (_blocks(n * (HASH_CHUNK // HASH_PIECE), 128), 1, 1), (128, 1, 1),
-           stream, base, p["chunk_key"], p["chunk_off"],
-        p["chunk_len"], p["key_first"], p["piece_pow"], p["piece_spow"], p["snap"], p["start"], p["out"], n)
+           stream, base, p["chunk_key"], p["chunk_off"], p["chunk_len"], p["key_first"], p["piece_pow"],
+           p["piece_spow"], p["snap"], p["start"], p["out"], n, launcher=launcher)
 
 
 class CudaBackend(Backend):
     def __init__(self, model: Model, kv: str = "q8", exact: frozenset[str] = frozenset(), deep: bool = False,
-                 graph: bool | None = None, hashing: bool = True):
+                 graph: bool | None = None, hashing: bool = True, options: CudaOptions | None = None):
         cfg = model.cfg
         if cfg.head_dim % 16 or cfg.head_dim > 256:
             raise UsageError(f"cuda subject: head_dim {cfg.head_dim} is not supported (needs a multiple of 16,"
@@ -107,12 +104,11 @@ class CudaBackend(Backend):
         # hashing=False: steps return no hashes and launch no hash kernels — only so that the
         # benchmarks can measure what hashing costs through the same step(); switchable any time
         self.hashing = hashing
-        # fused launches (kernels/fused.cu) outside isolate mode; KESTREL_CUDA_FUSE=0: every op
-        # its own launch. Same bits either way (tests/test_cuda.py); set before the first step
-        self.fuse = os.environ.get("KESTREL_CUDA_FUSE", "1") != "0"
-        # which fused.cu folds to use (A/B benchmarks, scripts/gpu_ab.py; same bits either way):
-        # combine = the down GEMV adds the expert sum; KESTREL_CUDA_FOLD= for none
-        self.folds = frozenset(os.environ.get("KESTREL_CUDA_FOLD", "combine").split(","))
+        # the runtime switches (options.py); graph=False (the benchmarks' and tests' override) wins
+        self.options = options if options is not None else CudaOptions.from_env()
+        if graph is not None:
+            self.options = replace(self.options, graph=bool(graph))
+        self.fuse = self.options.fuse  # read by launches.plan; same bits either way
         self.rt = runtime()
         self.name = f"cuda ({describe(self.exact)})"
         self.device_name = self.rt.name  # shown by the app's header
@@ -129,19 +125,16 @@ class CudaBackend(Backend):
         self._tokens_size = 0
         self._cache = None
         self.capacity = 0
-        # launch target: None = the default stream; a captured graph (graph.py) swaps in its own
-        # stream, a device position (dpos) and a fixed scores stride (cap_s)
-        self.stream, self.dpos, self.cap_s = None, 0, 0
         self._hash_stream = self._body_ready = self._body_done = None
         self._body_launched = False
         # the M=1 decode graphs (graph.py), by `hashing`: each captured by the first eligible step
-        self.use_graph = graph_default() if graph is None else bool(graph)
-        self._graph_off_why = ("KESTREL_CUDA_GRAPH=0" if graph is None else "graph=False") if not self.use_graph else None
+        self.use_graph = self.options.graph
+        self._graph_off_why = ("graph=False" if graph is False else "graph option off") if not self.use_graph else None
         self._graphs: dict[bool, DecodeGraph] = {}
         self.graph_error: str | None = None  # why the capture (or a replay) failed; then direct for good
         self.graph_steps = 0  # steps served by a graph replay
         with self.rt.active():
-            self._kernels()
+            self.kernels = launches.select_kernels(self.rt, model, kv, self.exact, self.options)
 
     def __del__(self):
         try:
@@ -155,9 +148,6 @@ class CudaBackend(Backend):
             pass
 
     # ------------------------------------------------------------ setup
-
-    def _kernels(self) -> None:
-        launches.select_kernels(self)
 
     def describe(self) -> str:
         return f"{self.name} on {self.rt.name}"
@@ -266,11 +256,11 @@ class CudaBackend(Backend):
         elif M == 0 or tokens.min() < 0 or tokens.max() >= cfg.vocab:
             raise ValueError(f"token ids must be in 0..{cfg.vocab - 1}")
         with self.rt.active():
-            lay = self.prepare(tokens, pos0, feed)
-            self.forward(lay, pos0, isolate=feed is not None, hash_body=self.hashing)
-            self.copy_logits(lay)  # overlaps the logits' hash
+            lay, T = self.prepare(tokens, pos0, feed)
+            self.forward(lay, T, pos0, isolate=feed is not None, hash_body=self.hashing)
+            self.copy_logits(lay, T)  # overlaps the logits' hash
             if self.hashing:
-                self.hash(lay)
+                self.hash(lay, T)
             return self.fetch(lay, pos0, raw)
 
     def _graph_failed(self, what: str, e: Exception) -> None:
@@ -290,7 +280,8 @@ class CudaBackend(Backend):
             g = self._graph
             if g is None:
                 try:
-                    g = self._graphs[self.hashing] = DecodeGraph(self, hashing=self.hashing, owned=True)
+                    g = self._graphs[self.hashing] = DecodeGraph(self, hashing=self.hashing, owned=True,
+                                                                 use_pdl=self.options.pdl)
                 except Exception as e:  # no graph API, capture refused: the direct path, silently
                     self._graph_failed("capture", e)
                     return None
@@ -314,19 +305,20 @@ class CudaBackend(Backend):
         self.graph_steps += 1
         return StepOut(logits=logits, hashes=[hashes], raw=raws)
 
-    def prepare(self, tokens: np.ndarray, pos0: int, feed) -> Layout:
-        """Arena, token upload and (isolate) the reference's buffers. Inside rt.active()."""
+    def prepare(self, tokens: np.ndarray, pos0: int, feed) -> tuple[Layout, launches.Target]:
+        """Arena, token upload and (isolate) the reference's buffers: the step's layout and the Target
+        its launches write to (the default stream). Inside rt.active()."""
         cuda = self.rt.cuda
         tokens = np.ascontiguousarray(tokens, dtype=np.int32)
         M = len(tokens)
         lay = self._layout(M)
-        self.base = self._grow("_arena", lay.total)
-        self.tokens_ptr = self._grow("_tokens", M * 4)
-        cuda.memcpy_htod(self.tokens_ptr, tokens)
-        self._grow("_scores", self.scratch_bytes(M))
-        self.feed_base = None
+        base = self._grow("_arena", lay.total)
+        tokens_ptr = self._grow("_tokens", M * 4)
+        cuda.memcpy_htod(tokens_ptr, tokens)
+        scores = self._grow("_scores", self.scratch_bytes(M))
+        feed_base = None
         if feed is not None:
-            self.feed_base = self._grow("_feed", lay.total)
+            feed_base = self._grow("_feed", lay.total)
             host = self._feed_host.get(M)
             if host is None:
                 host = self._feed_host[M] = cuda.pagelocked_empty(lay.key_bytes, np.uint8)
@@ -343,43 +335,46 @@ class CudaBackend(Backend):
                     start = r.offset + m * r.col_bytes
                     host[start:start + r.col_bytes] = buf.reshape(-1).view(np.uint8)
             cuda.memcpy_htod(self._feed, host)
-        return lay
+        return lay, launches.Target(stream=None, base=base, tokens=tokens_ptr, scores=scores, feed=feed_base)
 
-    def forward(self, lay: Layout, pos0: int, isolate: bool = False, hash_body: bool = False) -> None:
-        """Launch the kernels of one step (inside rt.active()): launches.py."""
-        launches.forward(self, lay, pos0, isolate, hash_body)
+    def forward(self, lay: Layout, T: launches.Target, pos0: int, isolate: bool = False, hash_body: bool = False,
+                launcher=None) -> None:
+        """Queue one step's plan (launches.py) on T's stream, inside rt.active(); launcher: pdl.py's,
+        while a graph captures with PDL."""
+        steps = launches.plan(self, lay, T, pos0, isolate, hash_body)
+        launches.run(self.rt, steps, T.stream, launcher, on_hash_body=lambda: self._launch_body_hash(lay, T))
 
     def scratch_bytes(self, M: int) -> int:
         return launches.scratch_bytes(self, M)
 
-    def _launch_body_hash(self, lay: Layout) -> None:
-        """Hash every key but the logits on the hash stream, after what the main stream has queued."""
+    def _launch_body_hash(self, lay: Layout, T: launches.Target) -> None:
+        """Hash every key but the logits on the hash stream, after what T's stream has queued."""
         self._streams()
-        self._body_ready.record(self.stream)
+        self._body_ready.record(T.stream)
         self._hash_stream.wait_for_event(self._body_ready)
-        launch_hash(self.rt, self._hash_tables(lay, "body"), self.base, self._hash_stream)
+        launch_hash(self.rt, self._hash_tables(lay, "body"), T.base, self._hash_stream)
         self._body_done.record(self._hash_stream)
         self._body_launched = True
 
-    def launch_hashes(self, lay: Layout) -> None:
-        """The logits' hash on the main stream (and the body's, if forward did not start it),
-        then the main stream waits for the body's: every hash is final behind it."""
+    def launch_hashes(self, lay: Layout, T: launches.Target, launcher=None) -> None:
+        """The logits' hash on T's stream (and the body's, if forward did not start it), then T's
+        stream waits for the body's: every hash is final behind it."""
         if not self._body_launched:
-            self._launch_body_hash(lay)
-        launch_hash(self.rt, self._hash_tables(lay, "logits"), self.base, self.stream)
-        if self.stream is not None:  # join the hash stream (a graph capture must end joined)
-            self.stream.wait_for_event(self._body_done)
+            self._launch_body_hash(lay, T)
+        launch_hash(self.rt, self._hash_tables(lay, "logits"), T.base, T.stream, launcher)
+        if T.stream is not None:  # join the hash stream (a graph capture must end joined)
+            T.stream.wait_for_event(self._body_done)
         self._body_launched = False
 
-    def hash(self, lay: Layout) -> None:
+    def hash(self, lay: Layout, T: launches.Target) -> None:
         """FNV-1a 64 of every key of every column (kernels/hash.cu: fnv_states + fnv_chunks; the
         logits' on the main stream, the rest on the hash stream unless forward started them),
         then their copy to pinned host memory on the copy stream (fetch waits for it)."""
         cuda = self.rt.cuda
-        self.launch_hashes(lay)
+        self.launch_hashes(lay, T)
         if self._hash_host is None or self._hash_host.size < lay.n_keys:
             self._hash_host = cuda.pagelocked_empty(lay.n_keys, np.uint64)
-        self._hash_done.record(self.stream)
+        self._hash_done.record(T.stream)
         self._copy_stream.wait_for_event(self._hash_done)
         self._copy_stream.wait_for_event(self._body_done)  # on the default stream there is no join
         cuda.memcpy_dtoh_async(self._hash_host[:lay.n_keys], self.hash_out(lay), self._copy_stream)
@@ -393,7 +388,7 @@ class CudaBackend(Backend):
             self._logits_done = cuda.Event()
             self._hash_stream, self._body_ready, self._body_done = cuda.Stream(1), cuda.Event(), cuda.Event()
 
-    def copy_logits(self, lay: Layout) -> None:
+    def copy_logits(self, lay: Layout, T: launches.Target) -> None:
         """Start the logits' copy to pinned host memory on a second stream, after the forward
         pass, so it overlaps the hash kernel on the default stream."""
         cuda = self.rt.cuda
@@ -401,9 +396,9 @@ class CudaBackend(Backend):
         n = lay.M * self.model.cfg.vocab
         if self._logits_host is None or self._logits_host.size < n:
             self._logits_host = cuda.pagelocked_empty(n, F32)
-        self._fwd_done.record(self.stream)  # the forward pass is queued before it
+        self._fwd_done.record(T.stream)  # the forward pass is queued before it
         self._copy_stream.wait_for_event(self._fwd_done)
-        cuda.memcpy_dtoh_async(self._logits_host[:n], self.base + lay.offset("logits"), self._copy_stream)
+        cuda.memcpy_dtoh_async(self._logits_host[:n], T.base + lay.offset("logits"), self._copy_stream)
         self._logits_done.record(self._copy_stream)
 
     def fetch(self, lay: Layout, pos0: int, raw: bool) -> StepOut:

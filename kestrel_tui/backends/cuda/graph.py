@@ -2,8 +2,9 @@
 
 At M = 1 a step is ~20 kernels a layer (~900 for 48 layers), and launching them
 one by one from Python costs more than the kernels themselves. The graph is
-recorded once by running CudaBackend.forward (and the hash launches) on a
-capturing stream, then every token costs one graph launch. The position is
+recorded once by running the step's plan (launches.py, the same one a direct
+step runs, on the graph's own Target) and the hash launches on a capturing
+stream; then every token costs one graph launch. The position is
 not baked into the graph: the kernels that use it (RoPE table, KV write,
 attention) read it from a device int (their `dpos` argument), which is
 uploaded with the token before each replay; the fast attention's scores
@@ -34,6 +35,9 @@ import weakref
 
 import numpy as np
 
+from .launches import Target
+from .pdl import launcher_for, stream_handle
+
 CAPTURE_MODE_RELAXED = 2
 EVENT_DISABLE_TIMING = 0x2
 EVENT_RECORD_EXTERNAL = 0x1  # a record node the host can wait on (not a capture-internal fork/join)
@@ -46,14 +50,6 @@ def _cu():
                  "cuEventSynchronize", "cuEventDestroy_v2"):
         getattr(lib, name).restype = ctypes.c_int
     return lib
-
-
-def stream_handle(stream) -> int:
-    """The CUstream of a PyCUDA Stream (its `handle` property; `handle_int` in some builds)."""
-    h = getattr(stream, "handle", None)
-    if h is None:
-        h = stream.handle_int
-    return int(h() if callable(h) else h)
 
 
 def _check(rc: int, what: str) -> None:
@@ -75,8 +71,6 @@ class DecodeGraph:
         self.hashing = hashing
         self.lib = _cu()
         with rt.active():
-            from .pdl import launcher_for
-
             self.launcher = launcher_for(rt) if use_pdl else None
             try:
                 self._build(b, cuda, cfg, hashing)
@@ -128,27 +122,21 @@ class DecodeGraph:
         (overlapping the logits' hash) and the hashes' copy, as graph nodes; event: an external
         event after the logits' copy (wait_logits). launcher: the main stream's kernels are
         launched with PDL (pdl.py), or None."""
-        from .pdl import capturing
-
         b, cuda, lay = self.b, self.b.rt.cuda, self.lay
         self.logits_event = False
-        saved = (b.stream, b.dpos, b.cap_s, getattr(b, "base", 0), getattr(b, "tokens_ptr", 0),
-                 b._scores, b._scores_size)
-        b.stream, b.dpos, b.cap_s = self.stream, int(self.inbuf) + 4, b.capacity
-        b.base, b.tokens_ptr = int(self.arena), int(self.inbuf)
-        b._scores, b._scores_size = self.scores, max(4, b.scratch_bytes(1))
+        # the graph's own buffers; the position is read from the device (dpos) at every replay
+        T = Target(stream=self.stream, base=int(self.arena), tokens=int(self.inbuf), scores=int(self.scores),
+                   dpos=int(self.inbuf) + 4, cap_s=b.capacity)
         h = ctypes.c_void_p(stream_handle(self.stream))
         _check(self.lib.cuStreamBeginCapture_v2(h, ctypes.c_int(CAPTURE_MODE_RELAXED)), "cuStreamBeginCapture")
         err = None
         try:
-            with capturing(self.stream, launcher):
-                self._record(b, cuda, lay, copies, event)
+            self._record(b, cuda, lay, T, copies, event, launcher)
         except Exception as e:  # end the capture whatever happens
             err = e
         finally:
             graph = ctypes.c_void_p()
             rc = self.lib.cuStreamEndCapture(h, ctypes.byref(graph))
-            (b.stream, b.dpos, b.cap_s, b.base, b.tokens_ptr, b._scores, b._scores_size) = saved
             b._body_launched = False
         if err is not None:
             if graph:
@@ -157,9 +145,9 @@ class DecodeGraph:
         _check(rc, "cuStreamEndCapture")
         self.graph = graph
 
-    def _record(self, b, cuda, lay, copies: bool, event: bool) -> None:
-        """The step's work on the capturing stream: forward, the logits' copy, the hashes."""
-        b.forward(lay, 0, hash_body=self.hashing)
+    def _record(self, b, cuda, lay, T: Target, copies: bool, event: bool, launcher) -> None:
+        """The step's work on the capturing stream: the step's plan, the logits' copy, the hashes."""
+        b.forward(lay, T, 0, hash_body=self.hashing, launcher=launcher)
         if copies:
             self.ev_fwd.record(self.stream)
             self.cstream.wait_for_event(self.ev_fwd)
@@ -170,7 +158,7 @@ class DecodeGraph:
                 self.logits_event = True
             self.ev_copied.record(self.cstream)
         if self.hashing:
-            b.launch_hashes(lay)
+            b.launch_hashes(lay, T, launcher)
         if copies:
             self.stream.wait_for_event(self.ev_copied)
             if self.hashing:

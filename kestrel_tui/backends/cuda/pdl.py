@@ -4,8 +4,8 @@ At M = 1 a decode step is ~16 small kernels a layer, and in a CUDA graph part of
 each one's time is the gap between the end of one kernel and the start of the
 next. With PDL (sm_90+) a kernel is launched with the attribute
 CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, so it may be scheduled
-once every block of the kernel before it has exited (or, built with
-KESTREL_PDL_TRIGGER=1, once each has passed its own wait), ahead of that grid's
+once every block of the kernel before it has exited (or, built with the trigger,
+options.pdl_trigger, once each has passed its own wait), ahead of that grid's
 teardown; every kernel begins with kernels/common.cuh pdl_wait()
 (griddepcontrol.wait), which holds it until its predecessors have finished and
 their writes are visible. Nothing a step writes is read or written before that
@@ -18,16 +18,14 @@ copy of the kernel in with cuFuncSetAttribute first.
 PyCUDA 2026.1 launches through cuLaunchKernel only, so this module loads the
 same compiled code (pycuda.compiler.compile: the cubin SourceModule built, from
 PyCUDA's cache) into a second module with ctypes and launches from it with
-cuLaunchKernelEx. It is used only while a DecodeGraph captures, for launches on
-the graph's main stream (`capturing`); direct launches keep PyCUDA's path.
-KESTREL_CUDA_PDL=0 turns it off.
+cuLaunchKernelEx. It is used only while a DecodeGraph captures, for the launches on
+the graph's main stream (launches.run is handed the launcher); direct launches keep
+PyCUDA's path.
+The `pdl` option (options.py) turns it off.
 """
 from __future__ import annotations
 
-import contextlib
 import ctypes
-import os
-import threading
 
 LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
 FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
@@ -45,10 +43,6 @@ class LaunchConfig(ctypes.Structure):  # CUlaunchConfig
 
 
 _ARG = {"P": ctypes.c_uint64, "i": ctypes.c_int32, "f": ctypes.c_float}
-
-
-def pdl_default() -> bool:
-    return os.environ.get("KESTREL_CUDA_PDL", "1").strip().lower() not in ("0", "off", "false", "no")
 
 
 def _check(rc: int, what: str) -> None:
@@ -121,9 +115,9 @@ class PdlLauncher:
 
 
 def launcher_for(rt) -> PdlLauncher | None:
-    """The runtime's launcher, made once; None when PDL is off, below sm_90, or it failed
-    to set up (rt.pdl_error says why). With the context current."""
-    if not pdl_default() or int(rt.arch.removeprefix("sm_")) < 90:
+    """The runtime's launcher, made once; None below sm_90, or when it failed to set up
+    (rt.pdl_error says why). With the context current."""
+    if int(rt.arch.removeprefix("sm_")) < 90:
         return None
     if rt.pdl is None and rt.pdl_error is None:
         try:
@@ -133,27 +127,9 @@ def launcher_for(rt) -> PdlLauncher | None:
     return rt.pdl
 
 
-_local = threading.local()  # .active: (the capturing stream, its launcher), per thread
-
-
-@contextlib.contextmanager
-def capturing(stream, launcher: PdlLauncher | None):
-    """While a graph captures on `stream` in this thread, launches on it go through `launcher`
-    (None: PyCUDA's)."""
-    saved = getattr(_local, "active", None)
-    _local.active = (stream, launcher) if launcher is not None else None
-    try:
-        yield
-    finally:
-        _local.active = saved
-
-
-def route(k, grid, block, stream, args, shared: int = 0) -> bool:
-    """Launch through PDL if a capture on `stream` asked for it; False: the caller launches."""
-    active = getattr(_local, "active", None)
-    if active is None or stream is None or stream is not active[0]:
-        return False
-    from .graph import stream_handle
-
-    active[1].launch(k, grid, block, stream_handle(stream), args, shared)
-    return True
+def stream_handle(stream) -> int:
+    """The CUstream of a PyCUDA Stream (its `handle` property; `handle_int` in some builds)."""
+    h = getattr(stream, "handle", None)
+    if h is None:
+        h = stream.handle_int
+    return int(h() if callable(h) else h)

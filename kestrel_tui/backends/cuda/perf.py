@@ -76,8 +76,8 @@ def prefill(b, tokens: np.ndarray, chunk: int = 256) -> float:
     t0 = time.perf_counter()
     with b.rt.active():
         for p0 in range(0, len(tokens), chunk):
-            lay = b.prepare(tokens[p0:p0 + chunk], p0, None)
-            b.forward(lay, p0)
+            lay, T = b.prepare(tokens[p0:p0 + chunk], p0, None)
+            b.forward(lay, T, p0)
         cuda.Context.synchronize()
     return time.perf_counter() - t0
 
@@ -249,10 +249,10 @@ def kernel_profile(model, exact: frozenset, ctx: int = 1024, reps: int = 2) -> d
     orig = launches.launch  # the step's launches (launches.py) and the hash launches (backend.py)
     records: list = []
 
-    def timed(k, grid, block, stream, *args, shared: int = 0):
+    def timed(k, grid, block, stream, *args, shared: int = 0, launcher=None):
         e0, e1 = cuda.Event(), cuda.Event()
         e0.record(stream)
-        orig(k, grid, block, stream, *args, shared=shared)
+        orig(k, grid, block, stream, *args, shared=shared, launcher=launcher)
         e1.record(stream)
         records.append((b.rt.kernel_names.get(id(k), ("", getattr(k, "name", "?")))[1], e0, e1))
 
@@ -261,10 +261,10 @@ def kernel_profile(model, exact: frozenset, ctx: int = 1024, reps: int = 2) -> d
         for r in range(reps):
             records.clear()
             with b.rt.active():
-                lay = b.prepare(np.array([int(prompt[-1])], np.int32), ctx + r, None)
-                b.forward(lay, ctx + r, hash_body=True)
-                b.copy_logits(lay)
-                b.hash(lay)
+                lay, T = b.prepare(np.array([int(prompt[-1])], np.int32), ctx + r, None)
+                b.forward(lay, T, ctx + r, hash_body=True)
+                b.copy_logits(lay, T)
+                b.hash(lay, T)
                 cuda.Context.synchronize()
                 per: dict[str, list] = {}
                 for name, e0, e1 in records:

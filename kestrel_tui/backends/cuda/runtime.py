@@ -14,24 +14,38 @@ does not compile — raises UsageError with one line ending in the fallback.
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import shutil
 import threading
 from pathlib import Path
 
-from ... import kernels as _kernels
 from ...errors import UsageError
 
-KERNEL_DIR = Path(_kernels.__file__).resolve().parent  # the top-level kernels/ folder (setup.py maps it)
+
+
+def _kernel_dir() -> Path:
+    """The .cu sources: the installed package kestrel_tui.kernels (setup.py maps the top-level kernels/
+    folder there), or a checkout's kernels/ when the package runs from the source tree uninstalled."""
+    try:
+        from ... import kernels
+
+        if getattr(kernels, "__file__", None):
+            return Path(kernels.__file__).resolve().parent
+    except ImportError:
+        pass
+    return Path(__file__).resolve().parents[3] / "kernels"
+
+
+KERNEL_DIR = _kernel_dir()
 MODULES = ("gemv", "norm", "rope", "kvquant", "attention", "moe", "fused", "hash", "transcend")
 
 
 def nvcc_options() -> list[str]:
-    """The kernels' nvcc options: no FMA contraction; wait-only PDL unless KESTREL_PDL_TRIGGER=1
-    (then each kernel triggers its successor early: kernels/common.cuh pdl_wait)."""
-    trigger = os.environ.get("KESTREL_PDL_TRIGGER") == "1"
-    return ["-fmad=false", "-std=c++17"] + (["-DKESTREL_PDL_TRIGGER"] if trigger else [])
+    """The kernels' nvcc options: no FMA contraction; wait-only PDL unless built with the trigger
+    (options.pdl_trigger: each kernel triggers its successor early, kernels/common.cuh pdl_wait)."""
+    from .options import pdl_trigger
+
+    return ["-fmad=false", "-std=c++17"] + (["-DKESTREL_PDL_TRIGGER"] if pdl_trigger() else [])
 
 
 NVCC_OPTIONS = nvcc_options()

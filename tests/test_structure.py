@@ -1,0 +1,230 @@
+"""The package's import structure, read from its source (ast: nothing is imported).
+
+The graph: one node per .py module of kestrel_tui (a package is its __init__.py), and an edge M -> X
+for every kestrel_tui module X an `import` / `from ... import` statement of M imports, wherever the
+statement stands: inside a function too (a lazy import still runs, and a circle through it can still
+fail at run time); only statements under `if TYPE_CHECKING:` are left out (they never run). What a
+statement imports, relative ones resolved against M's package first:
+
+* `import a.b.c`: the module a.b.c; a package counts as its __init__.py only (the submodules that
+  __init__ imports are the __init__'s own edges);
+* `from a.b.c import n, ...`: every a.b.c.n that is a module (`from pkg import submodule`), and a.b.c
+  itself where some n is no module (an attribute: a.b.c's __init__ must have run that far) or M is
+  not inside a.b.c; `from . import sub` in a package's module names only the submodule;
+* with both: the packages above a.b.c that Python imports first (a, a.b), except the ones M is
+  inside (they were imported before M).
+
+Checked:
+
+(a) the graph has no cycle, the command line's modules included; the message writes each as
+    `a -> b -> a` with the file:line of each import in it;
+(b) the CLI modules (cli.py; commands.py, its subcommands; bench.py, which only `kestrel-tui bench`
+    uses; terminal.py, what the three share) are imported by nothing but each other (and
+    kestrel_tui/__main__.py, were there one): the library, the app and the engines never import the
+    command line.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PKG = "kestrel_tui"
+ROOT = Path(__file__).resolve().parents[1] / PKG
+CLI = {f"{PKG}.cli", f"{PKG}.commands", f"{PKG}.bench", f"{PKG}.terminal"}
+CLI_IMPORTERS = CLI | {f"{PKG}.__main__"}  # who may import a CLI module
+
+
+def _modules() -> dict[str, Path]:
+    """module name -> file, for every .py of the package."""
+    out = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        parts = path.relative_to(ROOT.parent).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _is_package(name: str) -> bool:
+    return MODULES[name].name == "__init__.py"
+
+
+def _type_checking_lines(tree: ast.AST) -> set[int]:
+    """The lines of `if TYPE_CHECKING:` bodies (imports there never run)."""
+    lines = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If):
+            test = node.test
+            name = test.id if isinstance(test, ast.Name) else test.attr if isinstance(test, ast.Attribute) else None
+            if name == "TYPE_CHECKING":
+                for sub in node.body:
+                    lines.update(range(sub.lineno, (sub.end_lineno or sub.lineno) + 1))
+    return lines
+
+
+def _targets(importer: str, node: ast.Import | ast.ImportFrom) -> set[str]:
+    """The kestrel_tui modules one import statement of `importer` imports (its own edges' heads)."""
+    named: set[str] = set()  # the modules the statement names
+    if isinstance(node, ast.Import):
+        named = {a.name for a in node.names}
+    else:
+        if node.level:
+            base = importer.split(".") if _is_package(importer) else importer.split(".")[:-1]
+            base = base[:len(base) - (node.level - 1)]
+            mod = ".".join(base + ([node.module] if node.module else []))
+        else:
+            mod = node.module or ""
+        subs = {f"{mod}.{a.name}" for a in node.names} & MODULES.keys()  # `from pkg import submodule`
+        # the module itself, unless every name is a submodule of a package M is inside
+        if len(subs) < len(node.names) or not importer.startswith(mod + "."):
+            named.add(mod)
+        named |= subs
+    out = set()
+    for mod in named:
+        if not (mod == PKG or mod.startswith(PKG + ".")):
+            continue
+        parts = mod.split(".")
+        for i in range(1, len(parts) + 1):
+            name = ".".join(parts[:i])
+            if name in MODULES and (name == mod or not importer.startswith(name + ".")):
+                out.add(name)
+    out.discard(importer)
+    return out
+
+
+def import_graph() -> dict[str, dict[str, int]]:
+    """importer -> {imported module: the line of its first import}."""
+    graph: dict[str, dict[str, int]] = {}
+    for name, path in MODULES.items():
+        tree = ast.parse(path.read_text(), str(path))
+        skip = _type_checking_lines(tree)
+        edges: dict[str, int] = {}
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)) and node.lineno not in skip:
+                for target in _targets(name, node):
+                    edges[target] = min(edges.get(target, node.lineno), node.lineno)
+        graph[name] = edges
+    return graph
+
+
+def _where(graph, a: str, b: str) -> str:
+    return f"{MODULES[a].relative_to(ROOT.parent)}:{graph[a][b]}"
+
+
+def _components(graph: dict[str, dict[str, int]]) -> list[set[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    comps: list[set[str]] = []
+
+    def visit(v: str) -> None:  # recursive: a hundred modules deep at most
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = set()
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.add(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                comps.append(comp)
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return comps
+
+
+def _path(graph, comp: set[str], src: str, dst: str) -> list[str]:
+    """A shortest path src -> ... -> dst inside comp (breadth first)."""
+    prev = {src: src}
+    queue = [src]
+    while dst not in prev:
+        v = queue.pop(0)
+        for w in sorted(graph[v]):
+            if w in comp and w not in prev:
+                prev[w] = v
+                queue.append(w)
+    path = [dst]
+    while path[0] != src:
+        path.insert(0, prev[path[0]])
+    return path
+
+
+def find_cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """The import circles: for every import inside a circle, the shortest circle through it, each as
+    its modules in order from the alphabetically first, which ends it again (`a -> b -> a`)."""
+    cycles = set()
+    for comp in _components(graph):
+        for a in sorted(comp):
+            for b in sorted(set(graph[a]) & comp):
+                ring = _path(graph, comp, b, a)  # a imports b, and b leads back to a
+                first = ring.index(min(ring))
+                ring = ring[first:] + ring[:first]
+                cycles.add(tuple(ring + [ring[0]]))
+    return sorted(map(list, cycles))
+
+
+def _chain(graph, cycle: list[str]) -> str:
+    short = [m.removeprefix(PKG + ".") for m in cycle]
+    steps = ", ".join(f"{_where(graph, a, b)} imports {b.removeprefix(PKG + '.')}"
+                      for a, b in zip(cycle, cycle[1:]))
+    return f"{' -> '.join(short)}  ({steps})"
+
+
+def cli_imports(graph: dict[str, dict[str, int]]) -> list[str]:
+    """Every import of a CLI module by a module not allowed one, as `file:line imports module`."""
+    return sorted(f"{_where(graph, a, b)} imports {b}" for a, edges in graph.items() for b in edges
+                  if b in CLI and a not in CLI_IMPORTERS)
+
+
+def test_the_reader_resolves_imports_as_python_does():
+    """The rules above on the package's own statements (this test's reader, checked)."""
+    def targets(importer, src):
+        return _targets(importer, ast.parse(src).body[0])
+
+    cuda = f"{PKG}.backends.cuda"
+    assert targets(f"{PKG}.engines.build", "from ..backends.cuda import graph") == \
+        {f"{PKG}.backends", cuda, f"{cuda}.graph"}
+    assert targets(f"{PKG}.engines.build", f"import {cuda}") == {f"{PKG}.backends", cuda}
+    assert targets(f"{cuda}.graph", "from . import pdl") == {f"{cuda}.pdl"}  # the package: imported first
+    assert targets(f"{cuda}.graph", "from . import make_cuda_backend") == {cuda}  # a name of its __init__
+    assert targets(f"{cuda}.graph", "from . import pdl, make_cuda_backend") == {cuda, f"{cuda}.pdl"}
+    assert targets(f"{cuda}.graph", "from .pdl import PdlLauncher") == {f"{cuda}.pdl"}
+    assert targets(f"{cuda}.graph", "from ...engines.base import EngineSpec") == \
+        {f"{PKG}.engines", f"{PKG}.engines.base"}
+    assert targets(cuda, "from .backend import CudaBackend") == {f"{cuda}.backend"}
+    assert targets(f"{PKG}.cli", "from . import commands") == {f"{PKG}.commands"}
+    assert targets(f"{PKG}.cli", "import numpy") == set()
+    assert find_cycles({"a": {"b": 1}, "b": {"c": 2, "a": 3}, "c": {}}) == [["a", "b", "a"]]
+    assert find_cycles({"a": {"b": 1}, "b": {"a": 1, "c": 1}, "c": {"b": 1}}) == [["a", "b", "a"], ["b", "c", "b"]]
+    assert cli_imports({f"{PKG}.app.app": {f"{PKG}.cli": 3}, f"{PKG}.commands": {f"{PKG}.cli": 1}}) == \
+        [f"{PKG}/app/app.py:3 imports {PKG}.cli"]
+
+
+def test_no_import_cycle():
+    graph = import_graph()
+    cycles = find_cycles(graph)
+    assert not cycles, "import circles:\n" + "\n".join(_chain(graph, c) for c in cycles)
+
+
+def test_nothing_imports_the_cli():
+    bad = cli_imports(import_graph())
+    assert not bad, ("only cli.py, commands.py, bench.py, terminal.py (and __main__.py) may import the CLI"
+                     " modules:\n" + "\n".join(bad))
