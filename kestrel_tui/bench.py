@@ -9,7 +9,7 @@ toggle     wall time from changing one toggle to the new first DIFF (sim subject
 --subject cuda (needs the GPU): decode speed of the full-size synthetic
 Qwen3-30B-A3B (48 layers, weights generated on the device) at context 1024,
 fast and exact kernels, each M=1 step replayed as a CUDA graph, beside the
-memory-bandwidth floor (backends/cuda/perf.py says how each figure is taken).
+memory-bandwidth floor (perf/cuda.py says how each figure is taken).
 """
 from __future__ import annotations
 
@@ -104,7 +104,7 @@ CUDA_BENCH_CTX = 1024
 
 
 def run_bench_cuda(args: argparse.Namespace) -> int:
-    from .backends.cuda import perf
+    from .perf import cuda as perf
     from .backends.cuda.runtime import CudaUnavailable, runtime
     from .backends.cuda.weights import DeviceSyntheticModel
     from .model.config import qwen3_30b_a3b_config

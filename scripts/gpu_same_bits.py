@@ -7,7 +7,8 @@ Every key's hash of: batch-verify steps M = 2..8 after a prefill, on the embedde
 Qwen3-30B-A3B's dims with 4 layers, fast and exact; M=1 steps replayed as a CUDA graph and the
 same steps launched directly; the full-size 48-layer model decoding fast and exact. Then the
 full-size decode speed (perf.decode_bench, context 1024). Uses only what both trees have:
-make_cuda_backend(model, exact=, graph=), reset, step, perf.decode_bench.
+make_cuda_backend(model, exact=, graph=), reset, step, decode_bench (kestrel_tui/perf/cuda.py since
+session 11; kestrel_tui/backends/cuda/perf.py in older trees).
 """
 from __future__ import annotations
 
@@ -45,7 +46,11 @@ def main() -> None:
             print(f"full-size {m:<18} {x['ms'][m]:.3f} -> {y['ms'][m]:.3f} ms/token ({100 * (y['ms'][m] / x['ms'][m] - 1):+.1f} %)")
         return
 
-    from kestrel_tui.backends.cuda import make_cuda_backend, perf
+    from kestrel_tui.backends.cuda import make_cuda_backend
+    try:
+        from kestrel_tui.perf import cuda as perf
+    except ImportError:  # a tree from before session 11: the bench code inside the backend
+        from kestrel_tui.backends.cuda import perf
     from kestrel_tui.backends.cuda.weights import DeviceSyntheticModel
     from kestrel_tui.backends.toggles import TOGGLES
     from kestrel_tui.model.config import default_config, qwen3_30b_a3b_config

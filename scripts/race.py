@@ -6,7 +6,7 @@ the GPU) and written as a GGUF (model/gguf.py); llama.cpp's own llama-bench deco
 at batch 1 after a 1024-token context (`-d 1024 -n N -p 0`, all layers on the GPU,
 flash attention off and on); then kestrel's cuda backend decodes the same weights,
 generated on the device with the same seed, at context 1024, fast and exact
-(backends/cuda/perf.py decode_bench: CUDA graph per step, median of N steps).
+(kestrel_tui/perf/cuda.py decode_bench: CUDA graph per step, median of N steps).
 
     python scripts/race.py --llama-bench /path/to/llama-bench --gguf /tmp/race.gguf --steps 64 --json out.json
 
@@ -63,7 +63,7 @@ def llama_bench(binary: str, gguf: Path, steps: int) -> list[dict]:
 
 
 def kestrel(steps: int) -> dict:
-    from kestrel_tui.backends.cuda import perf
+    from kestrel_tui.perf import cuda as perf
     from kestrel_tui.backends.cuda.weights import DeviceSyntheticModel
     from kestrel_tui.model.config import qwen3_30b_a3b_config
 

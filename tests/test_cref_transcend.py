@@ -282,14 +282,18 @@ def test_trig_random_million(cref, name):
     _assert_trig(name[:3], name, x, _call(fn, x), _np(ref, x), seed)
 
 
-def test_sincosf_random_million(cref):
-    seed = _seed()
-    x = _trig_inputs(np.random.default_rng(seed))
-    assert x.size >= N
+@pytest.mark.parametrize("inputs", ["random million", "edges"])
+def test_sincosf(cref, inputs):
+    if inputs == "edges":
+        x, seed = _trig_edges(), FIXED
+    else:
+        seed = _seed()
+        x = _trig_inputs(np.random.default_rng(seed))
+        assert x.size >= N
     c, s = _call_sincos(cref, x)
     wc, ws = _np(sincosf, x)
-    _assert_trig("cos", "cos of sincosf", x, c, wc, seed)
-    _assert_trig("sin", "sin of sincosf", x, s, ws, seed)
+    _assert_trig("cos", f"cos of sincosf, {inputs}", x, c, wc, seed)
+    _assert_trig("sin", f"sin of sincosf, {inputs}", x, s, ws, seed)
 
 
 def test_silu_random_million(cref):
@@ -328,14 +332,6 @@ def test_trig_edges(cref, name):
         assert (got[tiny] == 1.0).all()
     else:
         assert np.array_equal(got[tiny].view(np.uint32), x[tiny].view(np.uint32))  # sin(-0) = -0, subnormals
-
-
-def test_sincosf_edges(cref):
-    x = _trig_edges()
-    c, s = _call_sincos(cref, x)
-    wc, ws = _np(sincosf, x)
-    _assert_trig("cos", "cos of sincosf edges", x, c, wc, FIXED)
-    _assert_trig("sin", "sin of sincosf edges", x, s, ws, FIXED)
 
 
 def test_silu_edges(cref):

@@ -144,7 +144,7 @@ def test_batch_verify_equals_single_decode(rt, small_model):
 def test_batch_widths_2_to_8(rt, small_model, exact):
     """Exact: every column of every width equals M=1 decode. Fast: the GEMV's reduction order
     differs between M = 1 and every other width, so every width has differing columns."""
-    from kestrel_tui.backends.cuda.perf import batch_verify
+    from kestrel_tui.perf.cuda import batch_verify
 
     res = batch_verify(small_model, frozenset(TOGGLES) if exact == "all" else frozenset(), n_pos=24,
                        n_prompt=4, log=lambda *_: None)
@@ -156,7 +156,7 @@ def test_batch_widths_2_to_8(rt, small_model, exact):
 
 @pytest.mark.parametrize("exact", ["all", "none"])
 def test_graph_replay_equals_direct_steps(rt, small_model, exact):
-    from kestrel_tui.backends.cuda.perf import graph_equals_direct
+    from kestrel_tui.perf.cuda import graph_equals_direct
 
     r = graph_equals_direct(small_model, frozenset(TOGGLES) if exact == "all" else frozenset(), n_pos=12)
     assert r["logits_ndiff"] == 0 and r["key_diffs"] == 0, r

@@ -213,9 +213,10 @@ def test_device_synthetic_model_graph_and_bench_wiring(monkeypatch):
     the bench's bookkeeping."""
     from kestrel_tui.backends.cuda import backend as be
     from kestrel_tui.backends.cuda import graph as gr
-    from kestrel_tui.backends.cuda import launches, make_cuda_backend, perf
+    from kestrel_tui.backends.cuda import launches, make_cuda_backend
     from kestrel_tui.backends.cuda.weights import DeviceSyntheticModel
     from kestrel_tui.model.config import qwen3_30b_a3b_config
+    from kestrel_tui.perf import cuda as perf
 
     fake = _FakeRuntime()
     monkeypatch.setattr(be, "runtime", lambda: fake)
@@ -437,9 +438,10 @@ def test_exact_pv_spread_one_block_an_sm(monkeypatch):
     runtime does not know its SMs' shared memory."""
     from kestrel_tui.backends.cuda import backend as be
     from kestrel_tui.backends.cuda import graph as gr
-    from kestrel_tui.backends.cuda import launches, make_cuda_backend, pdl, perf
+    from kestrel_tui.backends.cuda import launches, make_cuda_backend, pdl
     from kestrel_tui.backends.toggles import TOGGLES
     from kestrel_tui.model.weights import synthetic_model
+    from kestrel_tui.perf import cuda as perf
 
     fake = _FakeRuntime()
     monkeypatch.setattr(be, "runtime", lambda: fake)

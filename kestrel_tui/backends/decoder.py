@@ -145,28 +145,21 @@ def _ffn(model: Model, L, h_in: np.ndarray, ops: Ops, emit: Emit | None, li: int
     h = ops.rmsnorm(h_in, L.post_attention_layernorm, cfg.eps)  # [M, hidden]
     if L.gate is None:  # a dense MLP: every qwen3 layer, a qwen3_moe layer in mlp_only_layers / off-step
         g, u = ops.project((L.gate_proj, L.up_proj), h)
-        (y,) = ops.project((L.down_proj,), ops.silu(g, ops.expf) * u)
-        if emit is not None:
-            # the deep keys of a dense layer (docs/decisions.md): no router, so router/topk/topw are
-            # empty [M, 0] buffers; moe is the MLP output that is added to the residual
-            none = np.zeros((len(h), 0), F32)
-            emit("pnrm", li, h)
-            emit("router", li, none)
-            emit("topk", li, none.astype(np.int32))
-            emit("topw", li, none)
-            emit("moe", li, y)
-        return y
-    (router,) = ops.project((L.gate,), h)  # [M, E]
-    idx, w = ops.route(router, cfg.top_k, cfg.norm_topk_prob, ops.expf)  # [M, k]
-    hx = h[:, None, :]  # [M, 1, hidden], shared by the k experts
-    g, u = ops.project_experts((L.gate_proj, L.up_proj), hx, idx)  # [M, k, ffn] each
-    a = ops.silu(g, ops.expf) * u
-    (y,) = ops.project_experts((L.down_proj,), a, idx)  # [M, k, hidden]
-    moe = ops.combine(y, w)
+        (moe,) = ops.project((L.down_proj,), ops.silu(g, ops.expf) * u)
+        # the deep keys of a dense layer (docs/decisions.md): no router, so router/topk/topw are
+        # empty [M, 0] buffers; moe is the MLP output that is added to the residual
+        router = w = np.zeros((len(h), 0), F32)
+        idx = router.astype(np.int32)
+    else:
+        (router,) = ops.project((L.gate,), h)  # [M, E]
+        idx, w = ops.route(router, cfg.top_k, cfg.norm_topk_prob, ops.expf)  # [M, k]
+        hx = h[:, None, :]  # [M, 1, hidden], shared by the k experts
+        g, u = ops.project_experts((L.gate_proj, L.up_proj), hx, idx)  # [M, k, ffn] each
+        a = ops.silu(g, ops.expf) * u
+        (y,) = ops.project_experts((L.down_proj,), a, idx)  # [M, k, hidden]
+        moe = ops.combine(y, w)
     if emit is not None:
-        emit("pnrm", li, h)
-        emit("router", li, router)
-        emit("topk", li, idx.astype(np.int32))
-        emit("topw", li, w)
-        emit("moe", li, moe)
+        for name, value in (("pnrm", h), ("router", router), ("topk", idx.astype(np.int32)), ("topw", w),
+                            ("moe", moe)):
+            emit(name, li, value)
     return moe

@@ -188,17 +188,15 @@ static inline float sinf_ucrt(float x) { return (float)sinf_ucrt_d(x); }
 
 float kc_expf1(float x) { return expf_ucrt(x); }
 
-void kc_expf(const float *x, float *y, int64_t n) {
-    for (int64_t i = 0; i < n; i++) y[i] = expf_ucrt(x[i]);
-}
+/* y[i] = fn(x[i]) for the array entry points (and the test hooks below) */
+#define KC_MAP(name, fn, T)                             \
+    void name(const float *x, T *y, int64_t n) {        \
+        for (int64_t i = 0; i < n; i++) y[i] = fn(x[i]); \
+    }
 
-void kc_cosf(const float *x, float *y, int64_t n) {
-    for (int64_t i = 0; i < n; i++) y[i] = cosf_ucrt(x[i]);
-}
-
-void kc_sinf(const float *x, float *y, int64_t n) {
-    for (int64_t i = 0; i < n; i++) y[i] = sinf_ucrt(x[i]);
-}
+KC_MAP(kc_expf, expf_ucrt, float)
+KC_MAP(kc_cosf, cosf_ucrt, float)
+KC_MAP(kc_sinf, sinf_ucrt, float)
 
 /* (cosf(x), sinf(x)) by definition: the same two routines. */
 void kc_sincosf(const float *x, float *c, float *s, int64_t n) {
@@ -227,14 +225,6 @@ void kc_expf_double(const float *x, double *y, int64_t n);
 void kc_cosf_double(const float *x, double *y, int64_t n);
 void kc_sinf_double(const float *x, double *y, int64_t n);
 
-void kc_expf_double(const float *x, double *y, int64_t n) {
-    for (int64_t i = 0; i < n; i++) y[i] = expf_ucrt_d(x[i]);
-}
-
-void kc_cosf_double(const float *x, double *y, int64_t n) {
-    for (int64_t i = 0; i < n; i++) y[i] = cosf_ucrt_d(x[i]);
-}
-
-void kc_sinf_double(const float *x, double *y, int64_t n) {
-    for (int64_t i = 0; i < n; i++) y[i] = sinf_ucrt_d(x[i]);
-}
+KC_MAP(kc_expf_double, expf_ucrt_d, double)
+KC_MAP(kc_cosf_double, cosf_ucrt_d, double)
+KC_MAP(kc_sinf_double, sinf_ucrt_d, double)

@@ -1,11 +1,13 @@
-"""One decode-graph replay of the full-size model at context 1024, bracketed by
-cuProfilerStart/Stop so that ncu (--profile-from-start off --graph-profiling node) sees only
-that replay; then, from ncu's CSV, the device time per kernel name.
+"""Device time per kernel of one decode step as ncu measures it: one decode-graph replay of the
+full-size model at context 1024, bracketed by cuProfilerStart/Stop so that ncu
+(--profile-from-start off --graph-profiling node) sees only that replay; then, from ncu's CSV, the
+device time per kernel name. (scripts/gpu_acceptance.py --only profile times the same kernels
+without ncu, with CUDA events around each launch of a direct step.)
 
     ncu --profile-from-start off --graph-profiling node --cache-control none \
         --metrics gpu__time_duration.sum --csv \
-        python3 scripts/gpu_timeline.py run --exact none|all [--layers 48] > trace.csv
-    python3 scripts/gpu_timeline.py summarize trace.csv
+        python3 scripts/gpu_ncu_kernel_times.py run --exact none|all [--layers 48] > trace.csv
+    python3 scripts/gpu_ncu_kernel_times.py summarize trace.csv
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 def run(args) -> None:
     from kestrel_tui.backends.cuda import make_cuda_backend
-    from kestrel_tui.backends.cuda.perf import prefill
+    from kestrel_tui.perf.cuda import prefill
     from kestrel_tui.backends.cuda.weights import DeviceSyntheticModel
     from kestrel_tui.backends.toggles import TOGGLES
     from kestrel_tui.model.config import qwen3_30b_a3b_config
@@ -72,7 +74,7 @@ def summarize(args) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run")
     r.add_argument("--exact", default="none")

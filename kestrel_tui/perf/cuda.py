@@ -1,4 +1,4 @@
-"""Decode-speed figures of the cuda backend (`kestrel-tui bench --subject cuda`, scripts/gpu_issue6.py).
+"""Decode-speed figures of the cuda backend (`kestrel-tui bench --subject cuda`, scripts/gpu_acceptance.py).
 
 decode_bench(model, ctx) for the fast and the exact kernels:
   * GPU prefill of ctx positions (steps of up to 256 columns, not hashed);
@@ -92,8 +92,8 @@ def _timed_step(b, tok: int, pos: int, graph: bool, hashing: bool):
 
 def decode_bench(model, ctx: int = 1024, steps: int = 20, warm: int = 3, direct: bool = True,
                  log=print) -> dict:
-    from ...backends.toggles import TOGGLES
-    from . import make_cuda_backend
+    from ..backends.cuda import make_cuda_backend
+    from ..backends.toggles import TOGGLES
 
     cfg = model.cfg
     rng = np.random.default_rng(1)
@@ -167,8 +167,8 @@ def batch_verify(model, exact: frozenset, n_pos: int = 64, widths=range(2, 9), n
     the M=1 step of its position, and its keys' hashes. Returns per width: positions with a
     difference, total differing logits, per column index j the differing logits summed over
     the windows, and the first differing key."""
-    from ...engine.inputs import default_prompt
-    from . import make_cuda_backend
+    from ..backends.cuda import make_cuda_backend
+    from ..engine.inputs import default_prompt
 
     vocab = model.cfg.vocab
     b = make_cuda_backend(model, exact=exact)
@@ -211,9 +211,9 @@ def batch_verify(model, exact: frozenset, n_pos: int = 64, widths=range(2, 9), n
 
 def graph_equals_direct(model, exact: frozenset, n_pos: int = 16) -> dict:
     """The graph replay's logits and hashes vs direct M=1 steps, positions 0..n_pos-1."""
-    from ...engine.inputs import default_prompt
-    from . import make_cuda_backend
-    from .graph import DecodeGraph
+    from ..backends.cuda import make_cuda_backend
+    from ..backends.cuda.graph import DecodeGraph
+    from ..engine.inputs import default_prompt
 
     vocab = model.cfg.vocab
     toks = default_prompt(vocab, n_pos)
@@ -237,8 +237,8 @@ def kernel_profile(model, exact: frozenset, ctx: int = 1024, reps: int = 2) -> d
     """Device time of every kernel of one M=1 step at context ctx (a CUDA event pair around each
     launch, so kernels do not overlap here): {kernel name: (launches a step, ms a step)}, the
     sum, and the step's wall time with the events in."""
-    from . import backend as be
-    from . import launches, make_cuda_backend
+    from ..backends.cuda import backend as be
+    from ..backends.cuda import launches, make_cuda_backend
 
     cfg = model.cfg
     b = make_cuda_backend(model, exact=exact)
