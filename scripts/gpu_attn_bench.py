@@ -57,7 +57,7 @@ def main() -> None:
     import pycuda.driver as cuda
     from pycuda.compiler import SourceModule
 
-    from kestrel_tui.backends.cuda.runtime import NVCC_OPTIONS, SIGNATURES, module_source
+    from kestrel_tui.backends.cuda.runtime import NVCC_OPTIONS, compile_ptx, module_source, ptx_formats
 
     nh, nkv, hd, T = args.heads, args.kv_heads, args.head_dim, args.ctx
     cap, pos0 = T, T - 1
@@ -81,8 +81,9 @@ def main() -> None:
         text = module_source("attention", own)
         mod = SourceModule(text, options=NVCC_OPTIONS, no_extern_c=True)
         ka, kb = mod.get_function("attn_exact_scores_q8"), mod.get_function("attn_exact_pv_q8")
-        ka.prepare(SIGNATURES["attn_exact_scores_q8"])
-        kb.prepare(SIGNATURES["attn_exact_pv_q8"])
+        formats = ptx_formats(compile_ptx(text, "sm_90"))  # this version's own parameter lists
+        ka.prepare(formats["attn_exact_scores_q8"])
+        kb.prepare(formats["attn_exact_pv_q8"])
         tile = define(own + "\n" + text, "ATT_SPLIT_TILE")
         pv_block = (define(own + "\n" + text, "ATT_PV_THREADS"), 1, 1)
 

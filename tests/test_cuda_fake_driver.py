@@ -1,8 +1,9 @@
-"""The cuda backend against a fake driver: no nvcc, no GPU, the step's wiring on the CPU.
+"""The cuda backend against a fake driver: no GPU, the step's wiring on the CPU (nvcc only to read
+the kernels' argument formats from their PTX, as the runtime does).
 
 _FakeRuntime stands in for backends/cuda/runtime.py (its PyCUDA driver, _FakeDriver, keeps every
 allocation as a host buffer at a fake address; its kernels, _FakeKernel, check each launch's
-arguments against runtime.SIGNATURES, every pointer inside a live allocation, whole-warp blocks
+arguments against the kernels' formats, every pointer inside a live allocation, whole-warp blocks
 and dynamic shared memory only where opted in) and _FakeLibcuda for the driver entry points
 graph.py and pdl.py call through ctypes. Checked on it: the step launches every kernel that way
 and returns the cpu backend's keys, shapes and dtypes; the device-generated synthetic model, the
@@ -14,13 +15,24 @@ The nvcc compile checks and the host-compiled replica checks are in test_kernels
 from __future__ import annotations
 
 import contextlib
+import functools
+import shutil
 import struct
 
 import numpy as np
 import pytest
 
-from kestrel_tui.backends.cuda.runtime import SIGNATURES
 from kestrel_tui.model.config import default_config
+
+pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH (the kernels' formats are"
+                                " read from their PTX)")
+
+
+@functools.lru_cache(maxsize=None)
+def formats() -> dict[str, str]:
+    from kestrel_tui.backends.cuda.runtime import kernel_formats
+
+    return kernel_formats("sm_90")
 
 
 class _FakeDriver:
@@ -117,7 +129,7 @@ class _FakeDriver:
 
 class _FakeKernel:
     def __init__(self, drv, name):
-        self.drv, self.name, self.fmt = drv, name, SIGNATURES[name]
+        self.drv, self.name, self.fmt = drv, name, formats()[name]
         self.calls = 0
 
     def prepared_call(self, grid, block, *args, shared_size=0):
@@ -149,6 +161,7 @@ class _FakeRuntime:
         self.kernels: dict[str, _FakeKernel] = {}
         self.kernel_names: dict[int, tuple[str, str]] = {}
         self.pdl, self.pdl_error = None, None
+        self.formats = formats()
 
     @contextlib.contextmanager
     def active(self):
@@ -366,7 +379,7 @@ def _fake_pdl(monkeypatch, fake):
 
     from kestrel_tui.backends.cuda import graph as gr
     from kestrel_tui.backends.cuda import pdl
-    from kestrel_tui.backends.cuda.runtime import MODULES, SIGNATURES
+    from kestrel_tui.backends.cuda.runtime import MODULES
 
     launched, opted_in = [], []
 
@@ -390,7 +403,7 @@ def _fake_pdl(monkeypatch, fake):
     lib = _Lib()
     monkeypatch.setattr(gr, "_cu", lambda: lib)
     launcher = object.__new__(pdl.PdlLauncher)  # a launcher without modules to load
-    launcher.lib, launcher.signatures, launcher.names = lib, SIGNATURES, fake.kernel_names
+    launcher.lib, launcher.signatures, launcher.names = lib, fake.formats, fake.kernel_names
     launcher.modules, launcher.functions, launcher.opted_in = {m: ctypes.c_void_p(1) for m in MODULES}, {}, {}
     launcher.attr = pdl.LaunchAttribute(id=pdl.LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
     launcher.attr.value[0] = 1
@@ -401,7 +414,7 @@ def _fake_pdl(monkeypatch, fake):
 def test_pdl_launch_structures_and_routing(monkeypatch):
     """The driver structures of cuLaunchKernelEx as laid out in cuda.h, and a capture with PDL:
     every kernel launched on the capturing stream goes through cuLaunchKernelEx with the
-    programmatic-serialization attribute and its arguments packed per SIGNATURES; launches on
+    programmatic-serialization attribute and its arguments packed per the kernels' formats; launches on
     other streams (the body hashes) stay PyCUDA's."""
     import ctypes
 

@@ -1,10 +1,11 @@
 """The cuda backend's compile-time checks: they run in CI, where there is nvcc but no GPU.
 
 * every kernels/*.cu compiles with the local nvcc for sm_90 (PTX), and every
-  kernel's parameter list matches the argument format the backend launches it
-  with (runtime.SIGNATURES); the PDL trigger is opt-in in the PTX; the launch
-  constants copied into launches.py (and read by scripts/gpu_attn_bench.py)
-  match the kernels' #defines;
+  kernel the backend launches has the argument format the runtime reads from
+  its PTX (runtime.ptx_formats); the PDL trigger is opt-in in the PTX; the
+  launch constants have one definition (kernels/launch.cuh, read by
+  launches.py and scripts/gpu_attn_bench.py) and the compiled kernels carry
+  the block sizes launches.py gives them;
 * the UCRT replica device functions of common.cuh, compiled for the *host* by
   nvcc, equal the numpy replicas (numerics/transcend.py) bit for bit — the same
   source the GPU runs, with the C99 equivalents of its IEEE intrinsics;
@@ -25,7 +26,7 @@ import numpy as np
 import pytest
 
 from kestrel_tui.backends.cuda.layout import FNV_PRIME, HASH_CHUNK, HASH_PIECE, HashWork, Layout
-from kestrel_tui.backends.cuda.runtime import KERNEL_DIR, MODULES, SIGNATURES, nvcc_options
+from kestrel_tui.backends.cuda.runtime import KERNEL_DIR, MODULES, nvcc_options
 from kestrel_tui.backends.cuda.selfcheck import replica_inputs
 from kestrel_tui.backends.cuda.weights import device_q4_0
 from kestrel_tui.model.config import default_config
@@ -35,7 +36,6 @@ from kestrel_tui.trace.fnv import OFFSET_BASIS, fnv1a64
 
 NVCC = shutil.which("nvcc")
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not on PATH (CUDA toolkit not installed)")
-PTX_TYPES = {".u64": "P", ".u32": "i", ".s32": "i", ".f32": "f"}
 
 
 @pytest.fixture(scope="module")
@@ -55,16 +55,24 @@ def test_every_cu_file_is_a_module():
 
 
 @needs_nvcc
-def test_kernels_compile_and_match_launch_formats(ptx_dir):
+def test_kernels_compile_and_give_every_launch_its_format(ptx_dir):
+    """The runtime reads each kernel's PyCUDA format from its PTX (runtime.ptx_formats): every kernel
+    the op registry names, and the few outside it, has one, and the parser reads the PTX types as
+    written (a pointer .u64, an int .u32/.s32, a float .f32)."""
+    from kestrel_tui.backends.cuda.runtime import ptx_formats
+    from kestrel_tui.backends.toggles import REGISTRY
+
     entries = {}
     for name in MODULES:
-        ptx = (ptx_dir / f"{name}.ptx").read_text()
-        for m in re.finditer(r"\.entry\s+(\w+)\s*\(([^)]*)\)", ptx):
-            types = re.findall(r"\.param\s+(\.\w+)", m[2])
-            entries[m[1]] = "".join(PTX_TYPES[t] for t in types)
-    assert set(entries) == set(SIGNATURES), "kernels without a launch format (or formats without a kernel)"
-    for kname, fmt in SIGNATURES.items():
-        assert entries[kname] == fmt, f"{kname}: PTX params {entries[kname]} vs launch format {fmt}"
+        entries.update(ptx_formats((ptx_dir / f"{name}.ptx").read_text()))
+    named = {k for op in REGISTRY for version in op.cuda.values() for k in version}
+    named |= {"embed_q4", "embed_f32", "gen_q4", "kv_rows_f32", "heads_fused", "fnv1a64_keys", "fnv_states",
+              "fnv_chunks"}
+    assert named <= set(entries), sorted(named - set(entries))
+    sample = (".visible .entry k(\n\t.param .u64 k_param_0,\n\t.param .u32 k_param_1,\n"
+              "\t.param .f32 k_param_2,\n\t.param .s32 k_param_3\n)\n{")
+    assert ptx_formats(sample) == {"k": "Pifi"}
+    assert entries["rmsnorm_exact"] == "PPPifPPi"  # (x, w, out, n, eps, xq, xd, quant) in norm.cu
 
 
 @needs_nvcc

@@ -57,13 +57,13 @@ class PdlLauncher:
     def __init__(self, rt, lib=None):
         from pycuda.compiler import compile as nvcc_compile
 
-        from .runtime import MODULES, NVCC_OPTIONS, SIGNATURES, module_source
+        from .runtime import MODULES, NVCC_OPTIONS, module_source
 
         self.lib = lib if lib is not None else ctypes.CDLL("libcuda.so.1")
         for name in ("cuModuleLoadData", "cuModuleGetFunction", "cuModuleUnload", "cuLaunchKernelEx",
                      "cuFuncSetAttribute"):
             getattr(self.lib, name).restype = ctypes.c_int
-        self.signatures = SIGNATURES
+        self.signatures = rt.formats
         self.modules: dict[str, ctypes.c_void_p] = {}
         self.functions: dict[str, ctypes.c_void_p] = {}
         self.opted_in: dict[str, int] = {}  # kernel -> the dynamic shared memory it may take

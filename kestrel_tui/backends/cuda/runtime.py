@@ -16,6 +16,8 @@ from __future__ import annotations
 import contextlib
 import re
 import shutil
+import subprocess
+import tempfile
 import threading
 from pathlib import Path
 
@@ -59,44 +61,41 @@ class CudaUnavailable(UsageError):
         super().__init__(f"cuda subject: {reason}; {FALLBACK}")
         self.reason = reason
 
-# Every kernel's PyCUDA argument format (P: pointer, i: int, f: float), in the
-# .cu parameter order. tests/test_kernels_compile.py checks it against the PTX.
-SIGNATURES = {
-    # gemv.cu
-    "quantize_q8_0_exact": "PPPi", "quantize_q8_0_fast": "PPPi",
-    "gemv_q4_exact": "PPPPPPiii", "gemv_q4_fast": "PPPPPPiii",
-    "gemv_q4_x3_exact": "PPPiPPPiPPPiPPii", "gemv_q4_x3_fast": "PPPiPPPiPPPiPPii",
-    "gemv_q4_experts_exact": "PPPPPPPPPiii", "gemv_q4_experts_fast": "PPPPPPPPPiii",
-    "gemv_f32_exact": "PPPPiii", "gemv_f32_fast": "PPPPiii",
-    "gemv_f32_experts_exact": "PPPPPPiii", "gemv_f32_experts_fast": "PPPPPPiii",
-    "embed_q4": "PPPPi", "embed_f32": "PPPi", "gen_q4": "PPiif",
-    # norm.cu
-    "rmsnorm_exact": "PPPifPPi", "rmsnorm_fast": "PPPifPPi",
-    "qknorm_exact": "PPPPPPiiif", "qknorm_fast": "PPPPPPiiif",
-    # rope.cu
-    "rope_table_exact": "PPPiiP", "rope_table_fast": "PPPiiP",
-    "rope_exact": "PPPPPPiii", "rope_fast": "PPPPPPiii",
-    # kvquant.cu
-    "kvquant_exact": "PPPPPPPPPPiiiP", "kvquant_fast": "PPPPPPPPPPiiiP", "kv_rows_f32": "PPPPPPPPPPiiiP",
-    # attention.cu
-    "attn_exact_q8": "PPPPPPiiiifiP", "attn_exact_f32": "PPPPPPiiiifiP",
-    "attn_fast_q8": "PPPPPPPiiiiifiP", "attn_fast_f32": "PPPPPPPiiiiifiP",
-    "attn_exact_scores_q8": "PPPPPiiiiifP", "attn_exact_pv_q8": "PPPPPiiiiiiPPPi",
-    "attn_fast_part_q8": "PPPPPPiiiiifiP", "attn_fast_combine": "PPiiiiiPPPi",
-    # moe.cu
-    "router_exact": "PPPiiii", "router_fast": "PPPiiii",
-    "silu_mul_exact": "PPPPPiii", "silu_mul_fast": "PPPPPiii",
-    "combine_exact": "PPPPPii", "combine_fast": "PPPPPii",
-    # fused.cu
-    "heads_fused": "PPPPPPPPPPPPPPPPPPPiiifiPi", "combine_rmsnorm_exact": "PPPPPiiPPifPPi",
-    "combine_rmsnorm_fast": "PPPPPiiPPifPPi",
-    **{f"down_combine_{v}": "PPPPPPiiiPPPPi" for v in ("exact", "fast")},
-    # hash.cu
-    "fnv1a64_keys": "PPPPPPPPPP", "fnv_states": "PPPPPPPPPP", "fnv_chunks": "PPPPPPPPPPi",
-    # transcend.cu
-    "eval_expf_ucrt": "PPi", "eval_cosf_ucrt": "PPi", "eval_sinf_ucrt": "PPi", "eval_expf_fast": "PPi",
-    "eval_sincosf_fast": "PPPi",
-}
+# a kernel parameter's PTX type -> its PyCUDA argument format (P: pointer, i: int, f: float)
+PTX_FORMATS = {".u64": "P", ".u32": "i", ".s32": "i", ".f32": "f"}
+
+
+def ptx_formats(ptx: str) -> dict[str, str]:
+    """Every kernel's argument format, read from its compiled .entry: the .cu parameter lists are
+    the one place the formats are written."""
+    return {m[1]: "".join(PTX_FORMATS[t] for t in re.findall(r"\.param\s+(\.\w+)", m[2]))
+            for m in re.finditer(r"\.entry\s+(\w+)\s*\(([^)]*)\)", ptx)}
+
+
+def compile_ptx(source: str, arch: str) -> str:
+    """The PTX of a module's source: through PyCUDA (its compile cache) where it is installed, else
+    nvcc itself (the tests' fake driver)."""
+    try:
+        from pycuda.compiler import compile as nvcc_compile
+    except ImportError:
+        with tempfile.TemporaryDirectory() as tmp:
+            src, out = Path(tmp) / "m.cu", Path(tmp) / "m.ptx"
+            src.write_text(source)
+            proc = subprocess.run(["nvcc", f"-arch={arch}", *NVCC_OPTIONS, "--ptx", "-o", str(out), str(src)],
+                                  capture_output=True, text=True)
+            if proc.returncode:
+                raise RuntimeError(f"nvcc --ptx failed: {proc.stderr.strip()[:300]}")
+            return out.read_text()
+    return nvcc_compile(source, options=NVCC_OPTIONS, arch=arch, no_extern_c=True, target="ptx").decode()
+
+
+def kernel_formats(arch: str) -> dict[str, str]:
+    """Every kernel of every module: its PyCUDA argument format."""
+    formats: dict[str, str] = {}
+    for name in MODULES:
+        formats.update(ptx_formats(compile_ptx(module_source(name), arch)))
+    return formats
+
 
 _lock = threading.Lock()
 _runtime: "Runtime | None" = None
@@ -153,6 +152,7 @@ class Runtime:
                     first = next((ln.strip() for ln in str(e).splitlines() if "error" in ln), str(e).strip())
                     raise CudaUnavailable(f"kernels/{name}.cu failed to compile for {self.arch}"
                                           f" ({first[:200]})") from None
+            self.formats = kernel_formats(self.arch)  # PyCUDA's launch formats, from the PTX
         self._prepared: dict[tuple[str, str], object] = {}
         self.kernel_names: dict[int, tuple[str, str]] = {}  # id(prepared kernel) -> (module, name)
         self.pdl = None  # pdl.PdlLauncher, made by the first graph capture that asks for it
@@ -183,7 +183,7 @@ class Runtime:
         fn = self._prepared.get(key)
         if fn is None:
             fn = self.modules[module].get_function(name)
-            fn.prepare(SIGNATURES[name])
+            fn.prepare(self.formats[name])
             self._prepared[key] = fn
             self.kernel_names[id(fn)] = key
         return fn
