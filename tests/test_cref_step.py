@@ -98,7 +98,7 @@ def test_held_out_shapes(name, weights, kv, lib_path):
 
 
 def test_attention_bias(lib_path):
-    """attention_bias: q/k/v biases added after the GEMV, o's before the residual (contract steps 2, 7)."""
+    """attention_bias: q/k/v biases added after the GEMV, o's before the residual (contract L2, L7)."""
     model = synthetic_model(held_out("qwen3", 64, 4, 2, attention_bias=True), "q4_0", seed=3)
     rng = np.random.default_rng(0)
     layers = tuple(replace(L, **{f"{p}_bias": rng.standard_normal(n).astype(np.float32)

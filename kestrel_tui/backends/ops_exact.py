@@ -81,7 +81,7 @@ def scores_f32(q: np.ndarray, k: np.ndarray, scale: np.float32) -> np.ndarray:
 
 
 def attention(q: np.ndarray, cache: dict, pos: np.ndarray, scale: np.float32, expf=None) -> np.ndarray:
-    """Online softmax, position by position (contract step 6).
+    """Online softmax, position by position (contract L6).
 
     q [M, n_heads, hd]; cache holds k/v [T, n_kv, hd] (int8 or f32) and ks/vs [T, n_kv];
     column m attends to positions 0..pos[m]. Returns [M, n_heads*hd].

@@ -60,7 +60,7 @@ void kc_qknorm(const float *x, const float *w, int64_t rows, int64_t n, float ep
 void kc_rope_cos_sin(const int64_t *pos, int64_t M, const float *inv_freq, int64_t half, float *cos, float *sin);
 /* x [M, heads, hd] half-split rotation with cos/sin [M, hd/2] -> out (may alias x) */
 void kc_rope(const float *x, int64_t M, int64_t heads, int64_t hd, const float *cos, const float *sin, float *out);
-/* Online-softmax attention (contract step 6). q [M, nh, hd] f32; the cache k/v [T, nkv, hd] (int8 when
+/* Online-softmax attention (contract L6). q [M, nh, hd] f32; the cache k/v [T, nkv, hd] (int8 when
  * kv_q8, else f32), ks/vs [T, nkv]; column m attends to 0..pos[m]. out [M, nh*hd]. */
 void kc_attention(const float *q, int64_t M, int64_t nh, int64_t nkv, int64_t hd, const void *k, const float *ks,
                   const void *v, const float *vs, int kv_q8, const int64_t *pos, float scale, float *out,

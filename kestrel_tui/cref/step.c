@@ -1,6 +1,6 @@
 /* One decode step of M columns through every layer: backends/decoder.py's `step` with the exact op
  * table, op for op, so every probe buffer has the numpy reference's bits (docs/numerics.md, "The layer",
- * steps 1-9). Python (cref/backend.py) owns the weights, the KV cache and the probe buffers; this file
+ * L1-L9). Python (cref/backend.py) owns the weights, the KV cache and the probe buffers; this file
  * only walks them. Scratch buffers are allocated per step. */
 #include <stdlib.h>
 #include <string.h>
@@ -22,7 +22,7 @@ static void *grab(void **all, int *n, size_t bytes) {
     return p;
 }
 
-/* y [rows, sum of outs] = the matrices of one input side by side (step 2's q/k/v, gate/up), the q8_0
+/* y [rows, sum of outs] = the matrices of one input side by side (L2's q/k/v, L8's gate/up), the q8_0
  * activation quantized once for all of them. */
 static void project(const kc_model *m, const kc_lin *const *lins, int n_lins, const float *x, int64_t rows,
                     float *y, scratch *s) {
@@ -40,7 +40,7 @@ static void project(const kc_model *m, const kc_lin *const *lins, int n_lins, co
     }
 }
 
-/* The k selected experts of each of M tokens (step 8): pair p = (token p / k, slot p % k) reads x row
+/* The k selected experts of each of M tokens (L8c): pair p = (token p / k, slot p % k) reads x row
  * p / k when `shared` (gate/up: the token's one input), else row p (down: the pair's own activation);
  * its outputs go to y row p. One job per expert in use and matrix. */
 static void project_experts(const kc_model *m, const kc_lin *const *lins, int n_lins, const float *x,
@@ -83,7 +83,7 @@ static void add(const float *a, const float *b, float *out, int64_t n) {
         out[i] = a[i] + b[i];
 }
 
-/* bias [n] added to each of `rows` rows of y (row stride ld): one f32 add after the GEMV (step 2) */
+/* bias [n] added to each of `rows` rows of y (row stride ld): one f32 add after the GEMV (L2) */
 static void add_bias(float *y, int64_t rows, int64_t ld, const float *bias, int64_t n) {
     if (bias)
         for (int64_t r = 0; r < rows; r++)
@@ -96,7 +96,7 @@ static void copy_cols(float *dst, const float *src, int64_t rows, int64_t src_ld
         memcpy(dst + r * n, src + r * src_ld, (size_t)n * sizeof *dst);
 }
 
-/* The embedding rows (step 9's emb): f32 rows, or q4_0 rows dequantized as d * float(q - 8). */
+/* The embedding rows (L9's emb): f32 rows, or q4_0 rows dequantized as d * float(q - 8). */
 static void embed(const kc_lin *e, const int64_t *tokens, int64_t M, float *out) {
     int64_t n = e->inp;
     for (int64_t m = 0; m < M; m++) {
@@ -236,7 +236,7 @@ int kc_step(const kc_model *m, const int64_t *tokens, int64_t M, int64_t pos0, v
         for (int64_t i = 0; i < M; i++)
             s.pos[i] = pos0 + i;
         kc_rope_cos_sin(s.pos, M, m->inv_freq, half, s.cos, s.sin);
-        if (m->rope_scale != 0.0f)  /* yarn: HF scales its cos/sin tables (step 4) */
+        if (m->rope_scale != 0.0f)  /* yarn: HF scales its cos/sin tables (L4c) */
             for (int64_t i = 0; i < M * half; i++) {
                 s.cos[i] = s.cos[i] * m->rope_scale;
                 s.sin[i] = s.sin[i] * m->rope_scale;
