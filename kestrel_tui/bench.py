@@ -77,11 +77,12 @@ def bench_hf_peer(model, prompt: list[int], n_tokens: int) -> dict | None:
     return {"prefill_s": prefill, "step_s": float(np.median(steps)), "threads": torch.get_num_threads()}
 
 
-def bench_toggle(model, prompt: list[int], n_tokens: int) -> dict:
+def bench_toggle(model, prompt: list[int], n_tokens: int, impl: str = "auto") -> dict:
     from .backends.toggles import TOGGLES
     from .engine.session import RunSettings, Session
+    from .engines.build import make_engine
 
-    session = Session(model, prompt, n_tokens, subject="sim")
+    session = Session(model, prompt, n_tokens, subject="sim", reference=make_engine("cpu", model, impl=impl))
     t0 = time.perf_counter()
     session.reference()
     ref_s = time.perf_counter() - t0
@@ -123,7 +124,10 @@ def run_bench_cuda(args: argparse.Namespace) -> int:
     console.print(f"model {model.name} ({cfg.n_layers} layers, hidden {cfg.hidden}, {cfg.n_experts} experts"
                   f" top-{cfg.top_k}, vocab {cfg.vocab}, q4_0) on {rt.name}; context {ctx}, {args.tokens} steps")
     bw = perf.copy_bandwidth(rt)
-    r = perf.decode_bench(model, ctx=ctx, steps=max(4, args.tokens), log=lambda *_: None)
+    from .engine.inputs import cuda_options
+
+    r = perf.decode_bench(model, ctx=ctx, steps=max(4, args.tokens), log=lambda *_: None,
+                          options=cuda_options(args, getattr(args, "loaded_profile", None)))
     need = perf.active_bytes(cfg, ctx)
     floor_ms = need["total"] / (bw["gbps_rw"] * 1e9) * 1e3
     fast, exact = r["fast"], r["exact"]
@@ -175,7 +179,7 @@ def run_bench(args: argparse.Namespace) -> int:
             t.add_row("HF transformers eager", "-", peer["skipped"] if peer else "")
         console.print(t)
     if what in ("toggle", "all"):
-        tog = bench_toggle(model, prompt, args.tokens)
+        tog = bench_toggle(model, prompt, args.tokens, getattr(args, "reference", None) or "auto")
         rows = [[change, first, f"{t_first:.2f}", f"{t_full:.2f}", full]
                 for change, first, t_first, t_full, full in tog["rows"]]
         console.print(whole_columns_table(

@@ -11,7 +11,7 @@ from .terminal import console, err_console, load_model_args, whole_columns_table
 from .errors import UsageError
 from .files import check_new_path
 from .backends.toggles import parse_exact
-from .engine.inputs import cache_from_options, engines_from_options, resolve_prompt
+from .engine.inputs import cache_from_options, cuda_options, engines_from_options, resolve_prompt
 from .model.weights import Model
 from .trace.compare import NAN_ULP, Status, parse_tolerance
 
@@ -340,8 +340,13 @@ def cmd_iso(args: argparse.Namespace) -> int:
     model = load_model_args(args)
     prompt = resolve_prompt(args, model, n_new=args.m, flag="--m")  # iso decodes M tokens, not --tokens
     exact = parse_exact(args.exact)
+    opts = cuda_options(args, _profile(args)) if args.subject == "cuda" else None
+    if opts is None and getattr(args, "cuda_options", None):
+        raise UsageError(f"--cuda-options {args.cuda_options}: the iso subject is {args.subject}, not cuda;"
+                         f" drop it, or run --subject cuda")
     with console.status(f"iso M={args.m}"):
-        cols = iso(lambda: make_backend(args.subject, model, kv=args.kv, exact=exact), prompt, args.m)
+        cols = iso(lambda: make_backend(args.subject, model, kv=args.kv, exact=exact, cuda_options=opts), prompt,
+                   args.m)
     if args.json:
         print(json.dumps([c.__dict__ for c in cols], indent=2))
     else:

@@ -45,14 +45,25 @@ def test_session_hashes_equal_across_implementations(small_model, cref):
     assert traces["compiled"].generated == traces["numpy"].generated
 
 
-def test_cli_reference_flag(capsys, tmp_path, cref):
-    dumps = {}
+def test_cli_reference_flag(capsys, tmp_path, cref, monkeypatch):
+    """--reference picks the implementation that runs (counted), and the dumps agree."""
+    calls = {"compiled": 0}
+    step = CompiledBackend.step
+
+    def counted(self, *a, **kw):
+        calls["compiled"] += 1
+        return step(self, *a, **kw)
+
+    monkeypatch.setattr(CompiledBackend, "step", counted)
+    dumps, steps = {}, {}
     for impl in ("compiled", "numpy"):
+        before = calls["compiled"]
         out = tmp_path / f"{impl}.txt"
         code, _, err = run(capsys, "dump", "--reference", impl, "--prompt-ids", "1,2,3", "--tokens", "2",
                            "--out", out, "--no-cache")
         assert code == 0, err
-        dumps[impl] = out.read_text()
+        dumps[impl], steps[impl] = out.read_text(), calls["compiled"] - before
+    assert steps == {"compiled": 3, "numpy": 0}  # a prefill and two decode steps, or none
     assert dumps["compiled"] == dumps["numpy"]
 
 

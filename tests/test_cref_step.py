@@ -34,6 +34,7 @@ def assert_same_steps(model, steps, lib_path, kv="q8", deep=True, threads=2):
     for tokens, pos0 in steps:
         oc, on = c.step(np.array(tokens), pos0), n.step(np.array(tokens), pos0)
         assert oc.logits.view(np.uint32).tobytes() == on.logits.view(np.uint32).tobytes(), (pos0, len(tokens))
+        assert oc.logits.base is None  # its own buffer: a view would keep the step's whole arena alive
         for m in range(len(tokens)):
             assert list(oc.hashes[m]) == list(on.hashes[m])  # the same keys, in dataflow order
             bad = [k for k in on.hashes[m] if oc.hashes[m][k] != on.hashes[m][k]]

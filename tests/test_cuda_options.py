@@ -49,3 +49,17 @@ def test_profile_options(tmp_path):
 def test_cli_refuses_a_bad_spelling(capsys):
     code, _, err = run(capsys, "run", "--subject", "cuda", "--cuda-options", "graph=sometimes", "--tokens", "1")
     assert code == 2 and "cuda option graph=sometimes: say on or off" in one_line_error(err)
+
+
+@pytest.mark.parametrize("cmd", ["run", "iso"])
+def test_cli_refuses_them_without_a_cuda_side(capsys, cmd):
+    code, _, err = run(capsys, cmd, "--subject", "sim", "--cuda-options", "graph=off", "--prompt-ids", "1,2",
+                       "--tokens", "1")
+    assert code == 2 and "--cuda-options graph=off:" in one_line_error(err) and "cuda" in err
+
+
+def test_profile_refuses_a_bad_option_before_the_model(tmp_path):
+    p = tmp_path / "p.toml"
+    p.write_text('[reference]\nengine = "cpu"\n[subject]\nengine = "cuda"\n[subject.options]\ngraf = "off"\n')
+    with pytest.raises(UsageError, match=r"p.toml:6: subject.options.graf: 'graf' is not a cuda option; choose"):
+        load_profile(p)

@@ -181,7 +181,7 @@ class CompiledBackend(Backend):
                              out.ctypes.data)
         arrays = [arena[shift + o:].view(dt)[:n * M * int(np.prod(shape))].reshape(n, M, *shape)
                   for o, n, dt, shape in blocks]
-        logits = arrays[where[-1][0]][where[-1][1]]
+        logits = arrays[where[-1][0]][where[-1][1]].copy()  # a view would keep the whole arena alive
         names = [token_keys(pos0 + m, self.model.n_layers, deep=self.deep) for m in range(M)]
         hashes = [dict(zip(names[m], out[m].tolist())) for m in range(M)]
         raws = None

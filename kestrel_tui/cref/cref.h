@@ -104,7 +104,8 @@ typedef struct {
 enum { KC_NRM, KC_KRAW, KC_KNORM, KC_KPRE, KC_K, KC_KS, KC_V, KC_VS, KC_QROPE, KC_ATTN, KC_ORES, KC_PNRM,
        KC_ROUTER, KC_TOPK, KC_TOPW, KC_MOE, KC_X, KC_NFIELDS };
 enum { KC_EMB = 0, KC_LAYER0 = 1 };
-/* M columns at positions pos0..pos0+M-1; returns 0, or -1 when out of memory. */
+/* M columns at positions pos0..pos0+M-1; returns 0, or -1 when the step's scratch cannot be allocated
+ * (a GEMV that cannot allocate its own small work lists aborts). */
 int kc_step(const kc_model *model, const int64_t *tokens, int64_t M, int64_t pos0, void *const *probes);
 
 /* ---- fnv.c ---- */

@@ -94,7 +94,19 @@ def apply_profile(args: argparse.Namespace):
     for name, value in DEFAULTS.items():
         if getattr(args, name, None) is None:
             setattr(args, name, value)
+    cuda_options(args, profile)  # a misspelt switch is one line here, before the model loads
     return profile
+
+
+def cuda_options(args: argparse.Namespace, profile=None):
+    """A cuda side's runtime switches: the environment's defaults, the profile's cuda subject
+    options, then --cuda-options (backends/cuda/options.py)."""
+    from ..backends.cuda.options import CudaOptions
+
+    opts = CudaOptions.from_env()
+    if profile is not None and profile.subject.engine == "cuda":
+        opts = opts.set(dict(profile.subject.options))
+    return opts.parse(getattr(args, "cuda_options", None))
 
 
 def cache_from_options(args: argparse.Namespace):
@@ -121,9 +133,10 @@ def engines_from_options(args: argparse.Namespace, profile, model: Model, subjec
         specs = {"reference": profile.reference, "subject": profile.subject}
     cuda_flag = getattr(args, "cuda_options", None)
     if cuda_flag:  # --cuda-options: a cuda side's runtime switches, over the profile's
-        from ..backends.cuda.options import CudaOptions
-
-        CudaOptions().parse(cuda_flag)  # a bad spelling is refused here, whatever the sides
+        cuda_options(args)  # a bad spelling is refused here, whatever the sides
+        if not any(specs[side].engine == "cuda" for side in sides):
+            raise UsageError(f"--cuda-options {cuda_flag}: no side of this run is cuda"
+                             f" ({', '.join(specs[s].engine for s in sides)}); drop it, or run --subject cuda")
         flag = dict(s.strip().split("=", 1) for s in cuda_flag.split(",") if s.strip())
         specs = {side: replace(spec, options={**spec.options, **flag}) if spec.engine == "cuda" else spec
                  for side, spec in specs.items()}

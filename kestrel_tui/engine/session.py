@@ -253,7 +253,8 @@ class Session:
         self.reference_engine = _engine(reference, model, kv, deep)
         self.subject_engine = _engine(subject, model, kv, deep)
         # what the user should know about the engines as built (the numpy reference standing in)
-        self.notes = tuple(n for e in (self.reference_engine, self.subject_engine) for n in getattr(e, "notes", ()))
+        self.notes = tuple(dict.fromkeys(n for e in (self.reference_engine, self.subject_engine)
+                                         for n in getattr(e, "notes", ())))
         self._ref: Trace | None = None
         self._lock = threading.Lock()
         self.history: list[HistoryEntry] = []

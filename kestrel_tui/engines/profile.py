@@ -281,6 +281,20 @@ class _Checker:
         if engine in BUILTIN and engine != "cuda" and options:
             self.fail((side, "options"), f"engine {engine} takes no options",
                       "remove them; its toggles are the op families")
+        if engine == "cuda":  # its runtime switches (backends/cuda/options.py), checked before any load
+            from dataclasses import fields
+
+            from ..backends.cuda.options import CudaOptions
+
+            names = [f.name for f in fields(CudaOptions)]
+            for name, value in options.items():
+                if name not in names:
+                    self.fail((side, "options", name), f"{name!r} is not a cuda option",
+                              f"choose from {', '.join(names)}")
+                try:
+                    CudaOptions().set({name: value})
+                except UsageError:
+                    self.fail((side, "options", name), f"{value!r} is not on or off", "write on or off")
         return EngineSpec(engine, side_model, options, None)
 
     def toggles(self, doc: dict, subject: EngineSpec) -> tuple[Toggle, ...] | None:

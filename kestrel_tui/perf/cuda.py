@@ -91,7 +91,7 @@ def _timed_step(b, tok: int, pos: int, graph: bool, hashing: bool):
 
 
 def decode_bench(model, ctx: int = 1024, steps: int = 20, warm: int = 3, direct: bool = True,
-                 log=print) -> dict:
+                 log=print, options=None) -> dict:
     from ..backends.cuda import make_cuda_backend
     from ..backends.toggles import TOGGLES
 
@@ -100,7 +100,7 @@ def decode_bench(model, ctx: int = 1024, steps: int = 20, warm: int = 3, direct:
     prompt = rng.integers(0, cfg.vocab, ctx).astype(np.int32)
     out = {}
     for label, exact in (("fast", frozenset()), ("exact", frozenset(TOGGLES))):
-        b = make_cuda_backend(model, exact=exact, graph=True)
+        b = make_cuda_backend(model, exact=exact, graph=True, options=options)
         b.reset(ctx + steps + warm + 8)
         r = {"prefill_s": prefill(b, prompt)}
         cuda = b.rt.cuda

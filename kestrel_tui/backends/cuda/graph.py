@@ -58,7 +58,7 @@ def _check(rc: int, what: str) -> None:
 
 
 class DecodeGraph:
-    def __init__(self, backend, hashing: bool = True, owned: bool = False, use_pdl: bool = True):
+    def __init__(self, backend, hashing: bool = True, owned: bool = False, use_pdl: bool | None = None):
         self.graph = ctypes.c_void_p()
         self.exec = ctypes.c_void_p()
         self.ev_logits = ctypes.c_void_p()  # recorded in the graph once the logits are on the host
@@ -71,7 +71,8 @@ class DecodeGraph:
         self.hashing = hashing
         self.lib = _cu()
         with rt.active():
-            self.launcher = launcher_for(rt) if use_pdl else None
+            # use_pdl None: the backend's pdl option (options.py)
+            self.launcher = launcher_for(rt) if (backend.options.pdl if use_pdl is None else use_pdl) else None
             try:
                 self._build(b, cuda, cfg, hashing)
             except BaseException:
