@@ -120,3 +120,13 @@ def test_bad_token_is_one_line(small_model, lib_path):
     c.reset(4)
     with pytest.raises(IndexError, match="outside the vocabulary"):
         c.step(np.array([small_model.cfg.vocab]), 0)
+
+
+def test_qwen3_30b_a3b_dims(lib_path):
+    """Real dims: hidden 2048, 32/4 heads of 128, 128 experts top-8, vocab 151936 (one layer, the
+    device generator's q4_0 weights)."""
+    from kestrel_tui.model.config import qwen3_30b_a3b_config
+    from kestrel_tui.model.device_synthetic import device_synthetic_model
+
+    model = device_synthetic_model(qwen3_30b_a3b_config(1), seed=0, threads=2)
+    assert_same_steps(model, decode_steps([100, 151935, 7], [42], [5, 6, 7]), lib_path, deep=False)
