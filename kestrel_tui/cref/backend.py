@@ -71,12 +71,11 @@ class CompiledBackend(Backend):
         self._layers = (Layer * cfg.n_layers)()
         for li, L in enumerate(model.layers):
             c = self._layers[li]
-            for name in ("input_ln", "post_ln", "q_norm", "k_norm"):
-                setattr(c, name, self._hold(_f32(getattr(L, {"input_ln": "input_layernorm",
-                                                            "post_ln": "post_attention_layernorm"}.get(name, name)))))
+            for field, norm in (("input_ln", L.input_layernorm), ("post_ln", L.post_attention_layernorm),
+                                ("q_norm", L.q_norm), ("k_norm", L.k_norm)):
+                setattr(c, field, self._hold(_f32(norm)))
             for name in ("q", "k", "v", "o"):
                 setattr(c, name, self._lin(getattr(L, f"{name}_proj")))
-            for name in ("q", "k", "v", "o"):
                 setattr(c, f"{name}_bias", self._hold(_f32(getattr(L, f"{name}_bias"))))
             c.router = self._lin(L.gate) if L.gate is not None else Lin()
             c.gate, c.up, c.down = (self._lin(getattr(L, n)) for n in ("gate_proj", "up_proj", "down_proj"))
@@ -96,15 +95,10 @@ class CompiledBackend(Backend):
         return _addr(a)
 
     def _lin(self, lin: Linear) -> Lin:
-        a = lin.w if lin.w is not None else lin.blocks
-        a = self._hold(np.ascontiguousarray(a))
-        per_expert = (lin.w if lin.w is not None else lin.blocks)
-        stacked = per_expert.ndim == (3 if lin.w is not None else 4)
-        return Lin(w=a, out=lin.out, inp=lin.inp, q4=int(lin.w is None),
-                   expert_bytes=per_expert[0].nbytes if stacked else 0)
-
-    def describe(self) -> str:
-        return self.name
+        m = np.ascontiguousarray(lin.w if lin.w is not None else lin.blocks)
+        stacked = m.ndim == (3 if lin.w is not None else 4)  # [E, ...]: an expert stack
+        return Lin(w=self._hold(m), out=lin.out, inp=lin.inp, q4=int(lin.w is None),
+                   expert_bytes=m[0].nbytes if stacked else 0)
 
     def reset(self, capacity: int) -> None:
         self.cache = KVCache(self.model, self.kv, capacity)
