@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from ..engine.session import Session
 from ..errors import UsageError
 from ..model.progress import Progress
+from ..trace.compare import Tolerance, parse_tolerance
 
 
 @dataclass
@@ -22,6 +23,7 @@ class Loaded:
     model_label: str  # "synthetic qwen3_moe 48L h256 q4_0, kv q8"
     device: str
     note: str | None = None  # why the subject is not what was asked for (no GPU -> sim)
+    tolerance: Tolerance | None = None  # the profile's: the app opens judging DIFF keys with it
 
 
 # called in a worker with a callback for loading progress (model/progress.py)
@@ -104,7 +106,8 @@ def args_loader(args: argparse.Namespace) -> Loader:
         ref, sub = engines_from_options(args, profile, model, subject=subject)
         session = Session(model, prompt, args.tokens, reference=ref, subject=sub, kv=args.kv, deep=args.deep,
                           cache=cache_from_options(args))
-        return Loaded(session, model_label(session), device or device_of(sub.name, sub), note)
+        tol = parse_tolerance(profile.tolerance) if profile is not None and profile.tolerance else None
+        return Loaded(session, model_label(session), device or device_of(sub.name, sub), note, tol)
     return load
 
 

@@ -117,7 +117,8 @@ class MainScreen(GridNavigation, Screen):
         self._detail_key: tuple | None = None
         self._bisect_start: RunSettings | None = None
         self._exporting = False
-        self.tol_index = 0  # into TOLERANCES
+        self.tolerances = TOLERANCES  # the T key's cycle; a profile's tolerance joins it and starts on
+        self.tol_index = 0  # into self.tolerances
         self._judging = 0  # the run id a tolerance worker is judging for; 0: none
         self._said_hash_only = False
 
@@ -229,6 +230,7 @@ class MainScreen(GridNavigation, Screen):
         self.result, self._ref, self._sub = None, None, {}
         P = len(s.prompt)
         self.settings = s.initial_settings()  # a new session has its own toggles
+        self._use_tolerance(info.tolerance)
         self.board = Board(range(P + s.n_tokens), range(s.model.cfg.n_layers), layer_fields(s.deep), prompt_len=P)
         toggles = s.toggles
         self.query_one(DetailPanel).owner_label = lambda f: " ".join(
@@ -409,7 +411,15 @@ class MainScreen(GridNavigation, Screen):
 
     @property
     def tolerance(self) -> Tolerance | None:
-        return TOLERANCES[self.tol_index]
+        return self.tolerances[self.tol_index]
+
+    def _use_tolerance(self, tol: Tolerance | None) -> None:
+        """A profile's tolerance: first in the cycle after off, and the one a new session starts with."""
+        if tol is None:
+            self.tolerances, self.tol_index = TOLERANCES, 0
+            return
+        self.tolerances = (None, tol, *(t for t in TOLERANCES[1:] if t != tol))
+        self.tol_index = 1
 
     def action_tolerance(self) -> None:
         if self.diff_mode:
@@ -417,7 +427,7 @@ class MainScreen(GridNavigation, Screen):
                 self._said_hash_only = True
                 self.notify(HASH_ONLY, title="tolerance", severity="warning", markup=False)
             return
-        self.tol_index = (self.tol_index + 1) % len(TOLERANCES)
+        self.tol_index = (self.tol_index + 1) % len(self.tolerances)
         self._judging = 0  # a judgement in flight is for the previous tolerance: its message is dropped
         if self.board is not None:
             self.board.set_tolerance(None)
