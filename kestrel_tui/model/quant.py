@@ -158,33 +158,53 @@ def quantize_q8_0(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 @dataclass(frozen=True)
 class CodeFlips:
-    """Where two q8_0 quantizations of nearly equal activations disagree (a q4_0 GEMV's input)."""
+    """Where two q8_0 quantizations of nearly equal activations disagree (a q4_0 GEMV's input):
+    in the int8 codes, in the blocks' f16 scales, or both."""
     n: int             # elements whose code differs
     n_blocks: int      # blocks holding one
-    index: int         # the first such element
-    scaled: tuple[float, float]  # x * (1/d) before rounding, reference and subject
-    codes: tuple[int, int]
+    index: int | None  # the first such element (None: every code equal)
+    scaled: tuple[float, float] | None  # x * (1/d) before rounding there, reference and subject
+    codes: tuple[int, int] | None
+    n_scales: int = 0             # blocks whose f16 scale differs
+    scale_block: int | None = None  # the first such block
+    scales: tuple[float, float] | None = None
+    scale_steps: int = 0          # f16 steps between the two scales there
 
 
 def q8_0_code_flips(ref: np.ndarray, sub: np.ndarray) -> CodeFlips | None:
-    """Compare the q8_0 codes both sides' activations round to (None: all codes equal).
+    """Compare the q8_0 codes and block scales both sides' activations round to (None: all equal).
 
     A 1-ULP difference in an activation moves ``x/d`` across a .5 boundary now and then: the
-    code changes by one, the GEMV's integer dot by a whole weight, and a far key follows.
+    code changes by one, the GEMV's integer dot by a whole weight, and a far key follows. A
+    block's max that differs moves its f16 scale by a step now and then: every product of the
+    block is scaled otherwise, with all its codes equal.
     """
     ref, sub = (np.asarray(a, dtype=np.float32).reshape(-1) for a in (ref, sub))
     if ref.shape != sub.shape or ref.size % QK:
         return None
     (qa, da), (qb, db) = quantize_q8_0(ref), quantize_q8_0(sub)
     diff = (qa != qb).reshape(-1)
-    if not diff.any():
+    ha, hb = (d.astype(np.float16).view(np.int16).astype(np.int32) for d in (da, db))
+    sdiff = ha != hb
+    if not diff.any() and not sdiff.any():
         return None
-    i = int(np.argmax(diff))
-    b = i // QK
-    scaled = tuple(float(np.float32(x[i]) * _inverse(np.abs(x[b * QK:(b + 1) * QK]).max() / np.float32(127)))
-                   for x in (ref, sub))
-    return CodeFlips(int(diff.sum()), int((qa != qb).any(axis=-1).sum()), i, scaled,
-                     (int(qa.reshape(-1)[i]), int(qb.reshape(-1)[i])))
+    index = scaled = codes = None
+    if diff.any():
+        i = int(np.argmax(diff))
+        b = i // QK
+        index = i
+        scaled = tuple(float(np.float32(x[i]) * _inverse(np.abs(x[b * QK:(b + 1) * QK]).max() / np.float32(127)))
+                       for x in (ref, sub))
+        codes = (int(qa.reshape(-1)[i]), int(qb.reshape(-1)[i]))
+    block = scales = None
+    steps = 0
+    if sdiff.any():
+        block = int(np.argmax(sdiff))
+        scales = (float(da[block]), float(db[block]))
+        # f16 bits are ordered like the values within one sign; across signs the count is no step count
+        steps = abs(int(ha[block]) - int(hb[block])) if (ha[block] < 0) == (hb[block] < 0) else 0
+    return CodeFlips(int(diff.sum()), int((qa != qb).any(axis=-1).sum()), index, scaled, codes,
+                     int(sdiff.sum()), block, scales, steps)
 
 
 def q8_0_to_ggml(qs: np.ndarray, d: np.ndarray) -> np.ndarray:

@@ -96,6 +96,10 @@ def _q8_input(board, key: str, info: KeyInfo) -> None:
     info.q8_input, info.q8 = name, q8_0_code_flips(a, b)
 
 
+def _differ(n: int, what: str) -> str:
+    return f"1 {what} differs" if n == 1 else f"{n} {what}s differ"
+
+
 def _bar(frac: float, width: int) -> str:
     cells = frac * width
     full = int(cells)
@@ -179,9 +183,18 @@ class DetailPanel(Widget, can_focus=False):
     def _q8_line(self, info: KeyInfo) -> Text:
         f, src = info.q8, parse_key(info.q8_input).field
         if f is None:
-            return Text(f"q8_0 of {src}: codes equal (the sums differ)", style=self._s("detail--dim"))
-        line = Text(f"q8_0 of {src}: {f.n} code{'s' * (f.n != 1)} differ", style=self._s("detail--far"))
-        line.append(f" [{f.index}] {f.scaled[0]:.6g}→{f.codes[0]} vs {f.scaled[1]:.6g}→{f.codes[1]}")
+            return Text(f"q8_0 of {src}: codes and scales equal (the sums differ)", style=self._s("detail--dim"))
+        line = Text(f"q8_0 of {src}: ", style=self._s("detail--far"))
+        if f.index is not None:
+            line.append(_differ(f.n, "code"), style=self._s("detail--far"))
+            line.append(f" [{f.index}] {f.scaled[0]:.6g}→{f.codes[0]} vs {f.scaled[1]:.6g}→{f.codes[1]}")
+        else:
+            line.append("codes equal", style=self._s("detail--dim"))
+        if f.scale_block is not None:
+            line.append(" · ")
+            line.append(_differ(f.n_scales, "block scale"), style=self._s("detail--far"))
+            steps = f" ({f.scale_steps} f16 step{'s' * (f.scale_steps != 1)})" if f.scale_steps else ""
+            line.append(f", block {f.scale_block}: {f.scales[0]:.6g} vs {f.scales[1]:.6g}{steps}")
         return line
 
     def _head(self, info: KeyInfo, compact: bool) -> Text:
