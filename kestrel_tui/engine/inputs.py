@@ -49,11 +49,26 @@ def resolve_prompt(args: argparse.Namespace, model: Model, n_new: int | None = N
     n = getattr(args, "tokens", 0) if n_new is None else n_new
     if n < 1:
         raise UsageError(f"{flag} {n}: must be at least 1")
-    if len(ids) + n > cfg.max_positions:
-        raise UsageError(f"{flag} {n}: the prompt ({len(ids)}) + {n} positions exceed the model's context of"
-                         f" {cfg.max_positions}; use {flag} {cfg.max_positions - len(ids)} or less"
-                         f" or a shorter prompt")
+    room = cfg.max_positions - len(ids)
+    if room < 1:
+        prompt = _origin(args, "prompt_ids" if getattr(args, "prompt_ids", None) else "prompt", "the prompt")
+        raise UsageError(f"{prompt}: {len(ids)} tokens fill the model's context of {cfg.max_positions} positions,"
+                         f" and at least one must follow them; shorten it to {cfg.max_positions - 1} tokens or less")
+    if n > room:
+        where = _origin(args, "tokens", flag) if flag == "--tokens" else flag
+        fix = f"use {flag} {room}" if where == flag else f"set tokens = {room}"
+        raise UsageError(f"{where} {n}: the prompt ({len(ids)}) + {n} positions exceed the model's context of"
+                         f" {cfg.max_positions}; {fix} or less, or a shorter prompt")
     return ids
+
+
+def _origin(args: argparse.Namespace, name: str, flag: str) -> str:
+    """Where a setting came from, as the user wrote it: the profile's FILE:LINE or the flag."""
+    profile = getattr(args, "loaded_profile", None)
+    if profile is None or name not in getattr(args, "from_profile", ()):
+        return flag
+    line = profile.line_of(name)
+    return f"{profile.path}:{line}: {name}" if line is not None else f"{profile.path}: {name}"
 
 
 def model_from_options(args: argparse.Namespace, progress: Progress | None = None) -> Model:
@@ -80,14 +95,19 @@ def apply_profile(args: argparse.Namespace):
         profile = load_profile(args.profile, model_override=getattr(args, "model", None))
         side_model = profile.reference.model or profile.subject.model or profile.model
         args.model = side_model
+        taken = set()  # what the profile set, so an error about it names its line
         for name in ("tokens", "weights", "kv", "deep"):
             if getattr(args, name, None) is None and getattr(profile, name) is not None:
                 setattr(args, name, getattr(profile, name))
+                taken.add(name)
         if not getattr(args, "prompt_ids", None) and getattr(args, "prompt", None) is None:
             if profile.prompt_ids is not None:
                 args.prompt_ids = ",".join(map(str, profile.prompt_ids))
+                taken.add("prompt_ids")
             elif profile.prompt is not None:
                 args.prompt = profile.prompt
+                taken.add("prompt")
+        args.from_profile = frozenset(taken)
         if getattr(args, "tol", None) is None and profile.tolerance is not None and hasattr(args, "tol"):
             args.tol = profile.tolerance
             args.tol_from_profile = True  # bisect uses it only when asked to target "no far key"
