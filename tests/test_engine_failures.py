@@ -2,6 +2,8 @@
 reference is one line in the CLI, and isolation needs a reference it can be fed from."""
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from kestrel_tui.engine.bisect import bisect
@@ -9,6 +11,7 @@ from kestrel_tui.engine.inputs import default_prompt
 from kestrel_tui.engine.session import RunSettings, Session
 from kestrel_tui.engines.base import EngineFailed, RunRequest
 from kestrel_tui.engines.builtin import BuiltinEngine
+from kestrel_tui.errors import UsageError
 from kestrel_tui.model.hf import load_model
 
 from clitools import one_line_error, run_cli
@@ -88,3 +91,71 @@ def test_a_built_in_side_with_its_own_model_is_refused(capsys, tmp_path, model):
     code, _, err = run_cli(capsys, "run", "--profile", prof)
     line = one_line_error(err)
     assert code == 2 and "decodes the model the reference loads" in line and f"{prof}:" in line
+
+
+# ---------------------------------------------------------------- a child that dies: any signal, any CPU
+
+PROBE = """
+import os, resource, sys
+resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core file wherever the test runs
+sig = int(os.environ["KESTREL_TEST_SIGNAL"])
+print("probe: about to die of", sig, file=sys.stderr, flush=True)
+os.kill(os.getpid(), sig)
+"""
+
+
+def _probe_job(first_import: str):
+    from kestrel_tui.engines.base import EngineSpec
+    from kestrel_tui.engines.child import Job
+
+    return Job(first_import, "kestrel_tui.engines.builtin:BuiltinEngine", EngineSpec("probe"), None, "q8", False)
+
+
+def _realtime() -> int:
+    import signal
+
+    return signal.SIGRTMIN + 6
+
+
+@pytest.mark.parametrize("sig, name", [("SIGSEGV", "SIGSEGV"), ("SIGILL", "SIGILL"), ("SIGBUS", "SIGBUS"),
+                                       ("SIGABRT", "SIGABRT"), ("rt", "SIGRTMIN+6")])
+def test_a_child_killed_by_any_signal_is_one_line_naming_it(tmp_path, monkeypatch, sig, name):
+    """The child crashes on purpose (it kills itself), so what the message says does not depend on how
+    a native library happens to crash on this CPU."""
+    import signal
+
+    from kestrel_tui.engines.child import in_child
+
+    (tmp_path / "kestrel_crash_probe.py").write_text(PROBE)
+    n = _realtime() if sig == "rt" else int(getattr(signal, sig))
+    monkeypatch.setenv("KESTREL_TEST_SIGNAL", str(n))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    with pytest.raises(EngineFailed) as ei:
+        in_child(_probe_job("kestrel_crash_probe"))
+    text = str(ei.value)
+    assert "\n" not in text and f"its process was killed by {name}" in text and "after 0 positions" in text, text
+    assert "probe: about to die of" in text  # its stderr's last line
+
+
+def test_a_child_imports_nothing_from_the_working_directory(tmp_path, monkeypatch):
+    """A model folder a user downloaded may hold a llama_cpp.py: the child must import the installed one."""
+    from kestrel_tui.engines.child import in_child
+
+    marker = tmp_path / "ran"
+    for name in ("llama_cpp", "kestrel_cwd_probe"):
+        (tmp_path / f"{name}.py").write_text(f"open({str(marker)!r}, 'a').write({name!r})\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([".", str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    with pytest.raises(EngineFailed) as ei:
+        in_child(_probe_job("kestrel_cwd_probe"))
+    assert "No module named 'kestrel_cwd_probe'" in str(ei.value)
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        try:  # the installed llama_cpp imports, then the probe job builds (or fails to): either is fine
+            in_child(_probe_job("llama_cpp"))
+        except (EngineFailed, UsageError):
+            pass
+    assert not marker.exists(), marker.read_text()

@@ -8,6 +8,11 @@ and each run — and one load check when the engine is built — goes to a fresh
 (a library loaded after other extensions can clash with them) and streams the
 positions back as pickles. A child that dies is one line: its signal or exit code and
 its stderr's last line, with the positions it finished.
+
+The child imports nothing from the folder it runs in: a model folder a user downloaded may
+hold a ``llama_cpp.py``, and Python would import that before the installed library. So the
+child starts with ``-P`` (no unsafe path first) and finds kestrel_tui through PYTHONPATH,
+and child_main drops every path entry that is the working directory before the import.
 """
 from __future__ import annotations
 
@@ -22,10 +27,14 @@ import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from .. import procs
 from ..errors import UsageError
+from ..text import inert_tail
 from .base import Engine, EngineFailed, EngineSpec, RunRequest
 
 STDERR_TAIL = 300  # characters of the child's stderr a failure message keeps
+STDERR_READ = 4096  # bytes of the end of the child's stderr read for that line
+PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # the folder kestrel_tui is imported from
 
 
 @dataclass(frozen=True)
@@ -54,8 +63,9 @@ def in_child(job: Job):
     req = job.request
     bare = None if req is None else replace(req, on_position=None, cancel=None, stop=None)
     stderr = tempfile.TemporaryFile()
-    proc = subprocess.Popen([sys.executable, "-m", "kestrel_tui.engines.child_main", job.first_import],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, start_new_session=True)
+    proc = subprocess.Popen(child_argv(job.first_import), env=child_env(), stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=stderr, start_new_session=True)
+    procs.add_group(proc)  # in a session of its own: the tool's signals do not reach it, the tool ends it
     messages: queue.Queue = queue.Queue()
 
     def read():
@@ -110,21 +120,36 @@ def in_child(job: Job):
         stderr.close()
 
 
+def child_argv(first_import: str) -> list[str]:
+    return [sys.executable, "-P", "-m", "kestrel_tui.engines.child_main", first_import]
+
+
+def child_env() -> dict[str, str]:
+    """The environment with kestrel_tui's folder first on PYTHONPATH: -P leaves the working directory
+    out, and a checkout run as ``python -m kestrel_tui.cli`` is found only through it."""
+    env = dict(os.environ)
+    rest = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = PACKAGE_ROOT + (os.pathsep + rest if rest else "")
+    return env
+
+
 def _death(job: Job, rc: int | None, stderr, n: int) -> str:
-    stderr.seek(0)
+    stderr.seek(0, os.SEEK_END)
+    stderr.seek(max(0, stderr.tell() - STDERR_READ))
     lines = [ln for ln in stderr.read().decode("utf-8", "replace").splitlines() if ln.strip()]
-    how = f"was killed by {signal.Signals(-rc).name}" if rc is not None and rc < 0 else f"exited with code {rc}"
-    tail = f"; stderr: {lines[-1][:STDERR_TAIL]}" if lines else ""
+    how = f"was killed by {procs.signal_name(-rc)}" if rc is not None and rc < 0 else f"exited with code {rc}"
+    tail = f"; stderr: {inert_tail(lines[-1], STDERR_TAIL)}" if lines else ""
     return f"{job.spec.engine} engine: its process {how} after {n} position{'s' * (n != 1)}{tail}"
 
 
 def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+    """Kill the child's whole group (also after a clean exit: nothing it started outlives it)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
     proc.wait()
+    procs.drop_group(proc)
     if proc.stdout:
         proc.stdout.close()
 

@@ -2,6 +2,7 @@
 
 Only the standard library is imported before LIBRARY (llama_cpp): kestrel's own modules bring
 numpy and cffi extensions, and on some images a native library loaded after them crashes.
+Nothing is imported from the working directory (engines/child.py starts this with ``-P``).
 """
 import os
 import pickle
@@ -9,8 +10,16 @@ import sys
 from dataclasses import replace
 
 
+def _safe_path() -> None:
+    """Drop the path entries that are the working directory (an empty one, ".", or its own name, from
+    PYTHONPATH): kestrel_tui is imported already, and a module there is a stranger's file."""
+    cwd = os.path.realpath(os.getcwd())
+    sys.path[:] = [p for p in sys.path if p and os.path.realpath(p) != cwd]
+
+
 def serve() -> None:
     """The child: read one Job from stdin, run it, write pickled messages to the real stdout."""
+    _safe_path()
     __import__(sys.argv[1])  # first: before the job's classes bring numpy and kestrel's extensions in
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # anything the library prints goes to stderr, never into the message stream

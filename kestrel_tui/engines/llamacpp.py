@@ -18,7 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import procs
 from ..errors import UsageError
+from ..text import inert
 from ..trace.fnv import fnv1a64
 from ..trace.keys import DEEP_FIELDS, FIELDS, layer_fields
 from .base import Capabilities, Engine, EngineFailed, EngineSpec, RunRequest, Toggle, check_toggle_keys
@@ -28,6 +30,7 @@ REBUILD = ("rebuild llama-cpp-python: CMAKE_ARGS=\"-DGGML_CUDA=on\""
            " pip install --no-binary llama-cpp-python llama-cpp-python")
 
 KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8}  # ggml_type
+LOG_WARN, LOG_ERROR, LOG_CONT = 3, 4, 5  # enum ggml_log_level (CONT: more of the previous message)
 CUBLAS = ("auto", "f32", "f16", "bf16")
 # option -> the values a toggle may take (None: a whole number, checked in _check_value), the default first
 OPTIONS: dict[str, tuple[str, ...] | None] = {
@@ -212,9 +215,15 @@ def _check_path(path) -> str | None:
     if path is None or str(path) == "default":
         return None
     p = Path(path)
-    if not p.is_file():
+    if p.is_dir():
+        raise UsageError(f"llama.cpp engine: {path} is a folder; it takes a .gguf file (an HF folder"
+                         f" converts with kestrel-tui export --model {path} --out FILE.gguf)")
+    if not p.exists():
         raise UsageError(f"llama.cpp engine: {path}: no such file; it takes a .gguf file"
                          f" (kestrel-tui export writes one)")
+    if not p.is_file():
+        raise UsageError(f"llama.cpp engine: {path} is not a regular file (a device or a pipe); it takes"
+                         f" a .gguf file")
     with open(p, "rb") as f:
         if f.read(4) != b"GGUF":
             raise UsageError(f"llama.cpp engine: {path} is not a GGUF file (no GGUF magic); convert the"
@@ -249,7 +258,9 @@ class LlamaCppEngine(Engine):
         self._cap: _Capture | None = None
         self._cancel = None
         self._depth = 0
-        self._log: collections.deque[str] = collections.deque(maxlen=8)
+        self._log: collections.deque[str] = collections.deque(maxlen=8)  # warnings and errors, the latest
+        self._error: str | None = None  # the first error since the log was cleared: the cause, not its echoes
+        self._kept_last = False         # the previous message was kept (a CONT part belongs to it)
         # ctypes callbacks live as long as the engine: llama.cpp keeps the raw pointers
         self._cb_eval = llama_cpp.ggml_backend_sched_eval_callback(self._on_tensor)
         self._cb_abort = llama_cpp.ggml_abort_callback(lambda _: bool(self._cancel and self._cancel.is_set()))
@@ -266,15 +277,35 @@ class LlamaCppEngine(Engine):
         from ..model.gguf import write_gguf
 
         # the embedded default as a GGUF, so a profile without a model runs as shipped (both sides: same weights)
-        self._tmp = tempfile.TemporaryDirectory(prefix="kestrel-llama-")
+        # the owner's pid in the name: a folder a killed tool left is swept at the next start (procs.py)
+        self._tmp = tempfile.TemporaryDirectory(prefix=f"kestrel-llama-{os.getpid()}-")
+        procs.add_folder(self._tmp.name)
         path = str(Path(self._tmp.name) / "model.gguf")
         write_gguf(self.ours, path)
         return path
 
     # -- llama.cpp objects
     def _on_log(self, level, text, _):
-        if level in (2, 3) and text:  # warn, error: kept for the one-line message of a failure
-            self._log.append(text.decode("utf-8", "replace").strip())
+        if not text:
+            return
+        part = text.decode("utf-8", "replace")
+        if level == LOG_CONT:
+            if self._kept_last and self._log:
+                if self._error is not None and self._error is self._log[-1]:
+                    self._error += part
+                    self._log[-1] = self._error
+                else:
+                    self._log[-1] += part
+            return
+        self._kept_last = level in (LOG_WARN, LOG_ERROR)  # kept for the one-line message of a failure
+        if self._kept_last:
+            self._log.append(part)
+            if level == LOG_ERROR and self._error is None:
+                self._error = part
+
+    def _clear_log(self, *lines: str) -> None:
+        self._log = collections.deque(lines, maxlen=8)
+        self._error, self._kept_last = None, False
 
     @contextlib.contextmanager
     def _quiet(self):
@@ -292,7 +323,10 @@ class LlamaCppEngine(Engine):
                 self.L.llama_log_set(_logger.llama_log_callback, ctypes.c_void_p(0))
 
     def _why(self) -> str:
-        return f" ({self._log[-1]})" if self._log else ""
+        """llama.cpp's own words: its first error (the cause; later ones repeat that it failed), else
+        its latest warning."""
+        text = self._error if self._error is not None else self._log[-1] if self._log else None
+        return f" ({inert(' '.join(text.split()))})" if text and text.strip() else ""
 
     def settings(self, values: Mapping[str, str]) -> dict[str, str]:
         out = dict(self.options)
@@ -316,7 +350,7 @@ class LlamaCppEngine(Engine):
         mp = L.llama_model_default_params()
         mp.n_gpu_layers = -1 if key[0] == "all" else int(key[0])
         mp.use_extra_bufts = key[1] == "on"
-        self._log.clear()
+        self._clear_log()
         with self._quiet():
             L.llama_backend_init()
             m = L.llama_model_load_from_file(self.path.encode(), mp)
@@ -366,12 +400,13 @@ class LlamaCppEngine(Engine):
         cp.no_perf = True
         cp.cb_eval, cp.cb_eval_user_data = self._cb_eval, None
         cp.abort_callback, cp.abort_callback_data = self._cb_abort, None
-        self._log.clear()
+        self._clear_log()
         with self._quiet(), _env("LLAMA_ATTN_ROT_DISABLE", "1" if s["attn_rot"] == "off" else None):
             try:
                 ctx = L.llama_init_from_model(model, cp)
             except Exception as e:  # some builds raise instead of returning NULL
-                ctx, self._log = None, collections.deque([_line(e)], maxlen=8)
+                ctx = None
+                self._clear_log(_line(e))
         if not ctx:
             raise UsageError(f"llama.cpp engine: llama.cpp refuses a context for {self.path} with"
                              f" {', '.join(f'{k}={s[k]}' for k in ('n_ubatch', 'flash_attn', 'type_k', 'type_v'))}"
@@ -395,6 +430,7 @@ class LlamaCppEngine(Engine):
             self._drop()
         if self._tmp is not None:
             self._tmp.cleanup()
+            procs.remove_folder(self._tmp.name)
             self._tmp = None
 
     # -- the eval callback
@@ -445,7 +481,7 @@ class LlamaCppEngine(Engine):
                 batch.seq_id[i][0] = 0
             batch.n_tokens = len(tokens)
             cap.begin(pos0)
-            self._log.clear()
+            self._clear_log()
             with _env("GGML_CUDA_CUBLAS_COMPUTE_TYPE",
                                      None if s["cublas_compute_type"] == "auto" else s["cublas_compute_type"]):
                 rc = L.llama_decode(ctx, batch)

@@ -1,0 +1,189 @@
+"""What the tool leaves running or on disk while it works, so that none of it outlives the tool.
+
+Engines start their commands in sessions of their own (engines/process.py, engines/child.py), so that
+a cancel can end a command's whole process group; the other side of that is that a terminal's SIGHUP or
+a ``kill`` reaches the tool alone, and the tool must end the groups itself. Every live group, private
+temporary folder and hidden temporary file is registered here while it exists, and ``cleanup`` ends
+and removes whatever is still registered: the CLI calls it when a command or the app ends, however it
+ends (SIGTERM and SIGHUP included).
+
+A private folder carries its owner's pid in its name (``kestrel-proc-<pid>-…``), so the folders of a
+tool that could clean nothing (SIGKILL, a power loss) are removed by ``sweep`` at the next start, once
+that pid is gone. A folder kept as evidence (a message names a file in it) holds a ``KEPT`` file, and
+the sweep leaves it alone.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import tempfile
+import threading
+import time
+
+FOLDER_PREFIXES = ("kestrel-proc-", "kestrel-llama-")
+KEPT = "KEPT"          # in a folder kept as evidence: never swept
+TERM_GRACE_S = 0.1     # SIGTERM, then SIGKILL after this, when the tool ends what is left
+_OWNED_RE = re.compile(r"kestrel-(?:proc|llama)-([0-9]{1,10})-")
+
+_lock = threading.Lock()
+_groups: dict[int, object] = {}   # process group id -> its leader's Popen
+_folders: set[str] = set()
+_files: set[str] = set()
+
+
+def signal_name(n: int) -> str:
+    """A signal's name for a message: SIGSEGV; SIGRTMIN+6 for a real-time one; else its number."""
+    try:
+        return signal.Signals(n).name
+    except ValueError:
+        pass
+    lo, hi = getattr(signal, "SIGRTMIN", None), getattr(signal, "SIGRTMAX", None)
+    if lo is not None and hi is not None and lo <= n <= hi:
+        return f"SIGRTMIN+{n - lo} (signal {n})"
+    return f"signal {n}"
+
+
+# ---------------------------------------------------------------------------------------------- groups
+
+
+def add_group(proc) -> None:
+    """``proc`` leads a process group of its own (start_new_session=True)."""
+    with _lock:
+        _groups[proc.pid] = proc
+
+
+def drop_group(proc) -> None:
+    with _lock:
+        _groups.pop(proc.pid, None)
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass  # the group is gone
+
+
+def end_groups() -> None:
+    """SIGTERM every registered group, SIGKILL them after a short grace, reap the leaders."""
+    with _lock:
+        groups = list(_groups.items())
+        _groups.clear()
+    if not groups:
+        return
+    for pgid, _ in groups:
+        _signal_group(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + TERM_GRACE_S
+    for _, proc in groups:
+        with contextlib.suppress(Exception):
+            proc.wait(max(0.0, deadline - time.monotonic()))
+    for pgid, proc in groups:
+        _signal_group(pgid, signal.SIGKILL)
+        with contextlib.suppress(Exception):
+            proc.wait(5)
+
+
+# ---------------------------------------------------------------------------------------------- folders
+
+
+def make_folder(prefix: str) -> str:
+    """A private temporary folder, ``<prefix><our pid>-<random>``, registered until removed or kept."""
+    path = tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-")
+    with _lock:
+        _folders.add(path)
+    return path
+
+
+def add_folder(path: str | os.PathLike) -> None:
+    """A folder made elsewhere (a TemporaryDirectory named like make_folder's), removed by cleanup."""
+    with _lock:
+        _folders.add(os.fspath(path))
+
+
+def remove_folder(path: str | os.PathLike) -> None:
+    path = os.fspath(path)
+    shutil.rmtree(path, ignore_errors=True)
+    with _lock:
+        _folders.discard(path)
+
+
+def keep_folder(path: str | os.PathLike, why: str) -> None:
+    """The folder is evidence a message names: it stays, now and at the next start."""
+    path = os.fspath(path)
+    with contextlib.suppress(OSError):
+        with open(os.path.join(path, KEPT), "w", encoding="utf-8") as f:
+            f.write(why + "\n")
+    with _lock:
+        _folders.discard(path)
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return True  # not a pid we can judge: leave its folder
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
+
+
+def sweep(root: str | None = None) -> list[str]:
+    """Remove our users' private folders whose owner process is gone; returns what was removed."""
+    root = root or tempfile.gettempdir()
+    removed = []
+    try:
+        entries = list(os.scandir(root))
+    except OSError:
+        return removed
+    uid = os.getuid()
+    for e in entries:
+        m = _OWNED_RE.match(e.name)
+        if not m:
+            continue
+        try:
+            st = e.stat(follow_symlinks=False)
+            if not e.is_dir(follow_symlinks=False) or st.st_uid != uid:
+                continue
+            if _alive(int(m[1])) or os.path.exists(os.path.join(e.path, KEPT)):
+                continue
+        except OSError:
+            continue
+        shutil.rmtree(e.path, ignore_errors=True)
+        removed.append(e.path)
+    return removed
+
+
+# ---------------------------------------------------------------------------------------------- files
+
+
+def add_file(path: str | os.PathLike) -> None:
+    """A hidden temporary file (files.py) that must not outlive the tool."""
+    with _lock:
+        _files.add(os.fspath(path))
+
+
+def drop_file(path: str | os.PathLike) -> None:
+    with _lock:
+        _files.discard(os.fspath(path))
+
+
+# ---------------------------------------------------------------------------------------------- the end
+
+
+def cleanup() -> None:
+    """End every registered process group, remove every registered folder and hidden file."""
+    end_groups()
+    with _lock:
+        folders, files = list(_folders), list(_files)
+        _folders.clear()
+        _files.clear()
+    for path in folders:
+        shutil.rmtree(path, ignore_errors=True)
+    for path in files:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
