@@ -4,18 +4,22 @@ The reference depends only on the model's content, the prompt, the token count, 
 format, the probe set and the numerics contract's version; recomputing it is the first
 wait of every session. An entry is one .npz file (hashes, consumed tokens, logits, raw
 buffers) named ``<key>-<sha256 of the file>.npz``: written under a temporary name and
-renamed whole, checked against its name before use — a corrupt entry is dropped with a
-note and recomputed, never used. Oldest entries go first past the size limit. Only the
+renamed whole, checked against its name and its structure before use — a corrupt entry is
+dropped with a note and recomputed, never used. A cache that cannot be read or written (its
+root a file, read-only or full) is a note too, never a failed run. Oldest entries go first past the size limit. Only the
 built-in cpu reference is cached: a foreign reference depends on library versions the
 key cannot see.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
 import os
+import stat
 import tempfile
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -64,48 +68,57 @@ def trace_key(model_fp: str, prompt: list[int], n_tokens: int, kv: str, deep: bo
 
 
 class RefCache:
+    """Never a reason for a run to fail: whatever goes wrong reading or writing an entry (a root that
+    is a file, read-only or full; an entry that is a folder or holds the wrong arrays) is one line in
+    ``notes`` and the run goes on, recomputing the reference or leaving it uncached."""
+
     def __init__(self, folder: str | Path | None = None, max_bytes: int = DEFAULT_MAX_BYTES):
         self.folder = Path(folder) if folder is not None else default_dir()
         self.max_bytes = max_bytes
         self.notes: list[str] = []  # one line per thing the user should know (a corrupt entry dropped)
+        self._in_the_way: set[Path] = set()  # entries that are not files: noted once, never written over
 
     def _entries(self, key: str | None = None) -> list[Path]:
-        if not self.folder.is_dir():
+        try:
+            if not self.folder.is_dir():
+                return []
+            return sorted(self.folder.glob(f"{key or ''}*-*.npz"))
+        except OSError:  # an unreadable root reads as an empty cache; store() says what is wrong with it
             return []
-        return sorted(self.folder.glob(f"{key or ''}*-*.npz"))
 
-    def load(self, key: str):
-        """The cached Trace for ``key``, or None (nothing there, or a corrupt entry: dropped, noted)."""
-        from .run import Position, Trace
-
+    def load(self, key: str, prompt: list[int] | None = None, n_positions: int | None = None):
+        """The cached Trace for ``key``, or None (nothing there, or an unusable entry: dropped, noted).
+        ``prompt`` and ``n_positions``, when given, are what the entry must hold."""
         for path in self._entries(key):
-            want = path.stem.rsplit("-", 1)[1]
-            store = RawStore()  # read once, kept like a computed trace's (spilled past its budget)
-            try:
-                if _sha256(path) != want:
-                    raise ValueError("its checksum does not match")
-                with np.load(path, allow_pickle=False) as z:
-                    meta = json.loads(bytes(z["meta"]).decode())
-                    hashes, tokens, logits = z["hashes"], z["tokens"], z["logits"]
-                    trace = Trace(backend=meta["backend"], prompt=meta["prompt"], store=store)
-                    P, i = len(meta["prompt"]), 0
-                    for t, keys in enumerate(meta["keys"]):
-                        n = len(keys)
-                        raw = {k: z[m] for k, m in zip(keys, meta["raw"][t])} if meta["raw"][t] else None
-                        trace.positions.append(Position(
-                            t=t, token=int(tokens[t]), prompt=t < P, raw=store.keep(raw), logits=logits[t],
-                            hashes={k: int(h) for k, h in zip(keys, hashes[i:i + n])}))
-                        i += n
-            except (OSError, ValueError, KeyError) as e:
-                self.notes.append(f"reference cache: dropped a corrupt entry {path.name} ({e}); recomputing")
-                path.unlink(missing_ok=True)
+            if not path.is_file():
+                self.notes.append(f"reference cache: {path} is not a file; it is ignored and this reference"
+                                  f" is not cached (remove it)")
+                self._in_the_way.add(path)
                 continue
-            os.utime(path)  # used: the last to be evicted
+            try:
+                if _sha256(path) != path.stem.rsplit("-", 1)[1]:
+                    raise ValueError("its checksum does not match")
+                trace = _read_entry(path)
+                if prompt is not None and trace.prompt != list(prompt):
+                    raise ValueError("it holds another prompt")
+                if n_positions is not None and len(trace.positions) != n_positions:
+                    raise ValueError(f"it holds {len(trace.positions)} positions, not {n_positions}")
+            except (OSError, ValueError, KeyError, IndexError, TypeError, EOFError, RecursionError,
+                    zipfile.BadZipFile) as e:
+                why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+                self.notes.append(f"reference cache: dropped a corrupt entry {path.name} ({_line(why)});"
+                                  f" recomputing")
+                with contextlib.suppress(OSError):  # a read-only cache keeps it; the checksum refuses it again
+                    path.unlink()
+                continue
+            with contextlib.suppress(OSError):  # a read-only cache still reads: only eviction order is lost
+                os.utime(path)  # used: the last to be evicted
             return trace
         return None
 
     def store(self, key: str, trace) -> Path | None:
-        """Write ``trace`` under ``key`` (whole or not at all); returns the entry, None when it is too big."""
+        """Write ``trace`` under ``key`` (whole or not at all); returns the entry, None when it is too big
+        or cannot be written (noted: the run goes on, uncached)."""
         arrays, keys, raw_names = {}, [], []
         for p in trace.positions:
             keys.append(list(p.hashes))
@@ -122,28 +135,104 @@ class RefCache:
         arrays["logits"] = np.stack([p.logits for p in trace.positions]).astype(np.float32)
         if sum(a.nbytes for a in arrays.values()) > self.max_bytes // 2:
             return None  # would push everything else out: not worth keeping
-        self.folder.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{key}-", suffix=".tmp", dir=self.folder)
+        tmp = None
         try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{key}-", suffix=".tmp", dir=self.folder)
             with os.fdopen(fd, "wb") as f:
                 np.savez(f, **arrays)
             final = self.folder / f"{key}-{_sha256(Path(tmp))}.npz"
+            if final in self._in_the_way:
+                return None  # already noted by load()
             os.replace(tmp, final)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+            tmp = None
+        except OSError as e:
+            self.notes.append(f"reference cache: cannot write in {self.folder} ({_reason(e, self.folder)});"
+                              f" this reference is not cached (fix or free that folder, set XDG_CACHE_HOME"
+                              f" elsewhere, or pass --no-cache)")
+            return None
+        finally:
+            if tmp is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
         self._evict(keep=final)
         return final
 
     def _evict(self, keep: Path) -> None:
-        entries = sorted(self._entries(), key=lambda p: p.stat().st_mtime)
-        total = sum(p.stat().st_size for p in entries)
-        for p in entries:
+        sized = []
+        for p in self._entries():
+            try:
+                st = p.stat()
+            except OSError:  # gone meanwhile (another kestrel-tui pruning)
+                continue
+            if stat.S_ISREG(st.st_mode):
+                sized.append((st.st_mtime, st.st_size, p))
+        total = sum(size for _, size, _ in sized)
+        for _, size, p in sorted(sized, key=lambda x: x[0]):
             if total <= self.max_bytes:
                 break
-            if p != keep:
-                total -= p.stat().st_size
-                p.unlink(missing_ok=True)
+            if p == keep:
+                continue
+            try:
+                p.unlink()
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                self.notes.append(f"reference cache: cannot remove {p.name} to stay under the size limit"
+                                  f" ({_reason(e, self.folder)}); the cache stays larger")
+                return
+            total -= size
+
+
+def _read_entry(path: Path):
+    """An entry's Trace; ValueError/KeyError/IndexError/TypeError when its arrays are not a trace's."""
+    from .run import Position, Trace
+
+    store = RawStore()  # read once, kept like a computed trace's (spilled past its budget)
+    with np.load(path, allow_pickle=False) as z:
+        meta = json.loads(bytes(_array(z, "meta", np.uint8, 1)).decode())
+        if not isinstance(meta, dict):
+            raise ValueError("its meta is not an object")
+        keys, raw_names, prompt = meta["keys"], meta["raw"], meta["prompt"]
+        if not (isinstance(keys, list) and isinstance(raw_names, list) and len(raw_names) == len(keys)
+                and isinstance(prompt, list) and all(type(t) is int for t in prompt)
+                and isinstance(meta["backend"], str)):
+            raise ValueError("its meta does not describe a trace")
+        n_keys = sum(len(k) for k in keys)
+        hashes = _array(z, "hashes", np.uint64, 1, n_keys)
+        tokens = _array(z, "tokens", np.int64, 1, len(keys))
+        logits = _array(z, "logits", np.float32, 2, len(keys))
+        trace = Trace(backend=meta["backend"], prompt=prompt, store=store)
+        P, i = len(prompt), 0
+        for t, names in enumerate(keys):
+            if not all(isinstance(k, str) for k in names) or not isinstance(raw_names[t], list) \
+                    or raw_names[t] and len(raw_names[t]) != len(names):
+                raise ValueError(f"position {t} is malformed")
+            raw = {k: z[m] for k, m in zip(names, raw_names[t])} if raw_names[t] else None
+            n = len(names)
+            trace.positions.append(Position(
+                t=t, token=int(tokens[t]), prompt=t < P, raw=store.keep(raw), logits=logits[t],
+                hashes={k: int(h) for k, h in zip(names, hashes[i:i + n])}))
+            i += n
+    return trace
+
+
+def _array(z, name: str, dtype, ndim: int, length: int | None = None) -> np.ndarray:
+    a = z[name]
+    if a.dtype != dtype or a.ndim != ndim or (length is not None and a.shape[0] != length):
+        raise ValueError(f"its {name} array is {a.dtype}{list(a.shape)}, not a trace's")
+    return a
+
+
+def _reason(e: OSError, root: Path) -> str:
+    if isinstance(e, (NotADirectoryError, FileExistsError)):
+        return f"{e.filename or root} or a folder above it is not a folder"
+    return e.strerror or str(e)
+
+
+def _line(s: str) -> str:
+    s = " ".join(str(s).split())
+    return s if len(s) <= 200 else s[:199] + "…"
 
 
 def _sha256(path: Path) -> str:

@@ -284,7 +284,7 @@ class Session:
         with self._lock:
             if self._ref is None:
                 key = self._cache_key()
-                cached = self.cache.load(key) if key else None
+                cached = self.cache.load(key, self.prompt, len(self.prompt) + self.n_tokens) if key else None
                 if cached is not None:
                     self.reference_cached = True
                     self._ref = cached
