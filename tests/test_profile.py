@@ -453,3 +453,48 @@ def test_where_and_located(tmp_path):
     assert str(e) == f"{f}:3: subject: cannot load the model"
     e = located(p, "subject", UsageError("device: 'tpu'"), option_hint="device")
     assert e.line == 7
+
+
+# ------------------------------------------------------------ what the process engine is handed
+
+PROC = """\
+[reference]
+engine = "cpu"
+
+[subject]
+engine = "process"
+options = {{ command = {command}, dump_env = "D"{extra} }}
+{toggles}"""
+
+
+def _proc(command='["true"]', extra="", toggles=""):
+    return PROC.format(command=command, extra=extra, toggles=toggles)
+
+
+def test_a_misspelt_owns_field_is_refused_for_every_engine(tmp_path):
+    tog = '[[toggle]]\nname = "a"\nkey = "A"\nfast = "0"\nexact = "1"\nowns = ["attn", "atn"]\n'
+    e = at(tmp_path, _proc(toggles=tog), 12, "toggle[1].owns", "'atn' is not a probe field", "did you mean 'attn'?")
+    hf = HF + tog.replace('key = "A"', 'key = "attn_implementation"')
+    at(tmp_path, hf, 11, "toggle[1].owns", "'atn' is not a probe field")
+    # a process's own declared fields are fields it can make
+    ok = _proc(extra=', fields = ["attn", "mine"]', toggles=tog.replace('"atn"', '"mine"'))
+    assert load_profile(write(tmp_path, ok)).subject.toggles[0].owns == ("attn", "mine")
+    assert e.line is not None
+
+
+@pytest.mark.parametrize("command,extra,line,key", [
+    ('["tool", "a\\u0000b"]', "", 6, "subject.options.command"),
+    ('"tool"', ', env = { X = "1\\u0000" }', 6, "subject.options.env.X"),
+    ('"tool"', "", 10, "toggle[1].values"),
+])
+def test_a_nul_byte_for_a_command_is_refused_at_its_line(tmp_path, command, extra, line, key):
+    tog = '[[toggle]]\nname = "a"\nkey = "A"\nvalues = ["0", "1\\u0000"]\n' if line == 10 else ""
+    at(tmp_path, _proc(command, extra, tog), line, key, "NUL byte")
+
+
+def test_a_relative_cwd_is_relative_to_the_profiles_folder(tmp_path, monkeypatch):
+    (tmp_path / "work").mkdir()
+    f = write(tmp_path, _proc(extra=', cwd = "work"'))
+    monkeypatch.chdir("/")
+    assert load_profile(f).subject.options["cwd"] == str(tmp_path / "work")
+    at(tmp_path, _proc(extra=', cwd = "nowhere"'), 6, "subject.options.cwd", f"{tmp_path / 'nowhere'} is not a folder")

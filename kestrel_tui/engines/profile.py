@@ -228,6 +228,7 @@ class _Checker:
         subject = self.side(doc, "subject", model)
         toggles = self.toggles(doc, subject)
         if toggles is not None:
+            self.owns(toggles, subject)
             subject = EngineSpec(subject.engine, subject.model, subject.options, toggles)
         return Profile(self.path, reference, subject,
                        model, s["weights"], s["kv"], tokens, prompt_ids, s["prompt"], s["tolerance"], deep,
@@ -295,7 +296,35 @@ class _Checker:
                     CudaOptions().set({name: value})
                 except UsageError:
                     self.fail((side, "options", name), f"{value!r} is not on or off", "write on or off")
+        if engine == "process":
+            self.no_nul(options, (side, "options"))
+            options = self.process_cwd(options, (side, "options", "cwd"))
         return EngineSpec(engine, side_model, options, None)
+
+    def no_nul(self, value, address: tuple) -> None:
+        """A NUL byte cannot reach a program's argv or environment (the OS ends the string there)."""
+        if isinstance(value, str):
+            if "\0" in value:
+                self.fail(address, "holds a NUL byte (\\0), which no command or environment can carry",
+                          "remove it")
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                self.no_nul(k, address)
+                self.no_nul(v, (*address, k))
+        elif isinstance(value, list):
+            for v in value:
+                self.no_nul(v, address)
+
+    def process_cwd(self, options: dict, address: tuple) -> dict:
+        """A relative `cwd` is relative to the profile's folder, as a relative `model` is."""
+        cwd = options.get("cwd")
+        if not isinstance(cwd, str) or not cwd.strip():
+            return options  # the process engine names what is wrong with it
+        p = Path(os.path.expanduser(cwd))
+        p = p if p.is_absolute() else self.base / p
+        if not p.is_dir():
+            self.fail(address, f"{p} is not a folder", f"give the folder the command runs in (relative to {self.base})")
+        return {**options, "cwd": str(p)}
 
     def toggles(self, doc: dict, subject: EngineSpec) -> tuple[Toggle, ...] | None:
         entries = doc.get("toggle")
@@ -375,8 +404,25 @@ class _Checker:
             values = [default, *(v for v in values if v != default)]  # values[0] is the default
         owns = e.get("owns", [])
         if not isinstance(owns, list) or not all(isinstance(o, str) for o in owns):
-            self.fail((*a, "owns"), "want an array of probe field names", 'write e.g. owns = ["attn", "q"]')
+            self.fail((*a, "owns"), "want an array of probe field names", 'write e.g. owns = ["attn", "qrope"]')
+        self.no_nul(values, (*a, "values"))
+        self.no_nul(key, (*a, "key"))
         return Toggle(name, tuple(values), exact, tuple(owns), help_, key)
+
+    def owns(self, toggles: tuple[Toggle, ...], subject: EngineSpec) -> None:
+        """Every toggle's `owns` names a field the subject can make: bisection follows a first DIFF's
+        field to its owners, so a misspelt one would never be tried first."""
+        from ..trace.keys import ALL_FIELDS
+
+        declared = subject.options.get("fields") if subject.engine == "process" else None
+        known = (*ALL_FIELDS, "emb", "logits", *(f for f in declared or () if isinstance(f, str)))
+        for i, t in enumerate(toggles):
+            for f in t.owns:
+                if f not in known:
+                    close = difflib.get_close_matches(f, known, n=1, cutoff=0.6)
+                    self.fail(("toggle", i, "owns"), f"{f!r} is not a probe field",
+                              f"did you mean {close[0]!r}?" if close else
+                              f"the fields are {', '.join(ALL_FIELDS)}, emb, logits (and a process's own `fields`)")
 
 
 # ---------------------------------------------------------------- messages
