@@ -5,6 +5,10 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widget import Widget
 
+from ...text import inert
+
+PART_LIMIT = 200  # characters of one header part
+
 
 class InfoHeader(Widget, can_focus=False):
     COMPONENT_CLASSES = {"header--title", "header--dim", "header--note"}
@@ -27,9 +31,9 @@ class InfoHeader(Widget, can_focus=False):
             out.append(" │ ", style=dim)
             if label:
                 out.append(f"{label} ", style=dim)
-            out.append(value)
+            out.append(inert(value, PART_LIMIT))  # a model's or engine's own name: outside text
         if self.note:
             out.append("\n")
-            out.append(f"note: {self.note}", style=self.get_component_rich_style("header--note", partial=True))
+            out.append(f"note: {inert(self.note, 4 * PART_LIMIT)}", style=self.get_component_rich_style("header--note", partial=True))
         out.no_wrap, out.overflow = True, "ellipsis"
         return out

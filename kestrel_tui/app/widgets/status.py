@@ -9,6 +9,10 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal
 from textual.widgets import Label, ProgressBar
 
+from ...text import inert
+
+STATUS_LIMIT = 1000  # characters: far past any terminal width, short of a runaway message
+
 
 class StatusBar(Horizontal):
     text = ""  # what the label shows (tests and scripts read it)
@@ -18,6 +22,8 @@ class StatusBar(Horizontal):
         yield Label("", id="status-text", markup=False)
 
     def set_text(self, text: str, kind: str = "") -> None:
+        # the status line carries engines' messages: one line, no control codes, bounded
+        text = inert(text, STATUS_LIMIT)
         self.text = text
         label = self.query_one("#status-text", Label)
         label.update(text)
