@@ -3,10 +3,17 @@
 Every failure the user can cause ends in one line on stderr and exit status 2;
 `diff` and `run` exit 1 when they find a DIFF and 0 when all keys agree
 (`run --tol SPEC`: 1 when a key is far, 0 when every key is ok or close).
+
+SIGTERM and SIGHUP stop a command like Ctrl-C (exit 130, an unfinished output kept
+as .partial); the app quits on them as on `q`. Either way, and however a command
+ends, every engine process group still running is killed and the private
+temporary folders are removed (procs.py); folders a killed tool left behind are
+removed at the next start.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import signal
 import sys
 
@@ -112,8 +119,35 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+_stopping = False   # the command is ending: a stop signal now is ignored
+_signalled = False  # one arrived: the process is ending
+
+
 def _interrupt(signum, frame) -> None:
+    global _stopping, _signalled
+    _signalled = True
+    if _stopping:
+        return  # one is enough: a second must not cut the cleanup the first started short
+    _stopping = True
     raise KeyboardInterrupt
+
+
+def stop_on_signals() -> dict:
+    """SIGTERM and SIGHUP raise KeyboardInterrupt in the main thread, as Ctrl-C does; the previous
+    handlers, to put back."""
+    global _stopping, _signalled
+    _stopping = _signalled = False
+    old = {}
+    for sig in STOP_SIGNALS:
+        with contextlib.suppress(ValueError, OSError):  # not the main thread: nothing to install
+            old[sig] = signal.signal(sig, _interrupt)
+    return old
+
+
+def _say(line: str) -> None:
+    with contextlib.suppress(OSError):  # a terminal that hung up: the command goes on
+        err_console.print(line)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -121,12 +155,15 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
         argv = ["tui", *argv]
     args = build_parser().parse_args(argv)
-    from . import commands
+    from . import commands, procs
+    from .engines import process
 
+    procs.sweep()  # what a tool killed before it could clean up left behind
+    # the app puts its own handlers in place while it runs (app/app.py); these cover the rest
+    old = stop_on_signals()
     if args.cmd != "tui" and not getattr(args, "tui", False):
-        # `kill` (SIGTERM) stops a headless command like Ctrl-C: output files are kept as .partial
-        signal.signal(signal.SIGTERM, _interrupt)
-
+        process.announce = _say  # a profile's command is named on stderr before it runs
+        process.reset_announced()
     try:
         if hasattr(args, "profile"):
             from .engine.inputs import apply_profile
@@ -134,14 +171,33 @@ def main(argv: list[str] | None = None) -> int:
             args.loaded_profile = apply_profile(args)
         return getattr(commands, f"cmd_{args.cmd}")(args)
     except UsageError as e:
-        err_console.print(f"kestrel-tui {args.cmd}: error: {e}")
+        _say(f"kestrel-tui {args.cmd}: error: {e}")
         return 2
     except KeyboardInterrupt as e:
         partial = getattr(e, "partial", None)  # set by files.create_whole
-        err_console.print("interrupted" + (f"; the unfinished output is kept as {partial} (not a whole file)"
-                                           if partial else ""))
+        _say("interrupted" + (f"; the unfinished output is kept as {partial} (not a whole file)"
+                              if partial else ""))
         return 130
+    finally:
+        global _stopping
+        _stopping = True  # a signal now would cut the cleanup short; the command is ending anyway
+        process.announce = None
+        procs.cleanup()
+        for sig, handler in old.items():
+            with contextlib.suppress(ValueError, OSError, TypeError):
+                # after a stop signal more may follow while the interpreter ends: the work is done
+                signal.signal(sig, signal.SIG_IGN if _signalled else handler)
+
+
+def _drop_working_directory() -> None:
+    """Run as ``python -m kestrel_tui.cli``, the working directory leads sys.path, and a model folder's
+    llama_cpp.py would be imported instead of the installed library; kestrel_tui is imported already."""
+    import os
+
+    cwd = os.path.realpath(os.getcwd())
+    sys.path[:] = [p for p in sys.path if p and os.path.realpath(p) != cwd]
 
 
 if __name__ == "__main__":
+    _drop_working_directory()
     sys.exit(main())

@@ -6,6 +6,8 @@ fails instead of replacing a file that appeared meanwhile. When writing stops
 part way (an error, Ctrl-C), the temporary file is kept as
 ``<name>.partial`` (``<name>.partial.2``, … when that is taken) so no work is
 lost, and the name says it is not a whole file; readers refuse such names.
+A temporary file still open when the tool ends (a signal, the app quitting
+while a worker writes) is kept as .partial the same way (procs.cleanup).
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
+from . import procs
 from .errors import UsageError
 
 PARTIAL_SUFFIX = ".partial"
@@ -68,11 +71,13 @@ def _reserve(path: str | os.PathLike, what: str) -> tuple[Path, Path, int]:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     except OSError as e:
         raise UsageError(f"{final}: cannot create ({e.strerror}); choose a writable path") from None
+    procs.add_file(tmp, lambda: _keep_partial(tmp, final))
     return final, tmp, fd
 
 
 def _failed(tmp: Path, final: Path, e: BaseException) -> None:
     """Writing stopped with ``e``: keep the temporary file as .partial and raise (always)."""
+    procs.drop_file(tmp)
     partial = _keep_partial(tmp, final)
     if partial is None:
         with contextlib.suppress(OSError):
@@ -87,6 +92,7 @@ def _failed(tmp: Path, final: Path, e: BaseException) -> None:
 
 def _publish(tmp: Path, final: Path) -> None:
     """The whole file goes to its real name, never over a file that appeared meanwhile."""
+    procs.drop_file(tmp)
     try:
         os.link(tmp, final)
     except FileExistsError:

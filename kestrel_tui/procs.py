@@ -31,7 +31,7 @@ _OWNED_RE = re.compile(r"kestrel-(?:proc|llama)-([0-9]{1,10})-")
 _lock = threading.Lock()
 _groups: dict[int, object] = {}   # process group id -> its leader's Popen
 _folders: set[str] = set()
-_files: set[str] = set()
+_files: dict[str, object] = {}   # hidden temporary file -> what to do with it at the end
 
 
 def signal_name(n: int) -> str:
@@ -161,15 +161,16 @@ def sweep(root: str | None = None) -> list[str]:
 # ---------------------------------------------------------------------------------------------- files
 
 
-def add_file(path: str | os.PathLike) -> None:
-    """A hidden temporary file (files.py) that must not outlive the tool."""
+def add_file(path: str | os.PathLike, abandon=None) -> None:
+    """A hidden temporary file (files.py) that must not outlive the tool: at the end ``abandon()`` is
+    called (it keeps the file under a name that says what it is), or the file is removed."""
     with _lock:
-        _files.add(os.fspath(path))
+        _files[os.fspath(path)] = abandon
 
 
 def drop_file(path: str | os.PathLike) -> None:
     with _lock:
-        _files.discard(os.fspath(path))
+        _files.pop(os.fspath(path), None)
 
 
 # ---------------------------------------------------------------------------------------------- the end
@@ -179,11 +180,14 @@ def cleanup() -> None:
     """End every registered process group, remove every registered folder and hidden file."""
     end_groups()
     with _lock:
-        folders, files = list(_folders), list(_files)
+        folders, files = list(_folders), list(_files.items())
         _folders.clear()
         _files.clear()
     for path in folders:
         shutil.rmtree(path, ignore_errors=True)
-    for path in files:
+    for path, abandon in files:
+        if abandon is not None:
+            with contextlib.suppress(Exception):
+                abandon()
         with contextlib.suppress(OSError):
             os.unlink(path)

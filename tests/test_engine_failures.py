@@ -76,7 +76,9 @@ engine = "sim"
     for argv in (["run", "--profile", prof], ["dump", "--profile", prof, "--backend", "reference",
                                                "--out", tmp_path / "d.txt"]):
         code, _, err = run_cli(capsys, *argv)
-        assert code == 2 and "exited with code" in one_line_error(err)
+        said, *rest = err.splitlines()  # first the command the profile runs, then the failure
+        assert said.startswith("process engine toy_engine.py: running ") and "--fail-after 1" in said, err
+        assert code in (2, 3) and "exited with code" in one_line_error("\n".join(rest))  # 3: an engine failed
     assert not (tmp_path / "d.txt").exists()
 
 

@@ -434,3 +434,91 @@ def test_an_engine_with_a_longer_own_prompt_is_named(model):
                         " time.sleep(30)")
     with pytest.raises(EngineFailed, match=r"first key 't32_emb' is past the last position asked for \(5\)"):
         eng.run(request())
+
+
+# ---------------------------------------------------------------------------------------------- hostile output
+
+
+def test_exit_midway_keeps_a_position_whose_declared_fields_all_arrived(model, ref):
+    from kestrel_tui.trace.keys import FIELDS
+
+    # the toy writes position 4 whole, then exits 3: with `fields` declared, position 4 is known complete
+    eng = engine(model, toy("--fail-after", "4", raw=False, fields=["emb", *FIELDS, "logits"]))
+    with pytest.raises(EngineFailed) as ei:
+        eng.run(request(forced=ref.generated[:N]))
+    msg = one_line(ei.value)
+    assert "exited with code 3 after 5 positions" in msg, msg
+    assert [p.t for p in ei.value.partial.positions] == [0, 1, 2, 3, 4]
+    assert ei.value.partial.hashes() == ref.hashes(5)
+    # a field it never writes: position 4 is not known whole, and is not kept
+    eng = engine(model, toy("--fail-after", "4", raw=False, fields=["emb", *FIELDS, "logits", "pnrm"]))
+    with pytest.raises(EngineFailed) as ei:
+        eng.run(request(forced=ref.generated[:N]))
+    assert [p.t for p in ei.value.partial.positions] == [0, 1, 2, 3]
+
+
+def test_a_line_of_megabytes_fails_at_once_naming_its_line(model):
+    code = ("import os\nf = open(os.environ['D'], 'a')\nf.write('t0_emb 00000000000000ab\\n')\n"
+            "f.write('x' * (64 << 20))\nf.close()")
+    t0 = time.monotonic()
+    with pytest.raises(EngineFailed) as ei:
+        script(model, code).run(request())
+    msg = one_line(ei.value)
+    m = re.search(r"(/\S+)/dump\.txt:2: a line longer than 4096 bytes", msg)
+    assert m, msg
+    assert time.monotonic() - t0 < 20
+    shutil.rmtree(m[1])
+
+
+def test_dump_tail_reads_in_bounded_chunks(tmp_path):
+    p = tmp_path / "d.txt"
+    lines = [f"t{i}_emb {i:016x}\n" for i in range(1000)]
+    p.write_text("".join(lines))
+    tail = DumpTail(str(p), max_bytes=100)
+    got, polls = [], 0
+    while True:
+        got += tail.poll()
+        polls += 1
+        if tail.caught_up:
+            break
+    assert [(n, t, h) for n, t, h in got] == [(i + 1, f"t{i}_emb", i) for i in range(1000)]
+    assert polls >= len("".join(lines)) // 100  # never more than max_bytes a poll
+    tail.close()
+    p.write_bytes(b"t0_emb 00000000000000ab\n" + b"y" * 5000)
+    tail = DumpTail(str(p), max_bytes=1000)
+    with pytest.raises(DumpError, match=r"d\.txt:2: a line longer than 4096 bytes"):
+        for _ in range(10):
+            tail.poll()
+    tail.close()
+
+
+def test_an_engines_stderr_is_inert_in_the_message(model):
+    code = ("import sys; sys.stderr.write('\\x1b]0;owned\\x07\\x1b[2J' + 'z' * 5000 + ' boom\\n'); sys.exit(1)")
+    with pytest.raises(EngineFailed) as ei:
+        script(model, code).run(request())
+    msg = one_line(ei.value)
+    assert "\x1b" not in msg and "\x07" not in msg and msg.endswith("boom") and len(msg) < 600, msg
+
+
+def test_the_cli_says_which_command_a_profile_runs_before_running_it(tmp_path, capsys):
+    from clitools import run_cli
+    from toytools import TOY
+
+    marker = tmp_path / "ran"
+    prof = tmp_path / "p.toml"
+    prof.write_text(f'''tokens = 1
+[reference]
+engine = "cpu"
+[subject]
+engine = "process"
+[subject.options]
+command = [{sys.executable!r}, "-c", "open({str(marker)!r}, 'w'); import sys; sys.exit(4)", "{{dump}}"]
+env = {{ KESTREL_TEST_FLAG = "1" }}
+''')
+    code, _, err = run_cli(capsys, "run", "--profile", prof)
+    assert code != 0 and marker.exists()
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    want = f"process engine python: running KESTREL_TEST_FLAG=1 {sys.executable} -c"
+    assert any(ln.startswith(want) and "{dump}" in ln for ln in lines), err
+    assert lines.index(next(ln for ln in lines if ln.startswith(want))) < len(lines) - 1  # before its failure
+    assert TOY

@@ -80,3 +80,22 @@ def test_missing_folder_is_one_line(tmp_path):
     with pytest.raises(UsageError, match=r"no such directory for out\.txt"):
         with create_whole(tmp_path / "nope" / "out.txt"):
             pass
+
+
+def test_a_file_still_being_written_when_the_tool_ends_is_kept_as_partial(tmp_path):
+    """The tool's end (a signal, the app quitting while a worker writes) leaves no hidden temporary file."""
+    from kestrel_tui import procs
+
+    p = tmp_path / "out.txt"
+    cm = create_whole(p)
+    f = cm.__enter__()
+    f.write("half\n")
+    f.flush()
+    assert len(names(tmp_path)) == 1 and names(tmp_path)[0].startswith(".out.txt.")
+    procs.cleanup()
+    assert names(tmp_path) == ["out.txt.partial"] and (tmp_path / "out.txt.partial").read_text() == "half\n"
+    f.close()
+    with create_whole(tmp_path / "b.txt") as g:  # a file written whole is no longer registered
+        g.write("x")
+    procs.cleanup()
+    assert (tmp_path / "b.txt").read_text() == "x"

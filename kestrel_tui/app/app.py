@@ -3,9 +3,16 @@
 The app only owns what is global — quit, help, the command palette and where
 exports go. Everything about runs lives in screens/main.py; drawing lives in
 widgets/; colours and layout in app.tcss.
+
+SIGTERM and SIGHUP quit the app as `q` does (runs cancelled, the terminal
+restored), when it runs with ``signals=True`` (app/main.py; tests driving it
+leave their own loop's signals alone).
 """
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import signal
 from pathlib import Path
 
 from textual.app import App
@@ -27,10 +34,29 @@ class KestrelApp(App[int]):
         Binding("q", "quit", "quit", tooltip="quit (cancels a run in flight)"),
     ]
 
-    def __init__(self, source: LiveSource | DiffSource, *, export_dir: str | Path = "exports") -> None:
+    STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+    SIGNAL_EXIT = 130  # as the headless commands, stopped by a signal or Ctrl-C
+
+    def __init__(self, source: LiveSource | DiffSource, *, export_dir: str | Path = "exports",
+                 signals: bool = False) -> None:
         super().__init__()
         self.source = source
         self.export_dir = Path(export_dir)
+        self._signals = signals
+
+    def on_mount(self) -> None:
+        if not self._signals:
+            return
+        loop = asyncio.get_running_loop()
+        for sig in self.STOP_SIGNALS:
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.add_signal_handler(sig, self._on_stop_signal)
+
+    def _on_stop_signal(self) -> None:
+        # the engines' processes run in sessions of their own: the signal reached us alone
+        with contextlib.suppress(Exception):
+            self.main.cancel_all()
+        self.exit(return_code=self.SIGNAL_EXIT)
 
     def get_default_screen(self) -> Screen:
         return MainScreen(self.source, self.export_dir)

@@ -11,15 +11,25 @@ def run_app(args: argparse.Namespace) -> int:
     """The debugger on a model (loaded inside the app, so a bad model dir is a message, not a crash)."""
     from .app import KestrelApp
 
-    app = KestrelApp(LiveSource(args_loader(args)))
-    app.run()
-    return app.return_code or 0
+    return _run(KestrelApp(LiveSource(args_loader(args)), signals=True))
 
 
 def run_diff_app(path_a: str, path_b: str, dump_a: Mapping[str, int], dump_b: Mapping[str, int]) -> int:
     """The same grid over two dump files; no model needed."""
     from .app import KestrelApp
 
-    app = KestrelApp(DiffSource(path_a, path_b, dump_a, dump_b))
-    app.run()
+    return _run(KestrelApp(DiffSource(path_a, path_b, dump_a, dump_b), signals=True))
+
+
+def _run(app) -> int:
+    import signal
+
+    old = {sig: signal.getsignal(sig) for sig in app.STOP_SIGNALS}
+    try:
+        app.run()
+    finally:
+        # the app's loop leaves SIG_DFL behind: the caller's handlers cover the cleanup that follows
+        for sig, handler in old.items():
+            if handler is not None:
+                signal.signal(sig, handler)
     return app.return_code or 0

@@ -9,8 +9,10 @@ grid fills while the engine runs. Optional raw values come from an
 append-only sidecar file (engines/sidecar.py) read the same way.
 
 A position is complete when a key of a later position appears, or when the
-process exits; the prompt's positions complete together (an engine may write
-its prefill layer by layer across positions), decode positions one by one.
+process exits 0, or — whatever the exit — once every key of the fields the
+profile declares has arrived; the prompt's positions complete together (an
+engine may write its prefill layer by layer across positions), decode
+positions one by one.
 docs/engines-process.md is the user's guide: options, placeholders, toggles,
 failures, the sidecar format with C and Python writers.
 """
@@ -23,7 +25,6 @@ import shlex
 import shutil
 import signal
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -31,9 +32,11 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import procs
 from ..errors import UsageError
+from ..text import inert, inert_tail
 from ..trace.dump import DumpError, parse_dump_line
-from ..trace.keys import logits_key, parse_key
+from ..trace.keys import emb_key, key_name, logits_key, parse_key
 from ..trace.rawstore import RawStore
 from .base import Capabilities, Engine, EngineFailed, EngineSpec, RunRequest, Toggle
 from .sidecar import SidecarError, SidecarReader
@@ -58,6 +61,16 @@ _PH_RE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _ENV_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _TOKEN_RE = re.compile(r"t(0|[1-9][0-9]*)_token")  # a sidecar record of the consumed token id
 _INTERPRETERS = re.compile(r"(python[0-9.]*|pypy[0-9.]*|bash|sh|node|perl|ruby|env)(\.exe)?")
+MAX_LINE = 4096          # bytes of one dump line: a tag of a few hundred bytes and its hash fit many times
+READ_CHUNK = 1 << 20     # bytes of the dump read per poll: a reader that falls behind catches up chunk by chunk
+# Called with one line before a profile's command first runs (the CLI prints it on stderr; the app,
+# whose terminal is the grid, leaves it unset). None: say nothing.
+announce = None
+_announced: set[tuple] = set()
+
+
+def reset_announced() -> None:
+    _announced.clear()
 
 
 def _bad(msg: str) -> UsageError:
@@ -283,20 +296,31 @@ class _ContentError(Exception):
 
 
 class DumpTail:
-    """The complete lines a growing dump file holds so far, parsed: (line number, tag, hash)."""
+    """The complete lines a growing dump file holds so far, parsed: (line number, tag, hash).
 
-    def __init__(self, path: str):
-        self.path = path
+    Read in chunks of ``max_bytes`` (``caught_up`` says whether the last poll reached the end), and a
+    line may hold ``MAX_LINE`` bytes: a file that is no dump (one line of gigabytes) fails at once,
+    naming its line, instead of being held in memory whole."""
+
+    def __init__(self, path: str, max_bytes: int = READ_CHUNK):
+        self.path, self.max_bytes = path, max_bytes
         self._f = None
         self._buf = b""
         self._n = 0            # lines consumed
         self._blank: int | None = None  # a blank line is fine only if nothing but blank lines follows
         self.n_lines = 0       # key lines read
+        self.caught_up = True
+
+    def _too_long(self, n: int) -> DumpError:
+        return DumpError(f"{self.path}:{n}: a line longer than {MAX_LINE} bytes; a dump line is"
+                         f" '<tag> <hash16>' (is the engine writing its dump there?)")
 
     def _lines(self, blines: list[bytes]) -> list[tuple[int, str, int]]:
         out = []
         for b in blines:
             self._n += 1
+            if len(b) > MAX_LINE:
+                raise self._too_long(self._n)
             if not b.rstrip(b"\r").strip():
                 self._blank = self._blank or self._n
                 continue
@@ -310,12 +334,16 @@ class DumpTail:
     def poll(self) -> list[tuple[int, str, int]]:
         if self._f is None:
             self._f = open(self.path, "rb")
-        chunk = self._f.read()
+        chunk = self._f.read(self.max_bytes)
+        self.caught_up = len(chunk) < self.max_bytes
         if not chunk:
             return []
         self._buf += chunk
         *complete, self._buf = self._buf.split(b"\n")
-        return self._lines(complete)
+        out = self._lines(complete)
+        if len(self._buf) > MAX_LINE:
+            raise self._too_long(self._n + 1)
+        return out
 
     def finish(self) -> list[tuple[int, str, int]]:
         """At a clean exit: a last line without "\\n" counts (read_dump accepts it too)."""
@@ -331,7 +359,8 @@ class Assembler:
     """Dump keys and sidecar records -> Positions, each emitted once complete, in order."""
 
     def __init__(self, req: RunRequest, *, prompt_known: bool, forced: list[int] | None, vocab: int | None,
-                 keep_raw: bool, store: RawStore, dump_label: str, raw_label: str):
+                 keep_raw: bool, store: RawStore, dump_label: str, raw_label: str,
+                 fields: frozenset[str] | None = None, n_layers: int | None = None):
         self.req, self.P = req, len(req.prompt)
         self.last = self.P + req.n_tokens - 1
         self.prompt_known, self.forced, self.vocab, self.keep_raw = prompt_known, forced, vocab, keep_raw
@@ -347,6 +376,28 @@ class Assembler:
         self.positions: list = []
         self._prev_top1 = -1
         self.raw_hi = -1      # the latest position a sidecar record named
+        self.fields, self.n_layers = fields, n_layers
+
+    def _declared(self, t: int) -> set[str] | None:
+        """Every key the profile's `fields` say position t has (None: they are not declared)."""
+        if not self.fields or self.n_layers is None:
+            return None
+        keys = {emb_key(t)} if "emb" in self.fields else set()
+        if "logits" in self.fields:
+            keys.add(logits_key(t))
+        per_layer = self.fields - {"emb", "logits"}
+        keys |= {key_name(t, li, f) for li in range(self.n_layers) for f in per_layer}
+        return keys
+
+    def complete_by_fields(self, upto: int) -> int:
+        """``upto`` moved past every following position whose declared keys have all arrived: what an
+        engine that then exits non-zero finished (without `fields` nothing tells a whole position)."""
+        while upto <= min(self.hi, self.last):
+            want = self._declared(upto)
+            if not want or not want <= self.hashes.get(upto, {}).keys():
+                break
+            upto += 1
+        return upto
 
     def _position(self, tag: str) -> int | None:
         try:
@@ -461,6 +512,7 @@ def kill_group(proc: subprocess.Popen) -> None:
             pass
     _signal_group(proc.pid, signal.SIGKILL)
     proc.wait()
+    procs.drop_group(proc)
 
 
 def _output_tail(folder: Path) -> str:
@@ -474,16 +526,14 @@ def _output_tail(folder: Path) -> str:
             continue
         lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
         if lines:
-            return f"{name}: {_clip(' '.join(lines[-1].split()))}"
+            return f"{name}: {inert_tail(lines[-1])}"
     return "no output on stderr"
 
 
 def _exit_text(rc: int) -> str:
     if rc < 0:
-        try:
-            return f"was killed by signal {signal.Signals(-rc).name}"
-        except ValueError:
-            return f"was killed by signal {-rc}"
+        name = procs.signal_name(-rc)
+        return f"was killed by signal {name}" if name.isidentifier() else f"was killed by {name}"
     return f"exited with code {rc}"
 
 
@@ -495,6 +545,7 @@ class ProcessEngine(Engine):
     def __init__(self, cfg: ProcessConfig, toggles: tuple[Toggle, ...] = (), model=None):
         self.cfg, self.toggles, self.name = cfg, toggles, cfg.name
         self.vocab = model.cfg.vocab if model is not None else None
+        self.n_layers = model.cfg.n_layers if model is not None else None
         self.fields = cfg.fields
         self.caps = Capabilities(prefill_from=False, forcing=cfg.uses("forced_ids"), isolate=False,
                                  logits=cfg.sidecar, raw=cfg.sidecar)
@@ -513,7 +564,7 @@ class ProcessEngine(Engine):
             raise Cancelled()
         if not req.prompt:
             raise ValueError("the prompt is empty; give at least one token")
-        folder = Path(tempfile.mkdtemp(prefix="kestrel-proc-"))
+        folder = Path(procs.make_folder("kestrel-proc-"))
         keep_folder, proc = False, None
         try:
             dump = folder / "dump.txt"
@@ -530,18 +581,23 @@ class ProcessEngine(Engine):
         finally:
             if proc is not None:
                 kill_group(proc)
-            if not keep_folder:
-                shutil.rmtree(folder, ignore_errors=True)
+            if keep_folder:
+                procs.keep_folder(folder, "kept as evidence: a failure message names a file here")
+            else:
+                procs.remove_folder(folder)
 
     def _start(self, argv: list[str], env: dict[str, str], folder: Path) -> subprocess.Popen:
         cwd = self.cfg.cwd
         if cwd is not None and not os.path.isdir(cwd):
             raise _bad(f"`cwd` {cwd!r}: no such folder; fix `cwd` in the profile")
+        self._announce(cwd)
         # output goes to files, not pipes: nothing has to drain them, and the tail names the failure
         with open(folder / "stdout.txt", "wb") as out, open(folder / "stderr.txt", "wb") as err:
             try:
-                return subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
                                         start_new_session=True)
+                procs.add_group(proc)  # its own session: the tool's signals do not reach it, the tool ends it
+                return proc
             except FileNotFoundError:
                 raise _bad(f"command {argv[0]!r} not found; fix `command` in the profile") from None
             except PermissionError:
@@ -550,13 +606,27 @@ class ProcessEngine(Engine):
             except OSError as e:
                 raise _bad(f"cannot start {argv[0]!r}: {e.strerror or e}; fix `command` in the profile") from None
 
+    def _announce(self, cwd: str | None) -> None:
+        """Say which command the profile runs (as written: placeholders unfilled), once per command."""
+        if announce is None:
+            return
+        key = (self.cfg.command, self.cfg.env, cwd)
+        if key in _announced:
+            return
+        _announced.add(key)
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.cfg.env)
+        line = " ".join(x for x in (env, shlex.join(self.cfg.command)) if x)
+        where = f" (in {cwd})" if cwd else ""
+        announce(f"process engine {inert(self.name)}: running {inert(line, 1000)}{inert(where)}")
+
     def _follow(self, proc: subprocess.Popen, req: RunRequest, folder: Path, dump: Path, raw: Path | None):
         from ..engine.run import Cancelled, Trace
 
         forced = forced_ids(self.cfg, req)
         store = RawStore()
         asm = Assembler(req, prompt_known=self.cfg.uses("prompt_ids"), forced=forced, vocab=self.vocab,
-                        keep_raw=req.raw, store=store, dump_label=str(dump), raw_label=str(raw))
+                        keep_raw=req.raw, store=store, dump_label=str(dump), raw_label=str(raw),
+                        fields=self.cfg.fields, n_layers=self.n_layers)
         trace = Trace(backend=self.describe(req.values), prompt=list(req.prompt), positions=asm.positions,
                       store=store)
         tail = DumpTail(str(dump))
@@ -587,7 +657,8 @@ class ProcessEngine(Engine):
                     lines = tail.poll()
                     records = list(side.poll()) if side else []
                     behind = side is not None and not side.caught_up  # more records wait: read them first
-                    if rc == 0 and not behind:
+                    dump_behind = not tail.caught_up
+                    if rc == 0 and not behind and not dump_behind:
                         lines += tail.finish()
                         if side:
                             side.check_end()
@@ -602,8 +673,11 @@ class ProcessEngine(Engine):
                         asm.add_hash(n, tag, h)
                 except _ContentError as e:
                     raise unreadable(str(e)) from None
-                upto = asm.ready(exited=rc == 0 and not behind, raw_behind=asm.raw_hi if behind else None)
-                for pos in asm.emit(upto):  # a crash leaves its last position unfinished
+                upto = asm.ready(exited=rc == 0 and not behind and not dump_behind,
+                                 raw_behind=asm.raw_hi if behind else None)
+                if rc is not None and rc != 0 and not behind and not dump_behind:
+                    upto = asm.complete_by_fields(upto)  # a crash leaves its last position unfinished, unless
+                for pos in asm.emit(upto):               # the declared fields say it was whole
                     if req.on_position:
                         req.on_position(pos)
                     if req.cancel is not None and req.cancel.is_set():
@@ -611,8 +685,8 @@ class ProcessEngine(Engine):
                         raise Cancelled()
                     if req.stop is not None and req.stop():
                         return trace  # the caller has what it needs (finally kills the child)
-                if behind:
-                    continue  # catch up with the sidecar before judging the end or sleeping
+                if behind or dump_behind:
+                    continue  # catch up with the files before judging the end or sleeping
                 if asm.beyond:
                     if asm.hi < 0:  # not one key in range: the engine numbers its positions otherwise
                         raise fail(f"its first key {asm.beyond!r} is past the last position asked for"
