@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import UsageError
+from ..readers import parse_toml, read_regular
 from .base import EngineSpec, Toggle
 
 BUILTIN = ("cpu", "sim", "cuda")  # engines whose toggles are their op families and which take no options
@@ -120,7 +121,7 @@ def load_profile(path, model_override: str | None = None) -> Profile:
     shown = str(path)
     p = Path(os.path.expanduser(shown))
     try:
-        data = p.read_bytes()
+        data = read_regular(p, 4 << 20, "profile")  # a FIFO or /dev/zero is refused, not read forever
     except FileNotFoundError:
         raise ProfileError(f"{shown}: not found; give the path of a .toml profile (examples in profiles/)",
                            shown) from None
@@ -136,7 +137,7 @@ def load_profile(path, model_override: str | None = None) -> Profile:
         raise ProfileError(f"{shown}:{line}: not UTF-8 text (byte 0x{data[e.start]:02x}); save the file as UTF-8",
                            shown, line) from None
     try:
-        doc = tomllib.loads(text)
+        doc = parse_toml(text, shown)  # nesting and digits beyond a profile's are one line
     except tomllib.TOMLDecodeError as e:
         raise _syntax_error(shown, text, e) from None
     try:

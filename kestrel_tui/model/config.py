@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..errors import UsageError
+from ..readers import LimitError, parse_json, read_regular
 
 QK = 32  # q4_0 / q8_0 block size
 
@@ -78,9 +79,19 @@ class Config:
         return tuple(i for i in range(self.n_layers) if not self.layer_is_moe(i))
 
     @property
+    def has_dense(self) -> bool:
+        """Some layer's MLP is dense; without a loop over the layers, whose count a config may claim
+        before any tensor has confirmed it."""
+        if not self.is_moe:
+            return self.n_layers > 0
+        # layer 0 is off-step for any step > 1
+        return (self.decoder_sparse_step > 1 and self.n_layers > 0) or \
+            any(0 <= i < self.n_layers for i in self.mlp_only_layers)
+
+    @property
     def is_mixed(self) -> bool:
         """A qwen3_moe model with some dense layers."""
-        return self.is_moe and bool(self.dense_layers)
+        return self.is_moe and self.has_dense
 
     @property
     def q_dim(self) -> int:
@@ -108,7 +119,8 @@ class Config:
         need(self.n_heads % self.n_kv_heads == 0,
              f"config: num_attention_heads {self.n_heads} is not a multiple of num_key_value_heads {self.n_kv_heads}")
         need(self.head_dim % 2 == 0, f"config: head_dim {self.head_dim} must be even for RoPE")
-        need(self.eps > 0 and self.rope_theta > 0, "config: rms_norm_eps and rope_theta must be > 0")
+        need(self.eps > 0 and self.rope_theta > 0 and math.isfinite(self.eps) and math.isfinite(self.rope_theta),
+             f"config: rms_norm_eps and rope_theta must be finite and > 0 (got {self.eps}, {self.rope_theta})")
         ffn = []  # the MLP widths in use, each cut into q4_0 blocks
         if self.is_moe:
             need(self.decoder_sparse_step > 0, f"config: decoder_sparse_step must be > 0"
@@ -117,9 +129,8 @@ class Config:
                  f"config: num_experts_per_tok {self.top_k} must be in 1..num_experts ({self.n_experts})")
             need(self.moe_intermediate > 0, "config: moe_intermediate_size must be > 0")
             ffn.append(("moe_intermediate_size", self.moe_intermediate))
-        dense = self.dense_layers
-        if dense:
-            which = f" (the dense MLP of layers {list(dense)})" if self.is_moe else ""
+        if self.has_dense:
+            which = f" (the dense MLP of {self._dense_shown()})" if self.is_moe else ""
             need(self.intermediate > 0, f"config: intermediate_size must be > 0{which}")
             ffn.append(("intermediate_size", self.intermediate))
         if weights == "q4_0":
@@ -128,6 +139,15 @@ class Config:
                 need(dim % QK == 0, f"config: {name} = {dim} is not a multiple of {QK}, so q4_0 cannot block it;"
                                     f" use --weights f32")
         return self
+
+    def _dense_shown(self, n: int = 8) -> str:
+        shown = []
+        for i in range(self.n_layers):  # stops after n: n_layers may be a claim as large as 10^9
+            if not self.layer_is_moe(i):
+                shown.append(i)
+                if len(shown) > n:
+                    break
+        return f"layers {shown[:n]}" + (" and more" if len(shown) > n else "")
 
     def with_layers(self, n_layers: int) -> "Config":
         return replace(self, n_layers=n_layers)
@@ -172,6 +192,7 @@ _DEFAULTS = {
     "qwen3_moe": dict(num_key_value_heads=4, max_position_embeddings=32768, norm_topk_prob=False,
                       decoder_sparse_step=1),
 }
+CONFIG_MAX = 4 << 20  # a config.json is a few KB; a larger one is not a config
 _DTYPE_NAMES = ("float32", "float16", "bfloat16")  # what the safetensors reader widens (model/hf.py)
 
 
@@ -180,10 +201,15 @@ def load_config(model_dir: str | Path, weights: str = "q4_0") -> Config:
     if not Path(model_dir).is_dir():
         raise ModelError(f"{model_dir}: not a directory; pass an HF model directory (config.json + *.safetensors)")
     try:
-        raw = json.loads(path.read_text())
+        raw = parse_json(read_regular(path, CONFIG_MAX, "config.json").decode("utf-8"))
     except FileNotFoundError:
         raise ModelError(f"{path}: missing; an HF model directory needs config.json") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except OSError as e:
+        raise ModelError(f"{path}: cannot read ({e.strerror}); an HF model directory needs config.json as"
+                         f" a regular file") from None
+    except LimitError as e:
+        raise ModelError(f"{path}: {e}; the file is damaged, re-export the checkpoint's config.json") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ModelError(f"{path}: not valid JSON ({e}); re-export the checkpoint's config.json") from None
     if not isinstance(raw, dict):
         raise ModelError(f"{path}: expected a JSON object")
@@ -216,6 +242,8 @@ def load_config(model_dir: str | Path, weights: str = "q4_0") -> Config:
             raise bad(key, val) from None
         if cast is int and out != val:  # 2.5 layers
             raise bad(key, val, "; expected an integer")
+        if cast is int and not -2**63 <= out < 2**63:  # 1e308 is an integer too, and no size
+            raise bad(key, val, "; expected an integer below 2^63")
         return out
 
     hidden = get("hidden_size")
@@ -256,7 +284,7 @@ def load_config(model_dir: str | Path, weights: str = "q4_0") -> Config:
         attention_bias=get("attention_bias", bool, False),
         yarn=yarn,
     )
-    if cfg.dense_layers:  # every layer of qwen3; mlp_only / off-step layers of qwen3_moe
+    if cfg.has_dense:  # every layer of qwen3; mlp_only / off-step layers of qwen3_moe
         cfg = replace(cfg, intermediate=get("intermediate_size"))
     if get("use_sliding_window", bool, False):
         raise ModelError(f"{path}: use_sliding_window=true is not supported (kestrel-tui attends to every position)")

@@ -1,7 +1,8 @@
 """GGUF files in and out: llama.cpp's `qwen3` / `qwen3moe` files <-> Model, with the `gguf` package.
 
-Reading (`load_gguf_model`) memory-maps the file (gguf.GGUFReader) and builds
-one tensor at a time. Tensor types: **Q4_0** is used as it is — ggml's q4_0
+Reading (`load_gguf_model`) memory-maps the file, reads its header with every
+count checked against the bytes that hold it (`_parse`; gguf.GGUFReader trusts
+them), and builds one tensor at a time. Tensor types: **Q4_0** is used as it is — ggml's q4_0
 blocks are our q4_0 blocks, so with `--weights q4_0` the reference runs
 exactly the bytes llama.cpp runs, and `--weights f32` takes their exact
 dequantized values; **Q8_0, F16, BF16, F32** are widened to f32 exactly
@@ -107,12 +108,20 @@ tokenizes as HF does.
 from __future__ import annotations
 
 import json
+import math
+import os
+import re
+import struct
 from dataclasses import replace
 from pathlib import Path
+from stat import S_ISREG
+from typing import NamedTuple
 
 import numpy as np
 
 from ..files import create_whole_path, is_partial_name
+from ..readers import kind_of, open_regular
+from ..text import inert
 from .config import QK, Config, ModelError
 from .progress import Progress, Tally
 from .weights import (FORMATS, Layer, Linear, Model, linear_from_ggml, linear_from_rows, make_linear,
@@ -188,34 +197,222 @@ def _ne(shape: tuple[int, ...]) -> list[int]:
 
 # ---------------------------------------------------------------- reading
 
+# The header is read here, not by gguf.GGUFReader: the reader trusts every count in the file (a
+# 133-byte file declaring an array of 2^40 elements loops and allocates without end). Every count and
+# length is checked against the bytes left before anything is allocated or looped over, so reading a
+# header costs at most a few times the file's own size.
+
+_SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_NP = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "<u1", 10: "<u8", 11: "<i8",
+       12: "<f8"}
+_ITEM_BYTES = {**{t: struct.calcsize(f) for t, f in _SCALAR.items()}, _STRING: 8, _ARRAY: 12}  # the fewest
+_KV_BYTES = 8 + 4 + 1  # a key's length, its value type, the smallest value
+_TI_BYTES = 8 + 4 + 4 + 8  # a tensor's name length, n_dims, type, offset
+_VERSIONS = (2, 3)  # what gguf.GGUFReader reads; llama.cpp writes 3
+_MAX_DIMS = 4  # GGML_MAX_DIMS
+_MAX_NEST = 8  # arrays of arrays: no model key has any
+
+
+class _Field(NamedTuple):
+    type: int  # GGUF value type
+    value: object  # int / float / bool / str, or for an array a list (strings, nested arrays) or numpy array
+    item: int | None = None  # an array's item type
+
+    def count(self) -> int:
+        return len(self.value) if self.type == _ARRAY else 1
+
+
+class _Tensor:
+    """A tensor's header entry; `data` is a view of the memory-mapped file, made when asked for."""
+
+    def __init__(self, name: str, tensor_type, shape: tuple[int, ...], n_bytes: int, start: int, mm):
+        self.name, self.tensor_type, self.shape, self.n_bytes, self.start = name, tensor_type, shape, n_bytes, start
+        self._mm = mm
+
+    @property
+    def data(self) -> np.ndarray:
+        raw = self._mm[self.start:self.start + self.n_bytes]
+        kind = int(self.tensor_type)
+        dims = tuple(reversed(self.shape))  # torch order, as gguf.GGUFReader gives it
+        if kind in (_F32, _F16):
+            return raw.view(F32 if kind == _F32 else np.float16).reshape(dims)
+        if not dims:
+            return raw
+        return raw.reshape(*dims[:-1], -1)  # quantized and 16-bit rows as bytes, as GGUFReader gives them
+
+
+class _Header:
+    """A cursor over the file's bytes whose every read is checked against what is left."""
+
+    def __init__(self, path: Path, buf, size: int):
+        self.path, self.buf, self.size, self.pos = path, buf, size, 0
+
+    def short(self, what) -> ModelError:
+        what = what() if callable(what) else what
+        return ModelError(f"{self.path}: not a whole GGUF file ({self.size} bytes; its header ends inside {what});"
+                          f" it is truncated or corrupt — re-download or re-convert it")
+
+    def too_many(self, what, n: str) -> ModelError:
+        what = what() if callable(what) else what
+        return ModelError(f"{self.path}: not a whole GGUF file: {what} declares {n}, more than its {self.size}"
+                          f" bytes can hold; it is truncated, damaged or not a GGUF — re-download or re-convert it")
+
+    def left(self) -> int:
+        return self.size - self.pos
+
+    def take(self, fmt: str, what):
+        """`what` (a phrase, or a function that makes it: most reads never fail) names the field."""
+        n = struct.calcsize(fmt)
+        if n > self.left():
+            raise self.short(what)
+        v = struct.unpack_from(fmt, self.buf, self.pos)[0]
+        self.pos += n
+        return v
+
+    def raw_string(self, what) -> bytes:
+        n = self.take("<Q", what)
+        if n > self.left():
+            raise self.too_many(lambda: f"{what() if callable(what) else what} (a string)", f"{n} bytes")
+        s = bytes(self.buf[self.pos:self.pos + n])
+        self.pos += n
+        return s
+
+    def name(self, what: str) -> str:
+        raw = self.raw_string(what)
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ModelError(f"{self.path}: {what} '{inert(raw.decode('utf-8', 'replace'), 60)}' is not UTF-8;"
+                             f" the file is damaged or not a GGUF (re-download or re-convert it)") from None
+
+    def value(self, t: int, key: str, depth: int = 0):
+        if t in _SCALAR:
+            return self.take(_SCALAR[t], lambda: f"the value of '{inert(key, 60)}'")
+        if t == _STRING:
+            return self.raw_string(lambda: f"metadata key '{inert(key, 60)}'").decode("utf-8", "replace")
+        if t != _ARRAY:
+            raise self.bad_type(key, t)
+        item = self.take("<I", lambda: f"the array '{inert(key, 60)}'")
+        n = self.take("<Q", lambda: f"the array '{inert(key, 60)}'")
+        if item not in _ITEM_BYTES:
+            raise self.bad_type(key, item)
+        if n * _ITEM_BYTES[item] > self.left():
+            raise self.too_many(f"metadata key '{inert(key, 60)}'", f"an array of {n} elements")
+        if item in _NP:
+            arr = np.frombuffer(self.buf, dtype=_NP[item], count=n, offset=self.pos)
+            self.pos += arr.nbytes
+            return (arr != 0) if item == _BOOL else arr
+        if item == _ARRAY and depth + 1 >= _MAX_NEST:
+            raise ModelError(f"{self.path}: metadata key '{inert(key, 60)}' nests arrays more than {_MAX_NEST}"
+                             f" deep; the file is damaged or not a GGUF (re-download or re-convert it)")
+        return [self.value(item, key, depth + 1) for _ in range(n)]
+
+    def bad_type(self, key: str, t: int) -> ModelError:
+        return ModelError(f"{self.path}: metadata key '{inert(key, 60)}' has unknown value type {t}; the file is"
+                          f" damaged or of a GGUF version kestrel-tui does not read")
+
+
+def _parse(path: Path, mm, size: int) -> tuple[dict[str, _Field], dict[str, _Tensor]]:
+    gguf = _gguf()
+    h = _Header(path, mm, size)
+    if h.take("<I", "the magic") != 0x46554747:
+        raise ModelError(f"{path}: not a GGUF file (it does not start with the GGUF magic)")
+    version = h.take("<I", "the version")
+    if version & 0xFFFF == 0 and version:
+        raise ModelError(f"{path}: a GGUF file of the other byte order; convert it on a little-endian machine")
+    if version not in _VERSIONS:
+        raise ModelError(f"{path}: GGUF version {version}; kestrel-tui reads versions 2 and 3 (re-convert it with"
+                         f" a current llama.cpp)")
+    n_tensors = h.take("<Q", "the tensor count")
+    n_kv = h.take("<Q", "the key count")
+    if n_kv * _KV_BYTES > h.left():
+        raise h.too_many("its header", f"{n_kv} metadata keys")
+    if n_kv * _KV_BYTES + n_tensors * _TI_BYTES > h.left():
+        raise h.too_many("its header", f"{n_tensors} tensors")
+    fields: dict[str, _Field] = {}
+    for _ in range(n_kv):
+        key = h.name("a metadata key name")
+        if key in fields:
+            raise ModelError(f"{path}: metadata key '{inert(key, 60)}' appears twice; the file is damaged"
+                             f" (re-convert it)")
+        t = h.take("<I", lambda: f"the type of '{inert(key, 60)}'")
+        item = struct.unpack_from("<I", mm, h.pos)[0] if t == _ARRAY and h.left() >= 4 else None
+        fields[key] = _Field(t, h.value(t, key), item)
+    if n_tensors * _TI_BYTES > h.left():
+        raise h.too_many("its header", f"{n_tensors} tensors")
+    infos = []
+    for _ in range(n_tensors):
+        name = h.name("a tensor name")
+        what = lambda: f"tensor '{inert(name, 60)}'"  # noqa: E731
+        n_dims = h.take("<I", what)
+        if n_dims > _MAX_DIMS:
+            raise ModelError(f"{path}: tensor '{inert(name, 60)}' has {n_dims} dimensions, more than GGML's"
+                             f" {_MAX_DIMS}; the file is damaged (re-download or re-convert it)")
+        ne = tuple(h.take("<Q", what) for _ in range(n_dims))
+        ttype = h.take("<I", what)
+        offset = h.take("<Q", what)
+        infos.append((name, ne, ttype, offset))
+    align = fields.get("general.alignment")
+    alignment = 32  # GGUF_DEFAULT_ALIGNMENT
+    if align is not None:
+        if align.type != 4 or not align.value or align.value & (align.value - 1):
+            raise ModelError(f"{path}: general.alignment must be a power of two as a u32 (got {align.value!r});"
+                             f" the file is damaged (re-convert it)")
+        alignment = align.value
+    data_start = -(-h.pos // alignment) * alignment
+    tensors: dict[str, _Tensor] = {}
+    for name, ne, ttype, offset in infos:
+        shown = inert(name, 60)
+        if name in tensors:
+            raise ModelError(f"{path}: tensor '{shown}' appears twice; the file is damaged (re-convert it)")
+        try:
+            qtype = gguf.GGMLQuantizationType(ttype)
+            block, type_size = gguf.GGML_QUANT_SIZES[qtype]
+        except (ValueError, KeyError):
+            raise ModelError(f"{path}: tensor '{shown}' has unknown GGML type id {ttype}; the file is damaged or"
+                             f" newer than this gguf package (pip install -U gguf)") from None
+        n_elems = math.prod(ne)
+        if ne and ne[0] % block:
+            raise ModelError(f"{path}: tensor '{shown}' of type {qtype.name} has rows of {ne[0]} values, not a"
+                             f" multiple of its block of {block}; the file is damaged (re-convert it)")
+        n_bytes = n_elems // block * type_size
+        if offset % alignment:
+            raise ModelError(f"{path}: tensor '{shown}' starts at data offset {offset}, not a multiple of the"
+                             f" alignment {alignment}; the file is damaged (re-convert it)")
+        start = data_start + offset
+        if start + n_bytes > size:
+            raise ModelError(f"{path}: tensor '{shown}' declares {n_bytes} bytes at byte {start}, past the end of"
+                             f" the file's {size} bytes; it is truncated or corrupt — re-download or re-convert it")
+        tensors[name] = _Tensor(name, qtype, ne, n_bytes, start, mm)
+    # tensors may not share bytes: otherwise a small file could declare its data many times over
+    end = 0
+    for t in sorted(tensors.values(), key=lambda t: t.start):
+        if t.n_bytes and t.start < end:
+            raise ModelError(f"{path}: tensor '{inert(t.name, 60)}' overlaps the data of another tensor; the file"
+                             f" is damaged (re-convert it)")
+        end = max(end, t.start + t.n_bytes)
+    return fields, tensors
+
+
 class _File:
     """A GGUF file's metadata and tensors, with one-line errors that name the file."""
 
     def __init__(self, path: Path):
-        gguf = _gguf()
+        _gguf()
         self.path = path
         try:
-            with open(path, "rb") as fh:
-                magic = fh.read(4)
-            size = path.stat().st_size
+            with open_regular(path) as fh:
+                size = os.fstat(fh.fileno()).st_size
+                if size < 24:
+                    magic = fh.read(4)
+                    if magic != b"GGUF"[:len(magic)] or not magic:
+                        raise ModelError(f"{path}: not a GGUF file (it does not start with the GGUF magic)")
+                    raise ModelError(f"{path}: not a whole GGUF file ({size} bytes; its header ends early); it is"
+                                     f" truncated or corrupt — re-download or re-convert it")
+                mm = np.memmap(fh, dtype=np.uint8, mode="r")
         except OSError as e:
-            raise ModelError(f"{path}: cannot read ({e.strerror})") from None
-        if magic != b"GGUF":
-            raise ModelError(f"{path}: not a GGUF file (it does not start with the GGUF magic)")
-        try:
-            self.reader = gguf.GGUFReader(path)
-        except Exception as e:  # the reader raises ValueError, IndexError, … on short or corrupt files
-            msg = _one_line(e)
-            # the reader's own words where they say something (a version, an unknown type id); numpy's
-            # reshape / view / index errors only mean that the bytes ran out
-            why = msg if any(w in msg for w in ("GGML", "ersion", "lignment", "uplicated")) else \
-                "its header or tensor data ends early"
-            raise ModelError(f"{path}: not a whole GGUF file ({size} bytes; {why}); it is truncated or corrupt"
-                             f" — re-download or re-convert it") from None
-        if getattr(self.reader, "byte_order", "I") != "I":
-            raise ModelError(f"{path}: a GGUF file of the other byte order; convert it on a little-endian machine")
-        self.fields = self.reader.fields
-        self.tensors = {t.name: t for t in self.reader.tensors}
+            raise ModelError(f"{path}: cannot read ({e.strerror}); pass a .gguf file") from None
+        self.fields, self.tensors = _parse(path, mm, size)
 
     def err(self, msg: str) -> ModelError:
         return ModelError(f"{self.path}: {msg}")
@@ -223,16 +420,14 @@ class _File:
     def has(self, key: str) -> bool:
         return key in self.fields
 
+    def count(self, key: str) -> int:
+        return self.fields[key].count()
+
     def _scalar(self, key: str):
         f = self.fields[key]
-        t = f.types[0]
-        if t == _STRING:
-            return bytes(f.parts[f.data[0]]).decode("utf-8", "replace")
-        if t == _ARRAY:
-            if len(f.types) > 1 and f.types[-1] == _STRING:
-                return [bytes(f.parts[i]).decode("utf-8", "replace") for i in f.data]
-            return [f.parts[i].tolist()[0] for i in f.data]
-        return f.parts[f.data[0]].tolist()[0]
+        if f.type == _ARRAY:
+            return f.value.tolist() if isinstance(f.value, np.ndarray) else list(f.value)
+        return f.value
 
     def get(self, key: str, kind: str, default=None, required: bool = True):
         """kind: int | float | bool | str | list."""
@@ -241,10 +436,10 @@ class _File:
                 return default
             raise self.err(f"metadata {key} is missing; the file is not a complete GGUF model (re-convert it)")
         f = self.fields[key]
-        t = f.types[0]
+        t = f.type
         ok = {"int": t in _INTS, "float": t in _FLOATS or t in _INTS, "bool": t == _BOOL,
               "str": t == _STRING, "list": t == _ARRAY}[kind]
-        if kind == "int" and t == _ARRAY and len(f.types) > 1 and f.types[-1] in _INTS:
+        if kind == "int" and t == _ARRAY and f.item in _INTS:
             ok = True  # per-layer values (feed_forward_length): the caller checks they agree
         if not ok:
             raise self.err(f"metadata {key} has the wrong type (GGUF value type {t}); expected {kind}")
@@ -263,6 +458,8 @@ class _File:
 def _f32_value(v: float) -> float:
     """A GGUF f32 as the decimal it was written from: the shortest repr that rounds to the same f32
     (1e-06, not 9.99999997e-07), so a Config read back equals the HF one wherever f32 holds it."""
+    if not math.isfinite(v) or abs(v) > float(np.finfo(F32).max):
+        return float(v)  # an f64 beyond f32 (or inf, NaN): Config.validate refuses it by name
     return float(str(np.float32(v)))
 
 
@@ -271,7 +468,7 @@ def _config(f: _File, weights: str) -> Config:
     if arch is None:
         raise f.err("no general.architecture in its metadata; not a GGUF model file")
     if arch not in ARCHS:
-        raise f.err(f"general.architecture is {arch!r}; kestrel-tui reads qwen3 and qwen3moe GGUF files")
+        raise f.err(f"general.architecture is '{inert(arch, 60)}'; kestrel-tui reads qwen3 and qwen3moe GGUF files")
     a, moe = arch, arch == "qwen3moe"
     hidden = f.int_(f"{a}.embedding_length")
     n_heads = f.int_(f"{a}.attention.head_count")
@@ -287,7 +484,7 @@ def _config(f: _File, weights: str) -> Config:
         raise f.err(f"{a}.rope.dimension_count {n_rot} != head dim {head_dim}: partial RoPE is not supported")
     scaling = f.get(f"{a}.rope.scaling.type", "str", required=False)
     if scaling not in (None, "", "none"):
-        raise f.err(f"{a}.rope.scaling.type is {scaling!r}: only default RoPE is read from GGUF")
+        raise f.err(f"{a}.rope.scaling.type is '{inert(scaling, 60)}': only default RoPE is read from GGUF")
     for key in (f"{a}.expert_shared_feed_forward_length", f"{a}.leading_dense_block_count"):
         if f.int_(key, required=False):
             raise f.err(f"metadata {key} = {f.int_(key)} is not supported (no shared experts, no dense layers"
@@ -306,13 +503,20 @@ def _config(f: _File, weights: str) -> Config:
         if f.has(key) and f.int_(key) != vocab:
             raise f.err(f"{key} {f.int_(key)} != the {vocab} rows of {TOKEN_EMBD}; the file is inconsistent")
     if f.has("tokenizer.ggml.tokens"):
-        n_tok = len(f.fields["tokenizer.ggml.tokens"].data)
+        n_tok = f.count("tokenizer.ggml.tokens")
         if n_tok != vocab:
             raise f.err(f"tokenizer.ggml.tokens has {n_tok} entries but {TOKEN_EMBD} {vocab} rows;"
                         f" llama.cpp refuses such a file too (re-convert it)")
+    # checked against the blocks present before anything is built per layer: a 27 KB file claiming 10^9
+    # blocks would otherwise list 10^10 expected tensors
+    n_layers = f.int_(f"{a}.block_count")
+    blocks = {int(m.group(1)) for name in f.tensors if (m := _BLOCK.match(name))}
+    if n_layers > len(blocks):
+        raise f.err(f"metadata {a}.block_count is {n_layers} but the file holds tensors of {len(blocks)} blocks;"
+                    f" the file is damaged or inconsistent (re-convert it)")
     cfg = Config(
         arch=ARCHS[arch],
-        n_layers=f.int_(f"{a}.block_count"),
+        n_layers=n_layers,
         hidden=hidden,
         n_heads=n_heads,
         n_kv_heads=f.int_(f"{a}.attention.head_count_kv", n_heads),
@@ -332,6 +536,9 @@ def _config(f: _File, weights: str) -> Config:
         return cfg.validate(weights)
     except ModelError as e:
         raise f.err(f"{str(e).removeprefix('config: ')} (from the GGUF metadata)") from None
+
+
+_BLOCK = re.compile(r"blk\.(0|[1-9][0-9]{0,8})\.")  # blk.{i}. of a block's tensors (a longer number is no block)
 
 
 def _expected(cfg: Config, n_layers: int) -> dict[str, tuple[int, ...]]:
@@ -439,6 +646,12 @@ class _Reader:
         return _linear_from_q4_bytes(raw, out, inp, self.fmt)
 
 
+def tensor_types(path: str | Path) -> set[int]:
+    """The GGML type ids of a GGUF file's tensors, read with the header's bounds (gguf.GGUFReader would
+    follow any count the file declares); ModelError for a file that is not a sound GGUF."""
+    return {int(t.tensor_type) for t in _File(Path(path)).tensors.values()}
+
+
 def load_gguf_model(path: str | Path, weights: str = "q4_0", kv: str | None = None,
                     n_layers: int | None = None, notes: list[str] | None = None,
                     progress: Progress | None = None) -> Model:
@@ -452,8 +665,12 @@ def load_gguf_model(path: str | Path, weights: str = "q4_0", kv: str | None = No
     path = Path(path)
     if is_partial_name(path):
         raise ModelError(f"{path}: a .partial file (writing it stopped part way); export the model again")
-    if not path.is_file():
-        raise ModelError(f"{path}: no such GGUF file")
+    try:
+        st = path.stat()
+    except OSError:
+        raise ModelError(f"{path}: no such GGUF file") from None
+    if not S_ISREG(st.st_mode):
+        raise ModelError(f"{path}: {kind_of(st.st_mode)}, not a GGUF file; pass a .gguf file")
     f = _File(path)
     cfg = _config(f, weights)
     keep = cfg.n_layers
@@ -508,11 +725,13 @@ def _read_tokenizer(f: _File):
     if model == "no_vocab" or model == "none":
         return None, None
     if model != "gpt2" or pre != "qwen2":
-        return None, (f"{NO_TOKENIZER} (tokenizer.ggml.model {model!r}, pre {pre!r}: only Qwen's byte-level BPE,"
+        return None, (f"{NO_TOKENIZER} (tokenizer.ggml.model '{inert(model, 60)}', pre '{inert(pre, 60)}': only Qwen's byte-level BPE,"
                       f" gpt2 + qwen2, is rebuilt)")
     tokens = f.get("tokenizer.ggml.tokens", "list", required=False) or []
     merges = f.get("tokenizer.ggml.merges", "list", required=False) or []
     types = f.get("tokenizer.ggml.token_type", "list", required=False) or [_NORMAL] * len(tokens)
+    if not all(isinstance(t, str) for t in (*tokens, *merges)) or not all(isinstance(t, int) for t in types):
+        return None, f"{NO_TOKENIZER} (its token list, types or merges are arrays of the wrong type)"
     pairs = [tuple(m.split(" ")) for m in merges]
     used = [(t, i) for i, (t, ty) in enumerate(zip(tokens, types)) if ty != _UNUSED]  # padding rows: no token
     vocab = dict(used)

@@ -40,12 +40,15 @@ Tensor names (HF transformers `qwen3_moe` / `qwen3`):
 from __future__ import annotations
 
 import json
+import os
+import re
 from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
+from ..readers import LimitError, check_regular, open_regular, parse_json, read_regular
 from .config import ModelError, default_config, load_config
 from .progress import Progress, Tally
 from .quant import BLOCK_BYTES, quantize_q4_0_ggml
@@ -64,6 +67,9 @@ def _fmt_shape(shape) -> str:
 
 
 INDEX = "model.safetensors.index.json"
+INDEX_MAX = 256 << 20  # the index of a 10^5-tensor checkpoint is about 10 MB
+_HEADER_MAX = 100_000_000  # the safetensors library's own cap on a header
+_LAYER = re.compile(r"model\.layers\.(0|[1-9][0-9]{0,8})\.")  # a longer number is no layer
 
 
 class _Checkpoint:
@@ -84,7 +90,7 @@ class _Checkpoint:
         self.where: dict[str, tuple[Path, object]] = {}
         self._headers: dict[Path, tuple[int, dict]] = {}
         index = model_dir / INDEX
-        weight_map = self._weight_map(index) if index.is_file() else None
+        weight_map = self._weight_map(index) if index.exists() else None  # a FIFO there is refused, not skipped
         if weight_map is None:
             files = sorted(model_dir.glob("*.safetensors"))
         else:
@@ -100,6 +106,11 @@ class _Checkpoint:
             raise ModelError(f"{model_dir}: no *.safetensors files; an HF model directory needs its weights"
                              f" as safetensors (convert .bin/.pt checkpoints with transformers' save_pretrained)")
         for path in files:
+            try:  # safe_open opens by name: a FIFO there would block it, a device feed it without end
+                check_regular(path)
+            except OSError as e:
+                raise ModelError(f"{path}: cannot read ({e.strerror}); a checkpoint's weights are regular"
+                                 f" .safetensors files") from None
             try:
                 handle = stack.enter_context(safe_open(str(path), framework="numpy"))
                 names = list(handle.keys())
@@ -128,8 +139,12 @@ class _Checkpoint:
     @staticmethod
     def _weight_map(index: Path) -> dict[str, str]:
         try:
-            raw = json.loads(index.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raw = parse_json(read_regular(index, INDEX_MAX, INDEX).decode("utf-8"))
+        except OSError as e:
+            raise ModelError(f"{index}: cannot read ({e.strerror}); re-download it") from None
+        except LimitError as e:
+            raise ModelError(f"{index}: {e}; the file is damaged, re-download it") from None
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise ModelError(f"{index}: not valid JSON ({_one_line(e)}); re-download it") from None
         wm = raw.get("weight_map") if isinstance(raw, dict) else None
         if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
@@ -146,10 +161,29 @@ class _Checkpoint:
 
     def _header(self, path: Path) -> tuple[int, dict]:
         if path not in self._headers:
-            with open(path, "rb") as f:
-                n = int.from_bytes(f.read(8), "little")
-                self._headers[path] = (8 + n, json.loads(f.read(n)))
+            # safe_open has checked this header already; the bounds keep a file changed since from costing more
+            try:
+                with open_regular(path) as f:
+                    size = os.fstat(f.fileno()).st_size
+                    n = int.from_bytes(f.read(8), "little")
+                    if n > min(size - 8, _HEADER_MAX):
+                        raise ModelError(f"{path}: its header declares {n} bytes, more than the file's {size}"
+                                         f" hold; the file is corrupt, re-download it")
+                    header = parse_json(f.read(n))
+            except (OSError, ValueError) as e:
+                raise ModelError(f"{path}: not a readable safetensors file ({_one_line(e)});"
+                                 f" re-download or re-export it") from None
+            self._headers[path] = (8 + n, header)
         return self._headers[path]
+
+    def check(self, name: str, shape: tuple[int, ...], hint: str = "") -> None:
+        """Presence, shape and dtype, from the header alone: asked before a buffer of `shape` (sizes that
+        come from config.json) is allocated, so a config claiming vocab_size 10^12 costs nothing."""
+        if name not in self.where:
+            self.get(name, shape, hint)  # raises the missing-tensor error
+        sl = self.where[name][1].get_slice(name)
+        if tuple(sl.get_shape()) != tuple(shape) or sl.get_dtype() not in _DTYPES:
+            self.get(name, shape, hint)  # raises the shape or dtype error, having read nothing
 
     def get(self, name: str, shape: tuple[int, ...], hint: str = "",
             rows: tuple[int, int] | None = None) -> np.ndarray:
@@ -196,6 +230,19 @@ def _experts(ck: _Checkpoint, p: str, E: int, F: int, H: int, fmt: str) -> tuple
     per_expert = f"{p}mlp.experts.0.gate_proj.weight" in ck
     fused = not per_expert and f"{p}mlp.experts.gate_up_proj" in ck
     shapes = {"gate": (F, H), "up": (F, H), "down": (H, F)}
+    # every expert tensor is checked before the stacks are allocated from config.json's sizes
+    if fused:
+        ck.check(f"{p}mlp.experts.gate_up_proj", (E, 2 * F, H))
+        ck.check(f"{p}mlp.experts.down_proj", (E, H, F))
+    else:
+        hint = f" (nor the fused {p}mlp.experts.gate_up_proj)" if not per_expert else ""
+        if 3 * E > len(ck.where):
+            raise ModelError(f"{p}mlp.experts: config.json says num_experts {E}, more than the {len(ck.where)}"
+                             f" tensors of the checkpoint in {ck.dir} can hold (3 per expert); the checkpoint does"
+                             f" not match its config.json")
+        for e in range(E):
+            for kind in ("gate", "up", "down"):
+                ck.check(f"{p}mlp.experts.{e}.{kind}_proj.weight", shapes[kind], hint)
     if fmt == "f32":
         bufs = {k: np.empty((E, *s), F32) for k, s in shapes.items()}
     else:  # ggml q4_0 bytes [E, out, nb, 18], filled expert by expert
@@ -232,8 +279,12 @@ def _experts(ck: _Checkpoint, p: str, E: int, F: int, H: int, fmt: str) -> tuple
 
 def _load_tokenizer(model_dir: Path):
     path = model_dir / "tokenizer.json"
-    if not path.is_file():
+    if not path.exists():
         return None
+    try:
+        check_regular(path)
+    except OSError as e:
+        raise ModelError(f"{path}: cannot read ({e.strerror}); remove it to run on token ids") from None
     try:
         from tokenizers import Tokenizer
     except ImportError:  # text is optional: token ids still work
@@ -265,7 +316,15 @@ def load_hf_model(model_dir: str | Path, weights: str = "q4_0", kv: str | None =
     with ExitStack() as stack:
         ck = _Checkpoint(model_dir, stack, progress)
 
+        present = {int(m.group(1)) for name in ck.where if (m := _LAYER.match(name))}
+        if cfg.n_layers > len(present):
+            kept = "" if n_layers is None else f" (of the {n_layers} asked for)"
+            raise ModelError(f"{model_dir / 'config.json'}: num_hidden_layers is {cfg.n_layers}{kept} but the"
+                             f" checkpoint holds tensors of {len(present)} layers; the safetensors files do not"
+                             f" match config.json (re-export the model)")
+
         def lin(name: str, shape: tuple[int, int]) -> Linear:
+            ck.check(name, shape)  # before the result is allocated from config.json's sizes
             # read and quantized a bounded number of rows at a time: a vocabulary-sized matrix
             # never exists whole in f32 (the bytes equal quantizing it at once)
             return linear_from_rows(lambda r0, r1: ck.get(name, shape, rows=(r0, r1)), *shape, weights)

@@ -23,6 +23,7 @@ from collections.abc import Iterable
 
 from ..errors import UsageError
 from ..files import create_whole, is_partial_name
+from ..readers import open_regular
 from .fnv import hex16
 from .keys import index_problem
 
@@ -159,7 +160,7 @@ def read_dump(path: str | os.PathLike) -> dict[str, int]:
         raise DumpError(f"{path}: a partial dump (its run was interrupted before the end); "
                         f"run the dump again")
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:  # a FIFO or device given to diff is refused, not read forever
             raw = f.read()
     except OSError as e:
         raise DumpError(f"{path}: cannot read dump file: {e.strerror}") from None
