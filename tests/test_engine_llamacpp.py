@@ -153,10 +153,17 @@ def test_toggles_change_what_they_should(ggufs):
     assert compare(base, hashes(eng, kv_type="f32", flash_attn="on")).first_diff == "t0_l0_attn"
     assert compare(base, hashes(eng, kv_type="f16", flash_attn="off")).first_diff == "t0_l0_attn"
     eng.close()
-    # q4_0 x q8_0 block dots are the same integer sums whatever the batch: n_ubatch changes no bit
+    # q4_0 x q8_0 block dots are the same integer sums whatever the batch: n_ubatch changes no projection's
+    # bit. The attention's own f32 products (KQ, KQV) of a batch may take another kernel on some CPUs and not
+    # on others, so a DIFF, if any, starts at an attn key
     _, eng = _engine(ggufs["moe", "q4_0"], "q4_0", n_threads="1")
-    assert hashes(eng, n_ubatch="1", kv_type="f32", flash_attn="off") == hashes(eng, kv_type="f32",
-                                                                                 flash_attn="off")
+    tok = hashes(eng, n_ubatch="1", kv_type="f32", flash_attn="off")
+    batched = hashes(eng, kv_type="f32", flash_attn="off")
+    first = compare(batched, tok).first_diff
+    assert first is None or parse_key(first).field == "attn", first
+    before = ("emb", "nrm", "kraw", "knorm", "kpre", "k", "ks", "v", "vs", "qrope")
+    layer0 = [k for k in batched if parse_key(k).layer in (None, 0) and parse_key(k).field in before]
+    assert layer0 and all(tok[k] == batched[k] for k in layer0)
     eng.close()
 
 

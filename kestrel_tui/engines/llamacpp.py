@@ -634,4 +634,4 @@ def _env(name: str, value: str | None):
 
 def _line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
-    return text[0][:200] if text else type(e).__name__
+    return inert(text[0], 200) if text else type(e).__name__

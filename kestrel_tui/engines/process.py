@@ -77,6 +77,11 @@ def _bad(msg: str) -> UsageError:
     return UsageError(f"process engine: {msg}")
 
 
+def _tag(tag: str) -> str:
+    """A tag from the engine's files, for a message: quoted, and clipped (a tag may be kilobytes)."""
+    return inert(repr(tag), 120)
+
+
 def _clip(s: str, n: int = 200) -> str:
     return s if len(s) <= n else s[:n - 3] + "..."
 
@@ -413,9 +418,10 @@ class Assembler:
             self.beyond = self.beyond or tag  # the first such key, for the message when it is the first of all
             return
         if tag in self.first_line:
-            raise _ContentError(f"{self.dump_label}:{n}: duplicate key {tag!r} (first at line {self.first_line[tag]})")
+            raise _ContentError(f"{self.dump_label}:{n}: duplicate key {_tag(tag)}"
+                                f" (first at line {self.first_line[tag]})")
         if t < self.ready():
-            raise _ContentError(f"{self.dump_label}:{n}: key {tag!r} arrives after position {t} was complete"
+            raise _ContentError(f"{self.dump_label}:{n}: key {_tag(tag)} arrives after position {t} was complete"
                                 f" (a key of position {self.hi} came first); write positions in order")
         self.first_line[tag] = n
         self.hashes.setdefault(t, {})[tag] = h
@@ -433,23 +439,23 @@ class Assembler:
         if t > self.last:
             return
         if t < self.next_t:
-            raise _ContentError(f"{where}: record {tag!r} arrives after position {t} was complete; write each"
+            raise _ContentError(f"{where}: record {_tag(tag)} arrives after position {t} was complete; write each"
                                 f" record (and flush it) before the next key's dump line")
         if m:
             if a.size != 1 or a.dtype.kind not in "iu":
-                raise _ContentError(f"{where}: record {tag!r} must be one integer (i32 1)")
+                raise _ContentError(f"{where}: record {_tag(tag)} must be one integer (i32 1)")
             self.tokens[t] = int(a.reshape(-1)[0])
             return
         if tag == logits_key(t):
             flat = a.astype(np.float32).reshape(-1)
             if self.vocab is not None and flat.size != self.vocab:
-                raise _ContentError(f"{where}: record {tag!r} has {flat.size} values; the model's vocabulary is"
+                raise _ContentError(f"{where}: record {_tag(tag)} has {flat.size} values; the model's vocabulary is"
                                     f" {self.vocab}")
             self.logits[t] = flat
         if self.keep_raw:
             raw = self.raw.setdefault(t, {})
             if tag in raw:
-                raise _ContentError(f"{where}: duplicate record {tag!r}")
+                raise _ContentError(f"{where}: duplicate record {_tag(tag)}")
             raw[tag] = a
 
     def ready(self, exited: bool = False, raw_behind: int | None = None) -> int:
@@ -636,12 +642,12 @@ class ProcessEngine(Engine):
         def fail(why: str) -> EngineFailed:
             kill_group(proc)
             n = len(asm.positions)
-            return EngineFailed(f"process engine {self.name}: {why} after {n} position{'s' * (n != 1)};"
+            return EngineFailed(f"process engine {inert(self.name)}: {why} after {n} position{'s' * (n != 1)};"
                                 f" {_output_tail(folder)}", partial=trace)
 
         def unreadable(why: str) -> EngineFailed:
             kill_group(proc)
-            e = EngineFailed(f"process engine {self.name}: {why} (the files are kept)", partial=trace)
+            e = EngineFailed(f"process engine {inert(self.name)}: {why} (the files are kept)", partial=trace)
             e.keep_folder = True  # the evidence: the message names the file
             return e
 
@@ -689,7 +695,7 @@ class ProcessEngine(Engine):
                     continue  # catch up with the files before judging the end or sleeping
                 if asm.beyond:
                     if asm.hi < 0:  # not one key in range: the engine numbers its positions otherwise
-                        raise fail(f"its first key {asm.beyond!r} is past the last position asked for"
+                        raise fail(f"its first key {_tag(asm.beyond)} is past the last position asked for"
                                    f" ({asm.last}); it runs its own, longer prompt: make the session's prompt"
                                    f" as long as the engine's, or pass {{prompt_ids}}")
                     return trace  # every asked-for position is in; the rest is not wanted
