@@ -4,7 +4,7 @@
   kernel the backend launches has the argument format the runtime reads from
   its PTX (runtime.ptx_formats); the PDL trigger is opt-in in the PTX; the
   launch constants have one definition (kernels/launch.cuh, read by
-  launches.py and scripts/gpu_attn_bench.py) and the compiled kernels carry
+  launches.py and scripts/gpu/gpu_attn_bench.py) and the compiled kernels carry
   the block sizes launches.py gives them;
 * the UCRT replica device functions of common.cuh, compiled for the *host* by
   nvcc, equal the numpy replicas (numerics/transcend.py) bit for bit — the same
@@ -131,14 +131,14 @@ def test_launch_constants_are_the_compiled_kernels(ptx_dir):
 
 
 def test_attn_bench_reads_a_versions_own_block_size():
-    """scripts/gpu_attn_bench.py launches each attention.cu version with the block its own
+    """scripts/gpu/gpu_attn_bench.py launches each attention.cu version with the block its own
     #defines give; a wrong block hangs the P.V kernel at its named barrier (it happened once:
     the reader took an #ifndef default over the version's own #define)."""
     import importlib.util
 
     from kestrel_tui.backends.cuda import launches
 
-    script = Path(__file__).resolve().parents[1] / "scripts" / "gpu_attn_bench.py"
+    script = Path(__file__).resolve().parents[1] / "scripts" / "gpu" / "gpu_attn_bench.py"
     spec = importlib.util.spec_from_file_location("gpu_attn_bench", script)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)

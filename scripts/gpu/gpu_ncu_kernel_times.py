@@ -6,8 +6,8 @@ without ncu, with CUDA events around each launch of a direct step.)
 
     ncu --profile-from-start off --graph-profiling node --cache-control none \
         --metrics gpu__time_duration.sum --csv \
-        python3 scripts/gpu_ncu_kernel_times.py run --exact none|all [--layers 48] > trace.csv
-    python3 scripts/gpu_ncu_kernel_times.py summarize trace.csv
+        python3 scripts/gpu/gpu_ncu_kernel_times.py run --exact none|all [--layers 48] > trace.csv
+    python3 scripts/gpu/gpu_ncu_kernel_times.py summarize trace.csv
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 

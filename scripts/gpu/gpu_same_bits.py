@@ -1,7 +1,7 @@
 """The cuda backend's bits and speed, for comparing two trees of this project on one GPU.
 
-    python3 scripts/gpu_same_bits.py --out after.json       # with PYTHONPATH at one tree, then the other
-    python3 scripts/gpu_same_bits.py --compare before.json after.json
+    python3 scripts/gpu/gpu_same_bits.py --out after.json       # with PYTHONPATH at one tree, then the other
+    python3 scripts/gpu/gpu_same_bits.py --compare before.json after.json
 
 Every key's hash of: batch-verify steps M = 2..8 after a prefill, on the embedded model and on
 Qwen3-30B-A3B's dims with 4 layers, fast and exact; M=1 steps replayed as a CUDA graph and the

@@ -11,7 +11,7 @@ size of a layer's expert gate/up weights (~14 MB), timed alone (CUDA events, med
 The step-level A/B of the same prefetch on a side branch of the decode graph measured no
 gain (results/gpu-h200-issue6.md, session 7); this says whether the lever exists at all.
 
-    python3 scripts/gpu_l2_probe.py [--rows 12288] [--reps 30]
+    python3 scripts/gpu/gpu_l2_probe.py [--rows 12288] [--reps 30]
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 SRC = r"""

@@ -3,7 +3,7 @@ launch and whether every version's output is bit-identical to the first's. For t
 kernel change on the H200 without a full decode (one process, one cache, the sizes of a
 Qwen3-30B-A3B layer by default).
 
-    python3 scripts/gpu_attn_bench.py old=path/to/attention.cu new=kernels/attention.cu
+    python3 scripts/gpu/gpu_attn_bench.py old=path/to/attention.cu new=kernels/attention.cu
 
 A version is an attention.cu with the committed kernels' names and arguments; its
 attn_exact_pv_q8 block size is read from its own #defines (ATT_PV_THREADS). The times are
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 

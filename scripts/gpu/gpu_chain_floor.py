@@ -11,7 +11,7 @@ barrier (an arrival counter and a generation word) between them, and the time pe
 and with tile-level dependencies instead (a block waits on the progress flags of the few
 blocks whose output it reads), the time per phase for several fan-ins.
 
-    python3 scripts/gpu_chain_floor.py [--nodes 576] [--reps 50]
+    python3 scripts/gpu/gpu_chain_floor.py [--nodes 576] [--reps 50]
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 SRC = r"""
