@@ -502,7 +502,6 @@ def test_an_engines_stderr_is_inert_in_the_message(model):
 
 def test_the_cli_says_which_command_a_profile_runs_before_running_it(tmp_path, capsys):
     from clitools import run_cli
-    from toytools import TOY
 
     marker = tmp_path / "ran"
     prof = tmp_path / "p.toml"
@@ -521,4 +520,3 @@ env = {{ KESTREL_TEST_FLAG = "1" }}
     want = f"process engine python: running KESTREL_TEST_FLAG=1 {sys.executable} -c"
     assert any(ln.startswith(want) and "{dump}" in ln for ln in lines), err
     assert lines.index(next(ln for ln in lines if ln.startswith(want))) < len(lines) - 1  # before its failure
-    assert TOY

@@ -63,9 +63,15 @@ def in_child(job: Job):
     req = job.request
     bare = None if req is None else replace(req, on_position=None, cancel=None, stop=None)
     stderr = tempfile.TemporaryFile()
-    proc = subprocess.Popen(child_argv(job.first_import), env=child_env(), stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=stderr, start_new_session=True)
-    procs.add_group(proc)  # in a session of its own: the tool's signals do not reach it, the tool ends it
+    proc = None
+    try:
+        proc = subprocess.Popen(child_argv(job.first_import), env=child_env(), stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=stderr, start_new_session=True)
+    finally:
+        if proc is not None:  # in a session of its own: the tool's signals miss it, so the tool ends it
+            procs.add_group(proc)
+        else:
+            stderr.close()
     messages: queue.Queue = queue.Queue()
 
     def read():
