@@ -270,3 +270,21 @@ def test_a_llama_cpp_segfault_ends_its_process_not_ours(ggufs):
     assert "after 0 positions" in text
     _, ok = _engine(ggufs["moe", "q4_0"], fmt="q4_0")  # the same run without repack, in the same process
     assert len(ok.run(RunRequest(PROMPT, N, _values(ok))).positions) == len(PROMPT) + N
+
+
+def test_the_exported_gguf_folder_names_its_owner_and_goes_with_the_tool():
+    """The embedded model's GGUF lives in kestrel-llama-<pid>-…: removed when the tool ends (procs.cleanup,
+    which the CLI runs however a command ends), and by the next start's sweep if the tool was killed."""
+    import os
+    from pathlib import Path
+
+    from kestrel_tui import procs
+    from kestrel_tui.engines.llamacpp import make_llamacpp_engine
+
+    eng = make_llamacpp_engine(EngineSpec("llama.cpp", None, OPTS), load_model(None, "f32", n_layers=2), kv="f32",
+                               load=False)
+    folder = Path(eng.path).parent
+    assert folder.name.startswith(f"kestrel-llama-{os.getpid()}-") and Path(eng.path).is_file()
+    procs.cleanup()
+    assert not folder.exists()
+    eng.close()  # after the cleanup: nothing left to remove, and no error
