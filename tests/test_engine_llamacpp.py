@@ -288,3 +288,24 @@ def test_the_exported_gguf_folder_names_its_owner_and_goes_with_the_tool():
     procs.cleanup()
     assert not folder.exists()
     eng.close()  # after the cleanup: nothing left to remove, and no error
+
+
+def test_a_llama_cpp_py_in_the_working_directory_never_runs(tmp_path, ggufs):
+    """A model folder a user downloaded may hold a llama_cpp.py: `python -m kestrel_tui.cli` run there
+    (the working directory first on sys.path) and the engine's children import the installed library."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    marker = tmp_path / "ran"
+    (tmp_path / "llama_cpp.py").write_text(f"open({str(marker)!r}, 'a').write('imported')\n")
+    prof = tmp_path / "p.toml"
+    prof.write_text(f'model = {str(ggufs["moe", "f32"])!r}\nweights = "f32"\ntokens = 1\n[reference]\nengine = "cpu"\n'
+                    f'[subject]\nengine = "llama.cpp"\n[subject.options]\nrepack = "off"\n')
+    root = str(Path(__file__).resolve().parents[1])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, "."]))
+    rc = subprocess.run([sys.executable, "-m", "kestrel_tui.cli", "run", "--profile", str(prof), "--no-cache"],
+                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert "Traceback" not in rc.stderr, rc.stderr
+    assert rc.returncode in (0, 1), rc.stderr
+    assert not marker.exists()
