@@ -1,4 +1,6 @@
-"""The headless subcommands behind cli.py; each returns the process exit status."""
+"""The headless subcommands behind cli.py; each returns the process exit status: 0 same, 1 DIFF
+(with --tol: a far key, or what else kept the run from all close, said), 2 bad input (cli.py),
+3 an engine failed (a crash, a timeout, nothing written), with --json's `failed` naming the side."""
 from __future__ import annotations
 
 import argparse
@@ -14,6 +16,17 @@ from .backends.toggles import parse_exact
 from .engine.inputs import cache_from_options, cuda_options, engines_from_options, resolve_prompt
 from .model.weights import Model
 from .trace.compare import NAN_ULP, Status, parse_tolerance
+
+ENGINE_FAILED = 3  # the exit status of a run an engine did not finish: not a DIFF, not bad input
+
+
+def _engine_failed(args: argparse.Namespace, failure, line: str | None = None, report: dict | None = None) -> int:
+    """An engine failed: one line on stderr, and with --json the report (or just `failed`) on stdout."""
+    if getattr(args, "json", False):
+        print(json.dumps({**(report or {}), "failed": failure.as_dict()}, indent=2))
+    err_console.print(f"kestrel-tui {args.cmd}: {line or f'the {failure.side} failed: {failure.reason}'}",
+                      markup=False, highlight=False)
+    return ENGINE_FAILED
 
 
 def _profile(args: argparse.Namespace):
@@ -42,8 +55,15 @@ def _dump_engine(args: argparse.Namespace, model: Model):
     return engine, RunSettings(exact=starting_exact(engine.toggles)).values(engine.toggles)
 
 
+def _dump_side(args: argparse.Namespace) -> str:
+    if _profile(args) is not None:
+        return args.backend or "subject"
+    return "reference" if (args.backend or "cpu") == "cpu" else "subject"
+
+
 def cmd_dump(args: argparse.Namespace) -> int:
-    from .engines.base import RunRequest
+    from .engine.session import Failure
+    from .engines.base import EngineFailed, RunRequest
     from .trace.dump import DumpWriter
 
     out = check_new_path(args.out, "dump")  # before the slow part; DumpWriter checks again
@@ -52,18 +72,30 @@ def cmd_dump(args: argparse.Namespace) -> int:
     engine, values = _dump_engine(args, model)
     _engine_notes(engine)
     what = engine.describe(values)
-    with DumpWriter(out) as writer, console.status(f"{what}: {len(prompt)}+{args.tokens} positions"):
-        def write(pos):
-            for key, h in pos.hashes.items():
-                writer.write(key, h)
-        trace = engine.run(RunRequest(prompt, args.tokens, values, raw=False, on_position=write))
+    failure = None
+    try:
+        with DumpWriter(out) as writer, console.status(f"{what}: {len(prompt)}+{args.tokens} positions"):
+            def write(pos):
+                for key, h in pos.hashes.items():
+                    writer.write(key, h)
+            try:
+                trace = engine.run(RunRequest(prompt, args.tokens, values, raw=False, on_position=write))
+            except EngineFailed as e:
+                failure = Failure(_dump_side(args), engine.name, str(e))
+                raise
+    except UsageError as e:
+        if failure is None:
+            raise
+        # the writer's message names the output and where the unfinished file went
+        return _engine_failed(args, failure, f"the {failure.side} failed: {e}")
     n_keys = sum(len(p.hashes) for p in trace.positions)
     console.print(f"wrote {out}: {len(trace.positions)} positions, {n_keys} keys ({what})")
     return 0
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from .engines.base import RunRequest
+    from .engine.session import Failure
+    from .engines.base import EngineFailed, RunRequest
 
     model = load_model_args(args)
     prompt = resolve_prompt(args, model)
@@ -72,7 +104,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if not ref.caps.logits:
         raise UsageError(f"generate: the reference ({ref.name}) reports no logits, so no tokens to print;"
                          f" give it a raw-values sidecar with t<T>_logits (docs/engines-process.md)")
-    trace = ref.run(RunRequest(prompt, args.tokens, {t.name: t.default for t in ref.toggles}, raw=False))
+    try:
+        trace = ref.run(RunRequest(prompt, args.tokens, {t.name: t.default for t in ref.toggles}, raw=False))
+    except EngineFailed as e:
+        return _engine_failed(args, Failure("reference", ref.name, str(e)))
     ids = trace.generated[: args.tokens]
     console.print(" ".join(map(str, ids)))
     if model.tokenizer is not None:
@@ -174,17 +209,28 @@ def _set_toggle(settings, session, item: str):
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from .engine.session import SideFailed
+
     _check_subject(args)
     tol = parse_tolerance(args.tol) if getattr(args, "tol", None) is not None else None  # before the slow part
     session = _session(args)
     settings = _settings(args, session)
-    with console.status(f"reference + {session.subject} ({session.label(settings)})"):
-        res = session.run(settings)
+    try:
+        with console.status(f"reference + {session.subject} ({session.label(settings)})"):
+            res = session.run(settings)
+    except SideFailed as e:  # the reference, or a subject that finished nothing: no report to make
+        _cache_notes(session)
+        return _engine_failed(args, e.failure)
     _cache_notes(session)
     for note in res.notes:
-        err_console.print(f"note: {note}")
+        if res.failed is None or note != res.failed.reason:  # the failure is the last line, said once
+            err_console.print(f"note: {note}")
     summary = res.tolerance(tol) if tol is not None else None
     report = run_report(res, summary)
+    if res.failed is not None:  # the keys that ran are reported; the exit says the run is not whole
+        if not args.json:
+            print_run(res, summary)
+        return _engine_failed(args, res.failed, report=report)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -202,6 +248,7 @@ def run_report(res, summary=None) -> dict:
         report["first_far"] = summary.first_far
         report["counts_close_far"] = {"close": summary.n_close, "far": summary.n_far,
                                       "unjudged": summary.n_unjudged}
+        report["not_close"] = summary.not_close()  # why exit 1 without a far key; None otherwise
         report["key_metrics"] = {
             k: ({**summary.metrics[k].as_dict(), "verdict": summary.verdict[k]} if k in summary.metrics else None)
             for k, st in res.comparison.status.items() if st is Status.DIFF}
@@ -222,6 +269,7 @@ def _base_report(res) -> dict:
         "positions": len(res.sub.positions),
         "first_diff": cmp.first_diff,
         "all_ok": res.all_ok,
+        "failed": res.failed.as_dict() if res.failed else None,
         "counts": {st.value: n for st, n in cmp.counts.items()},
         "top1_flips": [{"t": s.t, "ref": s.ref_top1, "sub": s.sub_top1} for s in res.tokens if s.flip],
         "tokens": [{"t": s.t, "prompt": s.prompt, "ref_top1": s.ref_top1, "sub_top1": s.sub_top1,
@@ -261,15 +309,24 @@ def _fmt_metric(x: float) -> str:
 
 
 def print_tolerance(summary) -> None:
-    """The first far key (with its metrics) and the close/far counts of a ToleranceSummary."""
-    if summary.first_far is None:
-        console.print(Text.assemble("first far: ", ("none", "bold green"), f" (tolerance {summary.tolerance.spec()})"))
-    else:
+    """The first far key (with its metrics), the close/far counts of a ToleranceSummary, and what else
+    keeps the run from all close. "first far: none" only when some DIFF key was judged."""
+    if summary.first_far is not None:
         m = summary.metrics[summary.first_far]
         ulp = "NaN" if m.max_ulp == NAN_ULP else str(m.max_ulp)
         console.print(Text.assemble("first far: ", (summary.first_far, "bold magenta"),
                                     f" (nmse {_fmt_metric(m.nmse)}, max rel {_fmt_metric(m.max_rel_err)},"
                                     f" max ULP {ulp})"))
+    elif summary.n_judged:
+        console.print(Text.assemble("first far: ", ("none", "bold green"), f" (tolerance {summary.tolerance.spec()})"
+                                    + (f" among the {summary.n_judged} judged DIFF keys" if summary.n_unjudged
+                                       else "")))
+    elif summary.n_unjudged:
+        sides = " and ".join(f"the {s}" for s in summary.no_raw) or "a side"
+        console.print(Text.assemble(("no verdict", "bold yellow"), f": none of the {summary.n_unjudged} DIFF keys"
+                                    f" has raw values on both sides ({sides} reports hashes only), and a"
+                                    f" tolerance judges raw values; give {sides} raw buffers (a process engine's"
+                                    f" sidecar) to judge them"))
     parts = [("close", summary.n_close, "yellow"), ("far", summary.n_far, "magenta")]
     line = Text(f"tolerance {summary.tolerance.spec()}: ")
     for i, (name, n, style) in enumerate(parts):
@@ -278,10 +335,14 @@ def print_tolerance(summary) -> None:
     if summary.n_unjudged:
         line.append(f", {summary.n_unjudged} DIFF without raw values (not judged)")
     console.print(line)
+    why = summary.not_close()
+    if why and (summary.n_judged or summary.n_missing):  # else the "no verdict" line said it
+        console.print(Text.assemble(("not all close", "bold red"), f": no far key, but {why}"))
 
 
 def cmd_bisect(args: argparse.Namespace) -> int:
     from .engine.bisect import bisect
+    from .engine.session import SideFailed
     from .trace.compare import Tolerance
 
     _check_subject(args)
@@ -292,41 +353,72 @@ def cmd_bisect(args: argparse.Namespace) -> int:
         raise UsageError(f"--tol {args.tol!r}: a tolerance needs --target far (bisect --target ok wants all keys ok)")
     tol = (parse_tolerance(args.tol) if args.tol is not None else Tolerance()) if far else None
     session = _session(args)
+    if tol is not None:
+        hash_only = [f"the {side} ({e.name})" for side, e in (("reference", session.reference_engine),
+                                                                ("subject", session.subject_engine)) if not e.caps.raw]
+        if hash_only:  # no key could ever be judged far or close
+            raise UsageError(f"--target far: {' and '.join(hash_only)} reports hashes only, and a tolerance judges"
+                             f" raw values; give it raw buffers (a process engine's sidecar) or bisect --target ok")
 
     def line(move) -> str:
         return move.line() if tol is None else move.line(none="no far key")
 
-    with console.status("bisecting") as status:
-        session.reference()
-        _cache_notes(session)
+    try:
+        with console.status("bisecting") as status:
+            session.reference()
+            _cache_notes(session)
 
-        def on_move(move):
-            status.update(f"bisecting: {line(move)}")
-            if not args.json:
-                console.print(line(move))
-        result = bisect(session, _settings(args, session), on_move=on_move, tol=tol)
-    for note in session.last.notes if session.last else ():
-        err_console.print(f"note: {note}")
+            def on_move(move):
+                status.update(f"bisecting: {line(move)}")
+                if not args.json:
+                    console.print(line(move))
+            result = bisect(session, _settings(args, session), on_move=on_move, tol=tol)
+    except SideFailed as e:  # the reference: nothing to bisect against
+        return _engine_failed(args, e.failure)
+    last = session.last
+    for note in last.notes if last else ():
+        if result.failed is None or note != result.failed.reason:
+            err_console.print(f"note: {note}")
+    report = {"moves": [{"change": m.change, "before": m.before, "after": m.after} for m in result.moves],
+              "all_ok": result.all_ok, "final": sorted(result.final) if result.final is not None else None,
+              "minimal": sorted(result.minimal) if result.minimal is not None else None}
+    if tol is not None:  # all_ok then means "no far key"
+        report.update(target="far", tolerance=tol.spec())
+    if result.failed is not None:
+        report["failed_trial"] = {"trial": result.failed_trial, "exact": sorted(result.failed_on.exact)}
+        if not args.json:
+            console.print(Text(f"stopped: the {result.failed.side} failed on the trial {result.failed_trial}"
+                               f" ({session.label(result.failed_on)}); no verdict on that set", "bold red"))
+        return _engine_failed(args, result.failed, result.failure_line(session.binary_toggles), report=report)
     if args.json:
-        report = {"moves": [{"change": m.change, "before": m.before, "after": m.after} for m in result.moves],
-                  "all_ok": result.all_ok, "final": sorted(result.final),
-                  "minimal": sorted(result.minimal) if result.minimal is not None else None}
-        if tol is not None:  # all_ok then means "no far key"
-            report.update(target="far", tolerance=tol.spec())
         print(json.dumps(report, indent=2))
     elif result.all_ok:
         console.print(Text.assemble(("all ok" if tol is None else f"no far key ({tol.spec()})", "bold green"),
                                     f" with {len(result.final)} exact ops; minimal set: ",
                                     (",".join(sorted(result.minimal)) or "(none)", "bold")))
     else:
-        console.print(Text("still DIFF with every op exact" if tol is None else
-                           f"still far ({tol.spec()}) with every op exact", "bold red"))
+        console.print(Text(_bisect_not_reached(session, last, tol), "bold red"))
     return 0 if result.all_ok else 1
 
 
+def _bisect_not_reached(session, last, tol) -> str:
+    """Why bisection ended short of its target, from its last run (a DIFF left with every op exact,
+    or no DIFF but keys missing: then the set is named, every op need not be exact)."""
+    if tol is None:
+        if last is not None and last.first_diff is None:
+            return f"no DIFF with {session.label(last.settings)}, but {last.n_missing} keys missing"
+        return "still DIFF with every op exact"
+    summary = last.tolerance(tol) if last is not None else None
+    if summary is not None and summary.first_far is None and summary.not_close():
+        return f"no far key ({tol.spec()}) with {session.label(last.settings)}, but {summary.not_close()}"
+    return f"still far ({tol.spec()}) with every op exact"
+
+
 def cmd_iso(args: argparse.Namespace) -> int:
-    from .engines.build import make_backend
     from .engine.iso import iso
+    from .engine.session import Failure
+    from .engines.base import EngineFailed
+    from .engines.build import make_backend
 
     if _profile(args) is not None:
         _check_subject(args)
@@ -344,9 +436,12 @@ def cmd_iso(args: argparse.Namespace) -> int:
     if opts is None and getattr(args, "cuda_options", None):
         raise UsageError(f"--cuda-options {args.cuda_options}: the iso subject is {args.subject}, not cuda;"
                          f" drop it, or run --subject cuda")
-    with console.status(f"iso M={args.m}"):
-        cols = iso(lambda: make_backend(args.subject, model, kv=args.kv, exact=exact, cuda_options=opts), prompt,
-                   args.m)
+    try:
+        with console.status(f"iso M={args.m}"):
+            cols = iso(lambda: make_backend(args.subject, model, kv=args.kv, exact=exact, cuda_options=opts), prompt,
+                       args.m)
+    except EngineFailed as e:
+        return _engine_failed(args, Failure("subject", args.subject, str(e)))
     if args.json:
         print(json.dumps([c.__dict__ for c in cols], indent=2))
     else:

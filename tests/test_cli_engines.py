@@ -238,11 +238,13 @@ def test_run_json_on_a_process_that_fails_midway(capsys, tmp_path, gguf, ref):
     f = write(tmp_path, toy_profile(gguf, "--fail-after", "4"))
     code, out, err = run(capsys, "run", "--profile", f, "--json", "--exact", "all")
     rep = json.loads(out)
-    assert code == 1 and not rep["all_ok"] and rep["first_diff"] is None
+    assert code == 3 and not rep["all_ok"] and rep["first_diff"] is None  # an engine failed: not a DIFF
     assert rep["positions"] == 4 and rep["missing"] == len(ref.hashes()) - len(ref.hashes(4))
     failed = [n for n in rep["notes"] if "exited with code 3 after 4 positions" in n]
     assert len(failed) == 1 and "failing after position 4 as asked" in failed[0]
-    assert sum("exited with code 3" in ln for ln in err.splitlines()) == 1
+    assert rep["failed"] == {"side": "subject", "engine": "toy_engine.py", "reason": failed[0]}
+    lines = [ln for ln in err.splitlines() if "exited with code 3" in ln]
+    assert len(lines) == 1 and lines[0].startswith("kestrel-tui run: the subject failed: ")
 
 
 def test_hash_only_subject_has_no_top1_flips(capsys, tmp_path, gguf):

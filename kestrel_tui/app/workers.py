@@ -15,6 +15,7 @@ from typing import Callable
 from ..engine.bisect import bisect
 from ..engine.run import Cancelled
 from ..engine.session import RunResult, RunSettings, Session
+from ..engines.base import EngineFailed
 from ..trace.compare import Tolerance
 from . import messages as msg
 from .export import publish, write_diff, write_live, write_screenshot
@@ -61,6 +62,10 @@ def bisection(session: Session, start: RunSettings, run_id: int, cancel: threadi
             ref = session.reference(cancel=cancel)
             post(msg.ReferenceReady(run_id, ref))
             outcome = bisect(session, start, on_move=lambda mv: post(msg.BisectMove(run_id, mv)), cancel=cancel)
+            if outcome.failed is not None:  # a crashed trial is no verdict: shown as the run failing, by name
+                why = outcome.failure_line(session.binary_toggles)
+                post(msg.RunFailed(run_id, EngineFailed(f"bisect stopped: {why}")))
+                return
             post(msg.BisectDone(run_id, outcome, session.last))
         except Cancelled:
             post(msg.RunCancelled(run_id))

@@ -15,8 +15,22 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..backends.base import Backend
+from ..engines.base import EngineFailed
+from ..errors import UsageError
 from ..trace.compare import compare, diff_stats
-from .run import run_decode
+from .run import Cancelled, run_decode
+
+
+def _failing(what: str, fn):
+    """fn(), with what the backend raises (a driver error, a kernel fault) as one EngineFailed line:
+    the subject failed, which is neither a difference nor bad input."""
+    try:
+        return fn()
+    except (UsageError, Cancelled):
+        raise
+    except Exception as e:  # noqa: BLE001 - any failure inside the backend is the engine's
+        detail = " ".join(str(e).split())[:300]
+        raise EngineFailed(f"{what} failed: {type(e).__name__}" + (f": {detail}" if detail else "")) from None
 
 
 @dataclass(frozen=True)
@@ -35,12 +49,16 @@ class IsoColumn:
 def iso(make: callable, prompt: list[int], m: int, cancel: threading.Event | None = None) -> list[IsoColumn]:
     """make() returns a fresh subject backend. Returns one IsoColumn per verify column."""
     P = len(prompt)
-    single = run_decode(make(), prompt, m, cancel=cancel)
+    single = _failing("the M=1 decode", lambda: run_decode(make(), prompt, m, cancel=cancel))
     drafts = [p.token for p in single.positions[P:]]
     batch: Backend = make()
-    batch.reset(P + m)
-    batch.step(np.array(prompt), 0, raw=False)
-    out = batch.step(np.array(drafts), P, raw=False)
+
+    def verify():
+        batch.reset(P + m)
+        batch.step(np.array(prompt), 0, raw=False)
+        return batch.step(np.array(drafts), P, raw=False)
+
+    out = _failing(f"the M={m} verify step", verify)
     cols = []
     for j in range(m):
         ref = single.positions[P + j]

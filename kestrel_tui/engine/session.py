@@ -76,6 +76,29 @@ def _describe_exact(exact: frozenset[str], order: tuple[str, ...]) -> str:
 
 
 @dataclass(frozen=True)
+class Failure:
+    """An engine that stopped (EngineFailed): which side, which engine, and its one-line reason."""
+    side: str  # "reference" | "subject"
+    engine: str
+    reason: str
+
+    def as_dict(self) -> dict:
+        return {"side": self.side, "engine": self.engine, "reason": self.reason}
+
+    def __str__(self) -> str:
+        return self.reason
+
+
+class SideFailed(EngineFailed):
+    """EngineFailed naming the side that failed, for a failure no result can be made of (the
+    reference, or a subject that finished nothing): the CLI's exit 3 and --json's `failed`."""
+
+    def __init__(self, failure: Failure, partial=None):
+        super().__init__(failure.reason, partial)
+        self.failure = failure
+
+
+@dataclass(frozen=True)
 class TokenSummary:
     t: int
     prompt: bool
@@ -100,11 +123,29 @@ class ToleranceSummary:
     n_missing: int                      # keys on one side only
     verdict: dict[str, str]             # DIFF key -> "close" | "far", in dataflow order
     metrics: dict[str, KeyMetrics]      # same keys
+    no_raw: tuple[str, ...] = ()        # the sides ("reference", "subject") lacking an unjudged key's buffer
 
     @property
     def all_close(self) -> bool:
         """Every key ok or close: no far key, no hash-only DIFF, nothing missing."""
         return self.n_far == 0 and self.n_unjudged == 0 and self.n_missing == 0
+
+    @property
+    def n_judged(self) -> int:
+        return self.n_close + self.n_far
+
+    def not_close(self) -> str | None:
+        """Why a run without a far key is still not all close (one line); None when it is, or a key is far."""
+        if self.n_far or self.all_close:
+            return None
+        parts = []
+        if self.n_unjudged:
+            sides = " and ".join(f"the {s}" for s in self.no_raw) or "a side"
+            parts.append(f"{self.n_unjudged} DIFF key{'s' * (self.n_unjudged != 1)} could not be judged"
+                         f" ({sides} gave no raw values for {'them' if self.n_unjudged != 1 else 'it'})")
+        if self.n_missing:
+            parts.append(f"{self.n_missing} key{'s' * (self.n_missing != 1)} missing")
+        return "; ".join(parts)
 
 
 @dataclass
@@ -116,7 +157,7 @@ class RunResult:
     tokens: list[TokenSummary]
     notes: tuple[str, ...] = ()  # settings the subject could not honour; how it failed, if it did
     expected_missing: frozenset[str] = frozenset()  # keys one engine never makes (not failures)
-    failed: str | None = None  # the subject stopped midway (EngineFailed): its one-line message
+    failed: Failure | None = None  # the subject stopped midway (EngineFailed); str() is its one-line message
     _stats: dict[str, DiffStats] = field(default_factory=dict, repr=False)
     _metrics: dict[str, KeyMetrics | None] = field(default_factory=dict, repr=False)
     _summaries: dict[Tolerance, ToleranceSummary] = field(default_factory=dict, repr=False)
@@ -176,13 +217,15 @@ class RunResult:
     def _judge(self, tol: Tolerance) -> ToleranceSummary:
         verdict: dict[str, str] = {}
         metrics: dict[str, KeyMetrics] = {}
-        first_far, unjudged = None, 0
+        first_far, unjudged, no_raw = None, 0, set()
         for key, st in self.comparison.status.items():  # already in order_key order
             if st is not Status.DIFF:
                 continue
             m = self.metrics(key)
             if m is None:
                 unjudged += 1
+                no_raw.update(side for side, trace in (("reference", self.ref), ("subject", self.sub))
+                              if trace.raw(key) is None)
                 continue
             metrics[key] = m
             verdict[key] = CLOSE if tol.holds(m) else FAR
@@ -190,7 +233,8 @@ class RunResult:
                 first_far = key
         n_far = sum(1 for v in verdict.values() if v == FAR)
         n_missing = self.n_missing
-        return ToleranceSummary(tol, first_far, len(verdict) - n_far, n_far, unjudged, n_missing, verdict, metrics)
+        return ToleranceSummary(tol, first_far, len(verdict) - n_far, n_far, unjudged, n_missing, verdict, metrics,
+                                tuple(s for s in ("reference", "subject") if s in no_raw))
 
 
 @dataclass(frozen=True)
@@ -292,7 +336,10 @@ class Session:
                 eng = self.reference_engine
                 req = RunRequest(self.prompt, self.n_tokens, {t.name: t.default for t in eng.toggles},
                                  on_position=on_position, cancel=cancel)
-                self._ref = eng.run(req)
+                try:
+                    self._ref = eng.run(req)
+                except EngineFailed as e:  # nothing compares against half a reference
+                    raise SideFailed(Failure("reference", eng.name, str(e)), e.partial) from None
                 if key:
                     self.cache.store(key, self._ref)
             return self._ref
@@ -364,10 +411,11 @@ class Session:
         try:
             sub = eng.run(req)
         except EngineFailed as e:
+            failed = Failure("subject", eng.name, str(e))
             if e.partial is None:
-                raise
-            sub, failed = e.partial, str(e)
-            notes.append(failed)
+                raise SideFailed(failed) from None
+            sub = e.partial
+            notes.append(failed.reason)
         # an early stop compares only the positions that ran
         n_ran = len(sub.positions) if stop.is_set() else None
         cmp = compare(ref.hashes(n_ran), sub.hashes())
