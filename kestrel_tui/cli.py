@@ -2,7 +2,8 @@
 
 Every failure the user can cause ends in one line on stderr and exit status 2;
 `diff` and `run` exit 1 when they find a DIFF and 0 when all keys agree
-(`run --tol SPEC`: 1 when a key is far, 0 when every key is ok or close).
+(`run --tol SPEC`: 1 when a key is far, 0 when every key is ok or close), and
+3 when an engine failed (a crash, a timeout, nothing written; commands.py).
 
 SIGTERM and SIGHUP stop a command like Ctrl-C (exit 130, an unfinished output kept
 as .partial); the app quits on them as on `q`. Either way, and however a command
@@ -151,6 +152,7 @@ def _say(line: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global _stopping
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
         argv = ["tui", *argv]
@@ -179,7 +181,6 @@ def main(argv: list[str] | None = None) -> int:
                               if partial else ""))
         return 130
     finally:
-        global _stopping
         _stopping = True  # a signal now would cut the cleanup short; the command is ending anyway
         process.announce = None
         procs.cleanup()
