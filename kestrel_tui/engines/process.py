@@ -9,10 +9,10 @@ grid fills while the engine runs. Optional raw values come from an
 append-only sidecar file (engines/sidecar.py) read the same way.
 
 A position is complete when a key of a later position appears, or when the
-process exits 0, or — whatever the exit — once every key of the fields the
-profile declares has arrived; the prompt's positions complete together (an
-engine may write its prefill layer by layer across positions), decode
-positions one by one.
+process exits 0, or — when it fails — if every key of the fields the profile
+declares has arrived; the prompt's positions complete together (an engine
+may write its prefill layer by layer across positions), decode positions one
+by one.
 docs/engines-process.md is the user's guide: options, placeholders, toggles,
 failures, the sidecar format with C and Python writers.
 """
