@@ -648,6 +648,13 @@ class ProcessEngine(Engine):
             return EngineFailed(f"process engine {inert(self.name)}: {why} after {n} position{'s' * (n != 1)};"
                                 f" {_output_tail(folder)}", partial=trace)
 
+        def killed(why: str) -> EngineFailed:
+            kill_group(proc)
+            for pos in asm.emit(asm.complete_by_fields(asm.next_t)):  # what it wrote whole before it hung
+                if req.on_position:
+                    req.on_position(pos)
+            return fail(why)
+
         def unreadable(why: str) -> EngineFailed:
             kill_group(proc)
             e = EngineFailed(f"process engine {inert(self.name)}: {why} (the files are kept)", partial=trace)
@@ -711,9 +718,9 @@ class ProcessEngine(Engine):
                     return trace
                 now = time.monotonic()
                 if self.cfg.timeout is not None and now - start > self.cfg.timeout:
-                    raise fail(f"timed out after {_s(self.cfg.timeout)} s (timeout); killed it")
+                    raise killed(f"timed out after {_s(self.cfg.timeout)} s (timeout); killed it")
                 if self.cfg.idle_timeout is not None and now - last_new > self.cfg.idle_timeout:
-                    raise fail(f"wrote nothing for {_s(self.cfg.idle_timeout)} s (idle_timeout); killed it")
+                    raise killed(f"wrote nothing for {_s(self.cfg.idle_timeout)} s (idle_timeout); killed it")
                 if req.cancel is not None:
                     req.cancel.wait(POLL_S)
                 else:
