@@ -115,6 +115,13 @@ def test_a_failed_reference_exits_3_and_is_named_in_json(capsys, tmp_path, gguf)
     assert "exited with code 3" in failed_line(err, "run", "reference")
 
 
+def test_generate_on_a_failing_reference_exits_3(capsys, tmp_path, gguf):
+    f = profile(tmp_path, gguf, '[subject]\nengine = "sim"\n',
+                reference=process_side("reference", toy_argv("--fail-after", "1", "--raw", "{raw}")))
+    code, out, err = run(capsys, "generate", "--profile", f)
+    assert code == 3 and out == "" and "exited with code 3" in failed_line(err, "generate", "reference")
+
+
 def test_dump_of_a_failing_engine_exits_3_and_writes_nothing_whole(capsys, tmp_path, gguf):
     f = profile(tmp_path, gguf, process_side("subject", toy_argv("--fail-after", "1")))
     out = tmp_path / "d.txt"
