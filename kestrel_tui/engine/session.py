@@ -378,7 +378,9 @@ class Session:
         with that position's per-key status. stop_at_first_diff ends the run at
         the first position holding a DIFF (bisection only needs where it is).
         A subject that fails midway (EngineFailed) still gives a result: the
-        positions it finished, the rest missing, the failure in ``notes``.
+        positions it finished, the rest missing, the failure in ``failed`` (and
+        ``notes``). One that finished nothing, or a failing reference, raises
+        SideFailed, which names the side.
         """
         ref = self.reference(cancel=cancel)
         eng = self.subject_engine
