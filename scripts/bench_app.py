@@ -1,6 +1,6 @@
 """Latency and frame-time figures for the app (results/app-bench.md records them).
 
-    /work/venv/bin/python scripts/bench_app.py [--reps 6] [--nav-tokens 240]
+    python scripts/bench_app.py [--reps 6] [--nav-tokens 240]
 
 Runs the real app headless at 120x40. Every frame the app hands to its driver
 is also encoded to terminal bytes here (headless mode skips that step), so a

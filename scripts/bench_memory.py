@@ -1,4 +1,4 @@
-"""Memory and speed of a real-sized q4_0 model on the reference (issue 17, items 1-2).
+"""Memory and speed of a real-sized q4_0 model on the reference (results/memory-bench.md records a run).
 
 Writes a sharded bf16 HF checkpoint with Qwen3-30B-A3B's dimensions (hidden 2048,
 32 q / 4 kv heads, head_dim 128, 128 experts top-8, moe_intermediate 768, vocab

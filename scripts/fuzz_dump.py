@@ -1,4 +1,4 @@
-"""Fuzz the dump reader and `kestrel-tui diff` (issue 16 item 7); results/fuzz.md records a run.
+"""Fuzz the dump reader and `kestrel-tui diff`; results/fuzz.md records a run.
 
     .venv/bin/python scripts/fuzz_dump.py --cases 100000 [--seed N]
 

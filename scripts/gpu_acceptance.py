@@ -404,7 +404,7 @@ def _attention_only(b, ctx: int, reps: int = 50) -> float:
     timed launches are queued behind ~1 ms of memset on the same stream, so they run back to
     back on the device whatever Python's launch rate: a fast pair is ~13 us of device time, about
     what queuing its two launches from Python takes, and timing it from an idle queue read
-    13.5-18.5 us for the same kernels (session 7)."""
+    13.5-18.5 us for the same kernels (before commit bc63692)."""
     from kestrel_tui.backends.cuda.launches import Launch, attention, run
 
     cuda = b.rt.cuda

@@ -1,4 +1,4 @@
-"""The race (issue 19 item 4): llama.cpp CUDA vs kestrel fast and exact, same weights, same H200, one run.
+"""The race: llama.cpp CUDA vs kestrel fast and exact, same weights, same H200, one run (results/llamacpp-findings.md).
 
 The full-size synthetic Qwen3-30B-A3B (48 layers, q4_0) is made on the host with the
 device generator's host twin (model/device_synthetic.py: the very bytes gen_q4 writes on

@@ -1,6 +1,6 @@
 """Regenerate screenshots/*.svg: the app's main states, saved by the app itself (App.save_screenshot).
 
-    /work/venv/bin/python scripts/screenshots.py [--out screenshots]
+    python scripts/screenshots.py [--out screenshots]
 
 The embedded default model (48 layers), 16 prompt + 16 tokens, sim subject,
 at 120x40 (plus one at 80x24). Existing files are replaced: these are

@@ -79,7 +79,7 @@ def test_kernels_compile_and_give_every_launch_its_format(ptx_dir):
 def test_pdl_trigger_is_opt_in(monkeypatch, tmp_path):
     """The runtime's nvcc options build the kernels wait-only (griddepcontrol.wait, no
     launch_dependents) unless KESTREL_PDL_TRIGGER=1: with the trigger exact/fast sat at the 1.2
-    target on the H200 (results/gpu-h200-issue6.md, session 7)."""
+    target on the H200 (results/gpu-h200-speed.md, 2026-11-30 16:08–16:47 UTC)."""
     def ptx(trigger: str | None) -> str:
         if trigger is None:
             monkeypatch.delenv("KESTREL_PDL_TRIGGER", raising=False)

@@ -9,10 +9,10 @@ A version is an attention.cu with the committed kernels' names and arguments; it
 attn_exact_pv_q8 block size is read from its own #defines (ATT_PV_THREADS). The times are
 device time a launch: --reps launches between two events, queued behind ~1.2 ms of memset so
 that they run back to back whatever Python's launch rate (~9 us a launch, more than a scores
-kernel takes; before session 8 the figures under ~10 us were that rate). Compare versions
+kernel takes; before commit c558faa the figures under ~10 us were that rate). Compare versions
 within one run; the exact kernels run with the exact expf and the exact q8_0 of the output.
 P·V launches without the app's spread (launches.pv_spread_bytes): launched back to back from
-one stream the two measured the same (results/runs/2026-11-30-s7/final2/attn_alone.txt).
+one stream the two measured the same (git show 731bc0e:results/runs/2026-11-30-s7/final2/attn_alone.txt).
 """
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ size of a layer's expert gate/up weights (~14 MB), timed alone (CUDA events, med
     lines       flushed, then prefetch.global.L2 of every 128-byte line, then the GEMV
 
 The step-level A/B of the same prefetch on a side branch of the decode graph measured no
-gain (results/gpu-h200-issue6.md, session 7); this says whether the lever exists at all.
+gain (results/gpu-h200-speed.md, 2026-11-30 16:08–16:47 UTC); this says whether the lever exists at all.
 
     python3 scripts/gpu/gpu_l2_probe.py [--rows 12288] [--reps 30]
 """

@@ -8,7 +8,7 @@ Qwen3-30B-A3B's dims with 4 layers, fast and exact; M=1 steps replayed as a CUDA
 same steps launched directly; the full-size 48-layer model decoding fast and exact. Then the
 full-size decode speed (perf.decode_bench, context 1024). Uses only what both trees have:
 make_cuda_backend(model, exact=, graph=), reset, step, decode_bench (kestrel_tui/perf/cuda.py since
-session 11; kestrel_tui/backends/cuda/perf.py in older trees).
+commit 380c10f; kestrel_tui/backends/cuda/perf.py in older trees). results/gpu-h200-same-bits.md records a run.
 """
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def main() -> None:
     from kestrel_tui.backends.cuda import make_cuda_backend
     try:
         from kestrel_tui.perf import cuda as perf
-    except ImportError:  # a tree from before session 11: the bench code inside the backend
+    except ImportError:  # a tree from before 380c10f: the bench code inside the backend
         from kestrel_tui.backends.cuda import perf
     from kestrel_tui.backends.cuda.weights import DeviceSyntheticModel
     from kestrel_tui.backends.toggles import TOGGLES

@@ -87,7 +87,7 @@ def pv_spread_bytes(rt, enabled: bool = True) -> int:
     SM: half the SM's shared memory. A P·V block is one latency-bound serial warp and its
     producers, and blocks sharing an SM slow each other down. That happens when the kernel is
     launched early (the PDL trigger, kernels/common.cuh) onto the SMs the scores kernel leaves
-    free (figures: results/gpu-h200-issue6.md). 0 (no spread) where the runtime does not know the
+    free (figures: results/gpu-h200-speed.md). 0 (no spread) where the runtime does not know the
     SMs' shared memory, where an SM has 96 KB or less (there half of it plus the kernel's ~36 KB
     of static memory can pass what one block may have), or with the pv_spread option off."""
     per_sm = int(getattr(rt, "smem_per_sm", 0) or 0)
