@@ -142,8 +142,8 @@ def test_hang_times_out_and_kills_the_group(model, tmp_path):
 
 
 def test_idle_timeout(model):
-    eng = engine(model, toy("--hang-after", "3", raw=False, idle_timeout=1))
-    with pytest.raises(EngineFailed, match=r"wrote nothing for 1 s \(idle_timeout\)") as ei:
+    eng = engine(model, toy("--hang-after", "3", raw=False, idle_timeout=4))  # more than the toy's start
+    with pytest.raises(EngineFailed, match=r"wrote nothing for 4 s \(idle_timeout\)") as ei:
         eng.run(request())
     assert len(ei.value.partial.positions) == 3
 
@@ -451,8 +451,8 @@ def test_exit_midway_keeps_a_position_whose_declared_fields_all_arrived(model, r
     assert [p.t for p in ei.value.partial.positions] == [0, 1, 2, 3, 4]
     assert ei.value.partial.hashes() == ref.hashes(5)
     # killed for hanging after position 3 (idle_timeout): position 3 was written whole, and is kept
-    eng = engine(model, toy("--hang-after", "3", raw=False, idle_timeout=1, fields=["emb", *FIELDS, "logits"]))
-    with pytest.raises(EngineFailed, match=r"wrote nothing for 1 s \(idle_timeout\); killed it after 4 positions"):
+    eng = engine(model, toy("--hang-after", "3", raw=False, idle_timeout=4, fields=["emb", *FIELDS, "logits"]))
+    with pytest.raises(EngineFailed, match=r"wrote nothing for 4 s \(idle_timeout\); killed it after 4 positions"):
         eng.run(request(forced=ref.generated[:N]))
     # a field it never writes: position 4 is not known whole, and is not kept
     eng = engine(model, toy("--fail-after", "4", raw=False, fields=["emb", *FIELDS, "logits", "pnrm"]))
