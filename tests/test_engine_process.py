@@ -150,7 +150,7 @@ def test_idle_timeout(model):
 
 def test_cancel_kills_the_child_quickly(model, tmp_path):
     pidfile = tmp_path / "pid"
-    eng = engine(model, toy("--sleep", "0.3", "--pid-file", str(pidfile), raw=False))
+    eng = engine(model, toy("--sleep", "1", "--pid-file", str(pidfile), raw=False))
     cancel = threading.Event()
     got = []
 
@@ -161,7 +161,7 @@ def test_cancel_kills_the_child_quickly(model, tmp_path):
 
     with pytest.raises(Cancelled):
         eng.run(RunRequest(list(PROMPT), 20, {"exact": "all"}, on_position=on_position, cancel=cancel))
-    assert got == [0, 1, 2, 3]  # the next position was 0.3 s away
+    assert got == [0, 1, 2, 3]  # the next position was 1 s away
     assert gone(int(pidfile.read_text())), "the child is gone by the time run returns"
 
 
@@ -179,7 +179,7 @@ def test_cancel_latency(model):
 
     with pytest.raises(Cancelled):
         eng.run(request(on_position=on_position, cancel=cancel))
-    assert time.monotonic() - when["set"] < 0.35
+    assert time.monotonic() - when["set"] < 1.5  # 20 ms polls and a 0.1 s grace; seconds spare for a busy machine
 
 
 def test_stop_ends_the_run_early(model):
