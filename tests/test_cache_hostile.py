@@ -3,9 +3,11 @@ entry that is a folder or holds the wrong arrays under a right checksum — each
 the run goes on, recomputing the reference or leaving it uncached."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -72,15 +74,33 @@ def test_a_cache_root_that_is_a_file(capsys, monkeypatch, tmp_path, cmd):
     assert blocker.read_text() == "not a folder"
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores permissions")
+@contextlib.contextmanager
+def read_only(folder: Path):
+    """``folder`` made read-only for real: mode 0o500, or for root (whom modes do not stop) the
+    immutable attribute; skipped where neither holds."""
+    if os.geteuid() != 0:
+        folder.chmod(0o500)
+        try:
+            yield
+        finally:
+            folder.chmod(0o700)
+        return
+    if shutil.which("chattr") is None or subprocess.run(["chattr", "+i", str(folder)],
+                                                        capture_output=True).returncode != 0:
+        pytest.skip("root ignores modes, and this filesystem has no immutable attribute")
+    try:
+        yield
+    finally:
+        subprocess.run(["chattr", "-i", str(folder)], check=True)
+
+
 def test_a_read_only_cache_root(capsys, monkeypatch, tmp_path):
     root = tmp_path / "xdg"
-    (root / "kestrel-tui" / "reference").mkdir(parents=True)
-    (root / "kestrel-tui" / "reference").chmod(0o500)
-    try:
+    folder = root / "kestrel-tui" / "reference"
+    folder.mkdir(parents=True)
+    with read_only(folder):
         code, out, err = cli_on_cache_root(capsys, monkeypatch, root)
-    finally:
-        (root / "kestrel-tui" / "reference").chmod(0o700)
+        assert list(folder.iterdir()) == []
     assert code == 1 and json.loads(out)["first_diff"]
     (line,) = notes(err)
     assert "cannot write" in line and "not cached" in line
