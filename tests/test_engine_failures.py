@@ -78,7 +78,7 @@ engine = "sim"
         code, _, err = run_cli(capsys, *argv)
         said, *rest = err.splitlines()  # first the command the profile runs, then the failure
         assert said.startswith("process engine toy_engine.py: running ") and "--fail-after 1" in said, err
-        assert code in (2, 3) and "exited with code" in one_line_error("\n".join(rest))  # 3: an engine failed
+        assert code == 3 and "exited with code" in one_line_error("\n".join(rest))  # 3: an engine failed
     assert not (tmp_path / "d.txt").exists()
 
 
