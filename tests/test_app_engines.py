@@ -279,3 +279,34 @@ async def test_b_bisects_over_the_toys_toggles_to_the_minimal_set(model, ref, tm
         assert main.settings.exact == frozenset(needed) == main.result.settings.exact
         assert main.result.all_ok and main.result.sub.hashes() == ref.hashes()
         assert main.board.first_diff is None and all(main.board.arrived)
+
+
+async def test_the_header_claims_formats_only_for_the_side_that_runs_them(model, tmp_path, make_app, settle):
+    """A process runs its own weights and KV: the header says the formats are the reference's."""
+    session = toy_session(model, toy(env={"TOY_EXACT": "all"}), toggles=())
+    app = make_app(session, tmp_path)
+    async with app.run_test(size=(160, 40)) as pilot:
+        await settle(pilot)
+        text = app.main.query_one("#header").render().plain
+        assert f"{model.fmt}, kv {session.kv} (cpu only)" in text
+    builtin = Session(model, PROMPT, N, reference="cpu", subject="sim")
+    app = make_app(builtin, tmp_path)
+    async with app.run_test(size=(160, 40)) as pilot:
+        await settle(pilot)
+        text = app.main.query_one("#header").render().plain
+        assert f"{model.fmt}, kv {builtin.kv} │" in text and "only)" not in text
+
+
+async def test_a_hash_only_subject_under_a_tolerance_says_no_verdict(model, tmp_path, make_app, settle):
+    """With no raw values no DIFF key can be judged: the status says so instead of 'first far —'."""
+    session = toy_session(model, toy(env={"TOY_EXACT": "none"}), toggles=())
+    app = make_app(session, tmp_path)
+    async with app.run_test(size=(200, 40)) as pilot:
+        await settle(pilot)
+        main = app.main
+        assert not main.result.all_ok
+        await pilot.press("T")
+        await settle(pilot)
+        text = main.status.text
+        assert "no verdict at nmse=1e-07: the" in text and "DIFF keys are hash-only" in text
+        assert "first far" not in text

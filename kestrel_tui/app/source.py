@@ -49,8 +49,13 @@ class DiffSource:
 
 
 def model_label(session: Session) -> str:
+    """The model and the weight/KV formats, claimed only for the sides that run them."""
     m, cfg = session.model, session.model.cfg
-    return f"{m.name} {cfg.arch} {cfg.n_layers}L h{cfg.hidden} {m.fmt}, kv {session.kv}"
+    label = f"{m.name} {cfg.arch} {cfg.n_layers}L h{cfg.hidden}"
+    takers = [e.name for e in (session.reference_engine, session.subject_engine) if e.caps.formats]
+    if not takers:
+        return label
+    return f"{label} {m.fmt}, kv {session.kv}" + (f" ({takers[0]} only)" if len(takers) == 1 else "")
 
 
 def loaded(session: Session, note: str | None = None) -> Loaded:

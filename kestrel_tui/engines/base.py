@@ -95,6 +95,7 @@ class Capabilities:
     isolate: bool = False       # feeds every op the reference's inputs
     logits: bool = True         # reports logits (top-1 per position, token flips)
     raw: bool = True            # reports raw buffers (tolerance: close/far)
+    formats: bool = True        # runs the session's weight and KV formats (a process runs its own)
 
 
 @dataclass(frozen=True)

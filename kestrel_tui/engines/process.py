@@ -554,7 +554,7 @@ class ProcessEngine(Engine):
         self.n_layers = model.cfg.n_layers if model is not None else None
         self.fields = cfg.fields
         self.caps = Capabilities(prefill_from=False, forcing=cfg.uses("forced_ids"), isolate=False,
-                                 logits=cfg.sidecar, raw=cfg.sidecar)
+                                 logits=cfg.sidecar, raw=cfg.sidecar, formats=False)
 
     @property
     def device_name(self) -> str:

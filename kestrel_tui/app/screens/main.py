@@ -396,8 +396,11 @@ class MainScreen(GridNavigation, Screen):
         counts = f"{n} DIFF keys"
         summary: ToleranceSummary | None = self.board.tolerance if self.board is not None else None
         tol = self.tolerance
-        if summary is not None:
-            far = summary.first_far or "— (every DIFF key close)"
+        if summary is not None and summary.n_close + summary.n_far == 0:
+            counts = (f"no verdict at {tol.spec()}: the {summary.n_unjudged} DIFF keys are hash-only"
+                      f" (no raw values to judge)")
+        elif summary is not None:
+            far = summary.first_far or "— (every judged DIFF key close)"
             counts = f"first far {far} at {tol.spec()} · {summary.n_close} close · {summary.n_far} far"
             if summary.n_unjudged:
                 counts += f" · {summary.n_unjudged} hash-only"
