@@ -28,14 +28,29 @@ LIMIT_MB = 200
 KILL_S = 20  # the child's hard limit: a hang fails the test here instead of hanging it
 
 
+# The child's own peak (VmHWM of the program after exec): ru_maxrss would include the pages it
+# shared with this test process when it was forked.
+_CHILD = """
+import atexit, sys
+def _hwm(path=sys.argv[1]):
+    with open("/proc/self/status") as f:
+        kb = next(line.split()[1] for line in f if line.startswith("VmHWM:"))
+    with open(path, "w") as f:
+        f.write(kb)
+atexit.register(_hwm)
+from kestrel_tui.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
 def _cli(*argv, cwd: Path) -> tuple[int | None, str, float, float]:
     """(exit status or None if killed, stderr, seconds, peak RSS in MB) of `kestrel-tui ARGV`."""
     def limit():
         resource.setrlimit(resource.RLIMIT_AS, (AS_LIMIT, AS_LIMIT))
 
     err_path = cwd / f".stderr-{time.monotonic_ns()}"
-    code = [sys.executable, "-c", "import sys; from kestrel_tui.cli import main; sys.exit(main(sys.argv[1:]))",
-            *map(str, argv)]
+    hwm_path = cwd / f".hwm-{time.monotonic_ns()}"
+    code = [sys.executable, "-c", _CHILD, str(hwm_path), *map(str, argv)]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     with open(err_path, "wb") as err:
         t0 = time.monotonic()
@@ -56,7 +71,9 @@ def _cli(*argv, cwd: Path) -> tuple[int | None, str, float, float]:
         proc.returncode = -9  # reaped by wait4 above
     text = err_path.read_text(errors="replace")
     err_path.unlink()
-    return status, text, elapsed, usage.ru_maxrss / 1024
+    hwm = int(hwm_path.read_text()) if hwm_path.exists() else usage.ru_maxrss
+    hwm_path.unlink(missing_ok=True)
+    return status, text, elapsed, hwm / 1024
 
 
 def _refused(argv, cwd: Path, *needles: str) -> str:
@@ -290,3 +307,28 @@ def test_parse_json_keeps_real_configs_and_refuses_the_limits():
         with pytest.raises(LimitError):
             parse_json(text)
     assert parse_json("1" * 100) == int("1" * 100)
+
+
+# ---------------------------------------------------------------- finite values q4_0 cannot hold
+
+def test_a_gguf_weight_beyond_q4_0s_range_is_refused_by_name(tmp_path):
+    import gguf
+
+    from kestrel_tui.model.gguf import write_gguf
+
+    path = tmp_path / "m.gguf"
+    write_gguf(_tiny_model(fmt="f32"), path)
+    t = next(t for t in gguf.GGUFReader(path).tensors if t.name == "blk.0.attn_q.weight")
+    data = bytearray(path.read_bytes())
+    struct.pack_into("<f", data, int(t.data_offset), 1e30)  # finite in f32; its q4_0 scale is not in f16
+    path.write_bytes(data)
+    _refused(_generate("m.gguf") + ["--weights", "q4_0"], tmp_path, "m.gguf", "blk.0.attn_q.weight", "--weights f32")
+
+
+def test_an_hf_weight_beyond_q4_0s_range_is_refused_by_name(tmp_path, hf_tensors):
+    tensors = dict(hf_tensors)
+    w = tensors["model.layers.1.self_attn.k_proj.weight"].copy()
+    w[0, 0] = 1e30
+    tensors["model.layers.1.self_attn.k_proj.weight"] = w
+    _hf_dir(tmp_path, tensors)
+    _refused(_generate("hf"), tmp_path, "model.layers.1.self_attn.k_proj.weight", "hf", "--weights f32")

@@ -124,6 +124,7 @@ from ..readers import kind_of, open_regular
 from ..text import inert
 from .config import QK, Config, ModelError
 from .progress import Progress, Tally
+from .quant import RangeError
 from .weights import (FORMATS, Layer, Linear, Model, linear_from_ggml, linear_from_rows, make_linear,
                       rope_tables)
 
@@ -584,7 +585,13 @@ def _check_tensors(f: _File, cfg: Config, n_layers: int) -> dict[str, tuple[int,
 
 
 def _widen(t, sl=()) -> np.ndarray:
-    """A tensor (or the expert t.data[sl]) as a fresh f32 array in torch order; exact for every type we read."""
+    """A tensor (or the expert t.data[sl]) as a fresh f32 array in torch order; exact for every type we read.
+    An infinite scale times a zero code makes NaN without a warning: the caller refuses non-finite values."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return _widen_raw(t, sl)
+
+
+def _widen_raw(t, sl=()) -> np.ndarray:
     data = np.asarray(t.data[sl])
     kind = int(t.tensor_type)
     if kind == _F32:
@@ -621,7 +628,10 @@ class _Reader:
         return self._counted(name, self._finite(name, _widen(self.f.tensors[name])))
 
     def linear(self, name: str, shape: tuple[int, ...]) -> Linear:
-        return self._counted(name, self._linear(name, shape))
+        try:
+            return self._counted(name, self._linear(name, shape))
+        except RangeError as e:
+            raise self.f.err(f"tensor {name}: {e}") from None
 
     def _linear(self, name: str, shape: tuple[int, ...]) -> Linear:
         t = self.f.tensors[name]

@@ -51,7 +51,7 @@ import numpy as np
 from ..readers import LimitError, check_regular, open_regular, parse_json, read_regular
 from .config import ModelError, default_config, load_config
 from .progress import Progress, Tally
-from .quant import BLOCK_BYTES, quantize_q4_0_ggml
+from .quant import BLOCK_BYTES, RangeError, quantize_q4_0_ggml
 from .weights import FORMATS, Layer, Linear, Model, linear_from_rows, rope_tables, synthetic_model
 
 F32 = np.float32
@@ -252,7 +252,10 @@ def _experts(ck: _Checkpoint, p: str, E: int, F: int, H: int, fmt: str) -> tuple
         if fmt == "f32":
             bufs[kind][e] = w
         else:  # per-expert quantization == quantizing the stack (q4_0 blocks never span rows)
-            quantize_q4_0_ggml(w, out=bufs[kind][e])
+            try:
+                quantize_q4_0_ggml(w, out=bufs[kind][e])
+            except RangeError as err:
+                raise ModelError(f"{p}mlp.experts.{e}.{kind}_proj (in {ck.dir}): {err}") from None
 
     if fused:  # read one expert at a time: the stacks are never whole in f32
         for e in range(E):
@@ -327,7 +330,10 @@ def load_hf_model(model_dir: str | Path, weights: str = "q4_0", kv: str | None =
             ck.check(name, shape)  # before the result is allocated from config.json's sizes
             # read and quantized a bounded number of rows at a time: a vocabulary-sized matrix
             # never exists whole in f32 (the bytes equal quantizing it at once)
-            return linear_from_rows(lambda r0, r1: ck.get(name, shape, rows=(r0, r1)), *shape, weights)
+            try:
+                return linear_from_rows(lambda r0, r1: ck.get(name, shape, rows=(r0, r1)), *shape, weights)
+            except RangeError as e:
+                raise ModelError(f"{name} (in {model_dir}): {e}") from None
 
         layers = []
         for i in range(cfg.n_layers):
@@ -393,4 +399,7 @@ def load_model(spec: str | Path | None, weights: str = "q4_0", kv: str | None = 
     if not Path(spec).is_dir():
         raise ModelError(f"{spec}: no such model directory; pass an HF model directory"
                          f" (config.json + *.safetensors), a .gguf file or 'default'")
+    if str(spec).lower().endswith(".gguf") and not (Path(spec) / "config.json").exists():
+        raise ModelError(f"{spec}: a directory, not a GGUF file; pass the .gguf file itself (or an HF model"
+                         f" directory: config.json + *.safetensors)")
     return load_hf_model(spec, weights, kv, n_layers=n_layers, progress=progress)

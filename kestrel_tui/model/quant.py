@@ -20,7 +20,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .config import QK
+from .config import QK, ModelError
+
+
+class RangeError(ModelError):
+    """Weights too large for q4_0: a block's f16 scale would be infinite (the caller names the tensor)."""
 
 
 def _roundf(x: np.ndarray) -> np.ndarray:
@@ -85,7 +89,12 @@ def quantize_q4_0_ggml(w: np.ndarray, out: np.ndarray | None = None) -> np.ndarr
     flat_w, flat_o = w.reshape(-1, inp), out.reshape(-1, nb, BLOCK_BYTES)
     for r0, r1 in _row_chunks(flat_w.shape[0], inp):
         q, d = _q4_0_codes(flat_w[r0:r1])
-        flat_o[r0:r1, :, :2] = d.astype(np.float16)[..., None].view(np.uint8)
+        with np.errstate(over="ignore"):
+            d16 = d.astype(np.float16)
+        if not np.isfinite(d16).all():  # a finite f32 weight beyond 8 * 65504 makes an infinite scale
+            raise RangeError(f"weights of magnitude up to {float(np.abs(flat_w[r0:r1]).max()):.3g} do not fit q4_0"
+                             f" blocks (f16 scales end at 65504); the weights are damaged, or use --weights f32")
+        flat_o[r0:r1, :, :2] = d16[..., None].view(np.uint8)
         flat_o[r0:r1, :, 2:] = q[..., :16] | (q[..., 16:] << np.uint8(4))
     return out
 
