@@ -1,9 +1,11 @@
 """`kestrel-tui` command line: the app by default, and headless subcommands.
 
-Every failure the user can cause ends in one line on stderr and exit status 2;
+Every failure the user can cause ends in one line on stderr and exit status 2
+(outside text in it inert: text.py); an engine that fails (a crash, a timeout,
+nothing written) exits 3, with `failed` in --json naming the side and the reason.
 `diff` and `run` exit 1 when they find a DIFF and 0 when all keys agree
-(`run --tol SPEC`: 1 when a key is far, 0 when every key is ok or close), and
-3 when an engine failed (a crash, a timeout, nothing written; commands.py).
+(`run --tol SPEC`: 1 when a key is far or a DIFF could not be judged, which the
+output says, and 0 when every key is ok or close).
 
 SIGTERM and SIGHUP stop a command like Ctrl-C (exit 130, an unfinished output kept
 as .partial); the app quits on them as on `q`. Either way, and however a command
@@ -19,6 +21,7 @@ import signal
 import sys
 
 from .errors import UsageError
+from .text import inert
 from .terminal import err_console
 
 
@@ -70,7 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("b", metavar="B")
     p.add_argument("--tui", action="store_true", help="open the grid over the two files")
 
-    p = sub.add_parser("run", help="reference vs subject, headless; exit 0 all ok, 1 DIFF, 2 bad input")
+    p = sub.add_parser("run", help="reference vs subject, headless; exit 0 all ok, 1 DIFF, 2 bad input,"
+                       " 3 an engine failed")
     _model_args(p)
     p.add_argument("--subject", help="sim (default), cuda or hf; a profile names any engine")
     p.add_argument("--exact", help="the subject's toggles switched to exact: all, none or a comma list"
@@ -82,7 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefill", choices=("reference", "subject"), default="reference")
     p.add_argument("--forcing", choices=("teacher", "free"), default="teacher")
     p.add_argument("--tol", metavar="SPEC", help="judge DIFF keys with raw values close/far: nmse=1e-7 (the default"
-                   " criterion), ulp=N, rel=X, comma-combined (all must hold); exit 0 when no key is far")
+                   " criterion), ulp=N, rel=X, comma-combined (all must hold); exit 0 when every DIFF key is close,"
+                   " 1 when one is far or could not be judged")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
     p = sub.add_parser("bisect", help="switch ops to exact one by one until all keys agree")
@@ -120,6 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+ERROR_LIMIT = 2000  # characters of an error line: our words plus the outside text they quote, clipped
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 _stopping = False   # the command is ending: a stop signal now is ignored
 _signalled = False  # one arrived: the process is ending
@@ -173,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
             args.loaded_profile = apply_profile(args)
         return getattr(commands, f"cmd_{args.cmd}")(args)
     except UsageError as e:
-        _say(f"kestrel-tui {args.cmd}: error: {e}")
+        _say(f"kestrel-tui {args.cmd}: error: {inert(e, ERROR_LIMIT)}")
         return 2
     except KeyboardInterrupt as e:
         partial = getattr(e, "partial", None)  # set by files.create_whole

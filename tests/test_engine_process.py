@@ -17,7 +17,8 @@ import pytest
 from kestrel_tui.engine.run import Cancelled, run_decode
 from kestrel_tui.engines.base import EngineFailed, EngineSpec, RunRequest, Toggle
 from kestrel_tui.engines.build import make_backend, make_engine
-from kestrel_tui.engines.process import DumpTail, ProcessConfig, invocation
+from kestrel_tui.engines.process import ProcessConfig, invocation
+from kestrel_tui.trace.dump import DumpTail
 from kestrel_tui.engines.sidecar import SidecarError, SidecarReader, read_sidecar, write_record
 from kestrel_tui.errors import UsageError
 from kestrel_tui.trace.dump import DumpError

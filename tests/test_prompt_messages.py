@@ -28,3 +28,10 @@ def test_too_many_tokens_from_a_profile_names_its_line(tmp_path, capsys):
     code, _, err = run(capsys, "run", "--profile", str(prof), "--tokens", "4094")  # the flag wins, and is named
     line = one_line_error(err)
     assert code == 2 and "error: --tokens 4094:" in line and "p.toml" not in line
+
+
+def test_an_error_line_quoting_outside_text_is_inert(capsys):
+    """A path (or any outside text) an error quotes cannot set the window title or clear the screen."""
+    code, _, err = run(capsys, "dump", "--model", "/nope/\x1b]0;owned\x07\x1b[2J", "--out", "never.txt")
+    line = one_line_error(err)
+    assert code == 2 and "\x1b" not in err and "\x07" not in err and "\\x1b]0;owned\\x07" in line

@@ -393,3 +393,35 @@ def test_ulp_histogram_buckets():
     assert ulp_histogram(base, other, bins=[0, 4]) == [1, 4, 4]
     with pytest.raises(ValueError):
         ulp_histogram(base, other, bins=[4, 4])
+
+
+def test_a_dump_with_a_line_of_megabytes_fails_at_that_line_in_bounded_memory(tmp_path):
+    """`diff` on a file holding a 52 MB tag: one line naming the line, read chunk by chunk (not
+    held whole, not printed whole)."""
+    import subprocess
+    import sys
+
+    big = tmp_path / "big.txt"
+    tag = "t0_" + "a" * 52_000_000
+    big.write_text(f"t0_emb {0:016x}\n{tag} {1:016x}\n")
+    code = ("import sys\n"
+            "from kestrel_tui.trace.dump import DumpError, read_dump\n"
+            "try:\n    read_dump(sys.argv[1])\nexcept DumpError as e:\n    print(e)\n"
+            # VmHWM, not ru_maxrss: the latter keeps the forking parent's peak across exec
+            "print(next(ln.split()[1] for ln in open('/proc/self/status') if ln.startswith('VmHWM')))\n")
+    out = subprocess.run([sys.executable, "-c", code, str(big)], capture_output=True, text=True, timeout=60)
+    msg, rss_kb = out.stdout.splitlines()
+    assert msg.startswith(f"{big}:2: a line longer than 4096 bytes") and len(msg) < 300
+    assert int(rss_kb) < 200_000, f"peak RSS {rss_kb} KB"
+
+
+def test_a_tag_longer_than_the_limit_is_refused_clipped(tmp_path):
+    p = tmp_path / "long.txt"
+    p.write_text(f"t0_{'b' * 300} {1:016x}\n")
+    with pytest.raises(DumpError) as e:
+        read_dump(p)
+    assert "a tag of 303 characters" in str(e.value) and len(str(e.value)) - len(str(p)) < 160
+    from kestrel_tui.errors import UsageError
+
+    with pytest.raises(UsageError, match="a tag of 303 characters"):
+        write_dump(tmp_path / "w.txt", [(f"t0_{'b' * 300}", 1)])  # what the reader refuses, the writer does

@@ -35,7 +35,7 @@ import numpy as np
 from .. import procs
 from ..errors import UsageError
 from ..text import inert, inert_tail
-from ..trace.dump import DumpError, parse_dump_line
+from ..trace.dump import DumpError, DumpTail
 from ..trace.keys import emb_key, key_name, logits_key, parse_key
 from ..trace.rawstore import RawStore
 from .base import Capabilities, Engine, EngineFailed, EngineSpec, RunRequest, Toggle
@@ -61,8 +61,6 @@ _PH_RE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _ENV_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _TOKEN_RE = re.compile(r"t(0|[1-9][0-9]*)_token")  # a sidecar record of the consumed token id
 _INTERPRETERS = re.compile(r"(python[0-9.]*|pypy[0-9.]*|bash|sh|node|perl|ruby|env)(\.exe)?")
-MAX_LINE = 4096          # bytes of one dump line: a tag of a few hundred bytes and its hash fit many times
-READ_CHUNK = 1 << 20     # bytes of the dump read per poll: a reader that falls behind catches up chunk by chunk
 # Called with one line before a profile's command first runs (the CLI prints it on stderr; the app,
 # whose terminal is the grid, leaves it unset). None: say nothing.
 announce = None
@@ -298,66 +296,6 @@ def invocation(cfg: ProcessConfig, toggles: tuple[Toggle, ...], req: RunRequest,
 
 class _ContentError(Exception):
     """The engine wrote something we cannot read (one line naming the file and line or offset)."""
-
-
-class DumpTail:
-    """The complete lines a growing dump file holds so far, parsed: (line number, tag, hash).
-
-    Read in chunks of ``max_bytes`` (``caught_up`` says whether the last poll reached the end), and a
-    line may hold ``MAX_LINE`` bytes: a file that is no dump (one line of gigabytes) fails at once,
-    naming its line, instead of being held in memory whole."""
-
-    def __init__(self, path: str, max_bytes: int = READ_CHUNK):
-        self.path, self.max_bytes = path, max_bytes
-        self._f = None
-        self._buf = b""
-        self._n = 0            # lines consumed
-        self._blank: int | None = None  # a blank line is fine only if nothing but blank lines follows
-        self.n_lines = 0       # key lines read
-        self.caught_up = True
-
-    def _too_long(self, n: int) -> DumpError:
-        return DumpError(f"{self.path}:{n}: a line longer than {MAX_LINE} bytes; a dump line is"
-                         f" '<tag> <hash16>' (is the engine writing its dump there?)")
-
-    def _lines(self, blines: list[bytes]) -> list[tuple[int, str, int]]:
-        out = []
-        for b in blines:
-            self._n += 1
-            if len(b) > MAX_LINE:
-                raise self._too_long(self._n)
-            if not b.rstrip(b"\r").strip():
-                self._blank = self._blank or self._n
-                continue
-            if self._blank is not None:
-                parse_dump_line(self.path, self._blank, b"")  # raises read_dump's blank-line error
-            tag, h = parse_dump_line(self.path, self._n, b)
-            out.append((self._n, tag, h))
-        self.n_lines += len(out)
-        return out
-
-    def poll(self) -> list[tuple[int, str, int]]:
-        if self._f is None:
-            self._f = open(self.path, "rb")
-        chunk = self._f.read(self.max_bytes)
-        self.caught_up = len(chunk) < self.max_bytes
-        if not chunk:
-            return []
-        self._buf += chunk
-        *complete, self._buf = self._buf.split(b"\n")
-        out = self._lines(complete)
-        if len(self._buf) > MAX_LINE:
-            raise self._too_long(self._n + 1)
-        return out
-
-    def finish(self) -> list[tuple[int, str, int]]:
-        """At a clean exit: a last line without "\\n" counts (read_dump accepts it too)."""
-        rest, self._buf = self._buf, b""
-        return self._lines([rest]) if rest.strip() else []
-
-    def close(self):
-        if self._f is not None:
-            self._f.close()
 
 
 class Assembler:

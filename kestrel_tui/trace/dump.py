@@ -28,6 +28,9 @@ from .fnv import hex16
 from .keys import index_problem
 
 _TAG_RE = re.compile(r"[\x21-\x7e]+")
+MAX_TAG = 256           # characters of a tag: the longest module path an engine names fits several times
+MAX_LINE = 4096         # bytes of one dump line: a tag and its hash fit many times
+READ_CHUNK = 1 << 20    # bytes read at a time: a reader that falls behind catches up chunk by chunk
 _HEX16_RE = re.compile(r"[0-9A-Fa-f]{16}")
 
 
@@ -38,6 +41,8 @@ class DumpError(UsageError):
 def _check_tag(tag: str) -> str | None:
     if not isinstance(tag, str) or not tag:
         return "empty tag"
+    if len(tag) > MAX_TAG:
+        return f"a tag of {len(tag)} characters, {_clip(tag)} (a tag has at most {MAX_TAG})"
     if not _TAG_RE.fullmatch(tag):
         return f"bad characters in tag {_clip(tag)} (printable ASCII, no spaces)"
     return index_problem(tag)
@@ -154,27 +159,93 @@ def parse_dump_line(path: str, n: int, bline: bytes) -> tuple[str, int]:
 
 
 def read_dump(path: str | os.PathLike) -> dict[str, int]:
-    """Read a dump into ``{tag: hash}`` in file order; raises DumpError."""
+    """Read a dump into ``{tag: hash}`` in file order; raises DumpError. Read in bounded chunks
+    (``DumpTail``): a file of one enormous line fails at that line, not after holding it whole."""
     path = os.fspath(path)
     if is_partial_name(path) and os.path.isfile(path):
         raise DumpError(f"{path}: a partial dump (its run was interrupted before the end); "
                         f"run the dump again")
-    try:
-        with open_regular(path) as f:  # a FIFO or device given to diff is refused, not read forever
-            raw = f.read()
-    except OSError as e:
-        raise DumpError(f"{path}: cannot read dump file: {e.strerror}") from None
-    lines = raw.split(b"\n")
-    while lines and not lines[-1].strip():
-        lines.pop()
-    if not lines:
-        raise DumpError(f"{path}: empty dump file (no '<tag> <hash16>' lines)")
     out: dict[str, int] = {}
     first_line: dict[str, int] = {}
-    for n, bline in enumerate(lines, start=1):
-        tag, h = parse_dump_line(path, n, bline)
-        if tag in out:
-            raise DumpError(f"{path}:{n}: duplicate key {tag!r} (first at line {first_line[tag]})")
-        out[tag] = h
-        first_line[tag] = n
+
+    def add(lines) -> None:
+        for n, tag, h in lines:
+            if tag in out:
+                raise DumpError(f"{path}:{n}: duplicate key {_clip(tag)} (first at line {first_line[tag]})")
+            out[tag] = h
+            first_line[tag] = n
+
+    tail = DumpTail(path)
+    try:
+        while True:
+            add(tail.poll())  # a FIFO or device given to diff is refused when opened, not read forever
+            if tail.caught_up:
+                break
+        add(tail.finish())
+    except OSError as e:
+        raise DumpError(f"{path}: cannot read dump file: {e.strerror or e}") from None
+    finally:
+        tail.close()
+    if not out:
+        raise DumpError(f"{path}: empty dump file (no '<tag> <hash16>' lines)")
     return out
+
+
+class DumpTail:
+    """The complete lines a growing dump file holds so far, parsed: (line number, tag, hash).
+
+    Read in chunks of ``max_bytes`` (``caught_up`` says whether the last poll reached the end), and a
+    line may hold ``MAX_LINE`` bytes: a file that is no dump (one line of gigabytes) fails at once,
+    naming its line, instead of being held in memory whole."""
+
+    def __init__(self, path: str, max_bytes: int = READ_CHUNK, opener=open_regular):
+        self.path, self.max_bytes, self._open = path, max_bytes, opener
+        self._f = None
+        self._buf = b""
+        self._n = 0            # lines consumed
+        self._blank: int | None = None  # a blank line is fine only if nothing but blank lines follows
+        self.n_lines = 0       # key lines read
+        self.caught_up = True
+
+    def _too_long(self, n: int) -> DumpError:
+        return DumpError(f"{self.path}:{n}: a line longer than {MAX_LINE} bytes; a dump line is"
+                         f" '<tag> <hash16>' (is this a dump file?)")
+
+    def _lines(self, blines: list[bytes]) -> list[tuple[int, str, int]]:
+        out = []
+        for b in blines:
+            self._n += 1
+            if len(b) > MAX_LINE:
+                raise self._too_long(self._n)
+            if not b.rstrip(b"\r").strip():
+                self._blank = self._blank or self._n
+                continue
+            if self._blank is not None:
+                parse_dump_line(self.path, self._blank, b"")  # raises read_dump's blank-line error
+            tag, h = parse_dump_line(self.path, self._n, b)
+            out.append((self._n, tag, h))
+        self.n_lines += len(out)
+        return out
+
+    def poll(self) -> list[tuple[int, str, int]]:
+        if self._f is None:
+            self._f = self._open(self.path)
+        chunk = self._f.read(self.max_bytes)
+        self.caught_up = len(chunk) < self.max_bytes
+        if not chunk:
+            return []
+        self._buf += chunk
+        *complete, self._buf = self._buf.split(b"\n")
+        out = self._lines(complete)
+        if len(self._buf) > MAX_LINE:
+            raise self._too_long(self._n + 1)
+        return out
+
+    def finish(self) -> list[tuple[int, str, int]]:
+        """At a clean exit: a last line without "\\n" counts (read_dump accepts it too)."""
+        rest, self._buf = self._buf, b""
+        return self._lines([rest]) if rest.strip() else []
+
+    def close(self):
+        if self._f is not None:
+            self._f.close()
