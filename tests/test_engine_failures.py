@@ -131,7 +131,7 @@ def test_a_child_killed_by_any_signal_is_one_line_naming_it(tmp_path, monkeypatc
     (tmp_path / "kestrel_crash_probe.py").write_text(PROBE)
     n = _realtime() if sig == "rt" else int(getattr(signal, sig))
     monkeypatch.setenv("KESTREL_TEST_SIGNAL", str(n))
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
     with pytest.raises(EngineFailed) as ei:
         in_child(_probe_job("kestrel_crash_probe"))
     text = str(ei.value)

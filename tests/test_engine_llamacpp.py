@@ -305,7 +305,7 @@ def test_a_llama_cpp_py_in_the_working_directory_never_runs(tmp_path, ggufs):
     prof.write_text(f'model = {str(ggufs["moe", "f32"])!r}\nweights = "f32"\ntokens = 1\n[reference]\nengine = "cpu"\n'
                     f'[subject]\nengine = "llama.cpp"\n[subject.options]\nrepack = "off"\n')
     root = str(Path(__file__).resolve().parents[1])
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, "."]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, ".", os.environ.get("PYTHONPATH", "")]))
     rc = subprocess.run([sys.executable, "-m", "kestrel_tui.cli", "run", "--profile", str(prof), "--no-cache"],
                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert "Traceback" not in rc.stderr, rc.stderr

@@ -51,7 +51,7 @@ def _cli(*argv, cwd: Path) -> tuple[int | None, str, float, float]:
     err_path = cwd / f".stderr-{time.monotonic_ns()}"
     hwm_path = cwd / f".hwm-{time.monotonic_ns()}"
     code = [sys.executable, "-c", _CHILD, str(hwm_path), *map(str, argv)]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     with open(err_path, "wb") as err:
         t0 = time.monotonic()
         proc = subprocess.Popen(code, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,

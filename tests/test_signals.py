@@ -76,7 +76,7 @@ engine = "sim"
 
 
 def tool_env(tmp: Path) -> dict[str, str]:
-    env = dict(os.environ, TMPDIR=str(tmp), PYTHONPATH=str(ROOT))
+    env = dict(os.environ, TMPDIR=str(tmp), PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     env.pop("PYTHONSAFEPATH", None)
     return env
 
