@@ -1,4 +1,4 @@
-"""What a fuzzer and a new user broke in the headless commands (issue 16): markup in
+"""What a fuzzer and a new user broke in the headless commands: markup in
 names, absurd indices, interrupted dumps, messages that blame the wrong thing, cut keys."""
 import json
 import os

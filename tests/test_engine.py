@@ -1,4 +1,4 @@
-"""Issue 3: sim vs cpu, first-DIFF movement, isolate mode, iso, bisect."""
+"""sim vs cpu, first-DIFF movement, isolate mode, iso, bisect."""
 import pytest
 
 from kestrel_tui.backends.toggles import OWNERS, TOGGLES

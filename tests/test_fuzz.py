@@ -1,4 +1,4 @@
-"""Fuzzers for dump files (issue 16 item 7): read_dump, `kestrel-tui diff` end to end, write/read round trip.
+"""Fuzzers for dump files: read_dump, `kestrel-tui diff` end to end, write/read round trip.
 
 The strategies and the checks are scripts/fuzz_dump.py's, which runs 10^5 cases
 of them (results/fuzz.md); here 10^4 in all, derandomized so that CI runs the

@@ -1,4 +1,4 @@
-"""Checkpoints as they come (issue 17, item 3): every config corner transformers' qwen3 / qwen3_moe honour
+"""Checkpoints as they come: every config corner transformers' qwen3 / qwen3_moe honour
 for decoding, and sharded safetensors, each against HF transformers as the oracle.
 
 Each corner is a tiny random model built by transformers itself (Qwen3Config / Qwen3MoeConfig), saved with
