@@ -8,6 +8,7 @@ peak RSS. The child reads the package from this test's own checkout, so the same
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import resource
@@ -121,6 +122,11 @@ def test_a_133_byte_gguf_declaring_an_array_of_2_40_bytes(tmp_path):
     assert len(data) == 133
     (tmp_path / "m.gguf").write_bytes(data)
     _refused(_generate("m.gguf"), tmp_path, "m.gguf", "1099511627776", "133 bytes")
+    if importlib.util.find_spec("llama_cpp") is not None:  # the llama.cpp engine reads its header too
+        (tmp_path / "p.toml").write_text('model = "m.gguf"\n[reference]\nengine = "cpu"\n'
+                                         '[subject]\nengine = "llama.cpp"\n')
+        _refused(["run", "--profile", "p.toml", "--prompt-ids", "1,2", "--tokens", "1"], tmp_path,
+                 "m.gguf", "1099511627776")
 
 
 def test_a_valid_gguf_with_block_count_patched_to_10_9(tmp_path, tiny_gguf):

@@ -232,12 +232,14 @@ def _check_path(path) -> str | None:
 
 
 def _is_q4(path: str) -> bool:
-    try:
-        import gguf
+    """Whether the file holds q4_0 tensors (then they are used as they are), read by our bounded
+    header reader: a damaged count costs a line later, in the loader, not memory here."""
+    from ..model.gguf import tensor_types
 
-        return any(int(t.tensor_type) == 2 for t in gguf.GGUFReader(path).tensors)
-    except Exception:  # the engine decides on the file, not this guess: f32 widens every type
-        return False
+    try:
+        return 2 in tensor_types(path)  # GGML type 2: Q4_0
+    except (UsageError, OSError):
+        return False  # the loader names what is wrong with the file
 
 
 class LlamaCppEngine(Engine):
