@@ -425,3 +425,18 @@ def test_a_tag_longer_than_the_limit_is_refused_clipped(tmp_path):
 
     with pytest.raises(UsageError, match="a tag of 303 characters"):
         write_dump(tmp_path / "w.txt", [(f"t0_{'b' * 300}", 1)])  # what the reader refuses, the writer does
+
+
+def test_a_dump_that_is_a_fifo_is_refused_at_once(tmp_path):
+    """The process engine's reader of a growing dump and `diff` alike: a FIFO (or a device) in the
+    dump's place is one DumpError, not a wait for a writer that never comes."""
+    import os
+
+    from kestrel_tui.trace.dump import DumpTail
+
+    fifo = tmp_path / "dump.txt"
+    os.mkfifo(fifo)
+    with pytest.raises(DumpError, match="it is a FIFO, not a regular file"):
+        DumpTail(str(fifo)).poll()
+    with pytest.raises(DumpError, match="it is a FIFO"):
+        read_dump(fifo)

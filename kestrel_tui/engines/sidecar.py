@@ -21,6 +21,8 @@ from typing import BinaryIO
 
 import numpy as np
 
+from ..readers import open_regular
+
 DTYPES: dict[str, str] = {
     "f32": "<f4", "f16": "<f2", "f64": "<f8", "bf16": "<u2",
     "i8": "i1", "u8": "u1", "i16": "<i2", "u16": "<u2", "i32": "<i4", "u32": "<u4", "i64": "<i8", "u64": "<u8",
@@ -110,9 +112,11 @@ class SidecarReader:
         (a reader that fell behind catches up a chunk at a time: memory stays bounded; see caught_up)."""
         if self._f is None:
             try:
-                self._f = open(self.path, "rb")
+                self._f = open_regular(self.path)  # a FIFO put there by the engine is refused, not waited on
             except FileNotFoundError:
                 return
+            except OSError as e:
+                raise self._error(0, f"cannot read it ({e.strerror or e})") from None
         chunk = self._f.read(max_bytes)
         self.caught_up = len(chunk) < max_bytes
         if chunk:

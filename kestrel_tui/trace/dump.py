@@ -178,12 +178,10 @@ def read_dump(path: str | os.PathLike) -> dict[str, int]:
     tail = DumpTail(path)
     try:
         while True:
-            add(tail.poll())  # a FIFO or device given to diff is refused when opened, not read forever
+            add(tail.poll())
             if tail.caught_up:
                 break
         add(tail.finish())
-    except OSError as e:
-        raise DumpError(f"{path}: cannot read dump file: {e.strerror or e}") from None
     finally:
         tail.close()
     if not out:
@@ -228,9 +226,12 @@ class DumpTail:
         return out
 
     def poll(self) -> list[tuple[int, str, int]]:
-        if self._f is None:
-            self._f = self._open(self.path)
-        chunk = self._f.read(self.max_bytes)
+        try:
+            if self._f is None:
+                self._f = self._open(self.path)  # a FIFO or device is refused here, not read forever
+            chunk = self._f.read(self.max_bytes)
+        except OSError as e:
+            raise DumpError(f"{self.path}: cannot read dump file: {e.strerror or e}") from None
         self.caught_up = len(chunk) < self.max_bytes
         if not chunk:
             return []
