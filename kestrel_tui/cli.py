@@ -20,6 +20,7 @@ import contextlib
 import signal
 import sys
 
+from .engines.registry import names
 from .errors import UsageError
 from .text import inert
 from .terminal import err_console
@@ -54,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("tui", help="the interactive debugger (default)")
     _model_args(p)
-    p.add_argument("--subject", choices=("auto", "sim", "cuda", "hf"),
+    p.add_argument("--subject", choices=("auto", *names(flag_subject=True)),
                    help="auto (default): cuda when usable, else sim; hf: transformers on --model's HF dir")
 
     p = sub.add_parser("dump", help="write a reference L2 dump file (<tag> <hash16> per key)")
@@ -121,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="print speed figures")
     _model_args(p)
     p.add_argument("--what", choices=("reference", "toggle", "all"), default="reference")
-    p.add_argument("--subject", choices=("cpu", "cuda"), default="cpu", help="cuda: full-size GPU decode figures")
+    p.add_argument("--subject", choices=names(bench=True), default="cpu", help="cuda: full-size GPU decode figures")
     return ap
 
 

@@ -13,8 +13,6 @@ from ..backends.toggles import OWNERS, TOGGLES, describe
 from ..model.weights import Model
 from .base import Capabilities, Engine, RunRequest, fast_exact
 
-BUILTIN = ("cpu", "sim", "cuda")
-
 
 def _owned_fields(op: str) -> tuple[str, ...]:
     return tuple(f for f, owners in OWNERS.items() if op in owners)

@@ -21,8 +21,8 @@ from pathlib import Path
 from ..errors import UsageError
 from ..readers import parse_toml, read_regular
 from .base import EngineSpec, Toggle
+from .registry import ENGINE_TABLE, ENGINES, names as engine_names
 
-BUILTIN = ("cpu", "sim", "cuda")  # engines whose toggles are their op families and which take no options
 SIDES = ("reference", "subject")
 
 TOP_KEYS = ("description", "model", "weights", "kv", "tokens", "prompt", "prompt_ids", "tolerance", "deep",
@@ -260,8 +260,6 @@ class _Checker:
             self.fail(("tolerance",), f"{spec!r}: {msg}", 'e.g. tolerance = "nmse=1e-7" (see docs/profiles.md)')
 
     def side(self, doc: dict, side: str, model: str | None) -> EngineSpec:
-        from .build import ENGINES
-
         t = self.table(doc, (), side)
         if t is None:
             raise ProfileError(f"{self.shown}: {side}: missing; add a [{side}] table with engine = \"cpu\""
@@ -280,7 +278,7 @@ class _Checker:
         own = self.string(t, (side,), "model")
         side_model = self.model(own, (side, "model")) if own is not None else model
         options = self.table(t, (side,), "options") or {}
-        if engine in BUILTIN and engine != "cuda" and options:
+        if options and not ENGINE_TABLE[engine].options:
             self.fail((side, "options"), f"engine {engine} takes no options",
                       "remove them; its toggles are the op families")
         if engine == "cuda":  # its runtime switches (backends/cuda/options.py), checked before any load
@@ -334,9 +332,9 @@ class _Checker:
         if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
             self.fail(("toggle",), f"is {_toml_type(entries)}, want [[toggle]] tables",
                       "write each toggle as a [[toggle]] table")
-        if subject.engine in BUILTIN and entries:
+        if ENGINE_TABLE[subject.engine].builtin and entries:
             self.fail(("toggle", 0), f"engine {subject.engine} has its own toggles (the op families)",
-                      "remove the [[toggle]] tables, or use an hf or process subject")
+                      f"remove the [[toggle]] tables, or use an {_either(engine_names(builtin=False))} subject")
         out: list[Toggle] = []
         names: dict[str, int] = {}
         keys: dict[str, int] = {}
@@ -427,6 +425,11 @@ class _Checker:
 
 
 # ---------------------------------------------------------------- messages
+
+
+def _either(words) -> str:
+    """("a", "b", "c") -> "a, b or c"."""
+    return " or ".join(filter(None, (", ".join(words[:-1]), words[-1])))
 
 
 def _at(shown, line: int | None) -> str:

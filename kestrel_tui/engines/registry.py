@@ -1,0 +1,97 @@
+"""Every engine by name, in one table: how it is built and what the rest of the tool asks of it.
+
+`build.make_engine` builds through the table; the profile loader's engine checks, the command
+line's engine choices and the docs' engine lists (tests/test_engine_table.py) are read from it.
+A new engine is one entry here (docs/architecture.md, "Adding an engine").
+
+This module imports nothing heavy: the profile loader and the command line's parser read it
+before any model or engine library is loaded. The factories import their engine when called.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+
+from ..errors import UsageError
+
+# (spec, model, kv=, deep=, impl=) -> Engine; make_engine has already refused a name the table
+# lacks and options given to an engine that takes none
+Factory = Callable[..., object]
+
+
+@dataclass(frozen=True)
+class EngineEntry:
+    name: str
+    factory: Factory
+    builtin: bool = False         # a backend of backends/select.py: its toggles are the op families (so a
+                                  # profile gives it no [[toggle]]) and it decodes the reference's model
+    options: bool = True          # takes [side.options] (cpu and sim have nothing to switch but op families)
+    flag_subject: bool = False    # --subject NAME without a profile: the engine needs nothing a flag cannot give
+    out_of_process: bool = False  # runs in a child process (engines/child.py): a native crash ends the child
+    bench: bool = False           # `kestrel-tui bench --subject NAME` has speed figures for it
+
+
+def _builtin(spec, model, kv, deep, impl, cuda_options=None):
+    from .builtin import BuiltinEngine
+
+    return BuiltinEngine(spec.engine, model, kv=kv, deep=deep, impl=impl, cuda_options=cuda_options)
+
+
+def _cuda(spec, model, kv, deep, impl):
+    from ..backends.cuda.options import CudaOptions
+    from ..model.config import cuda_unsupported
+
+    options = CudaOptions.from_env().set(dict(spec.options))  # its runtime switches (backends/cuda/options.py)
+    problem = cuda_unsupported(model.cfg)
+    if problem:  # refused when the engine is built, before any device work
+        raise UsageError(f"cuda subject: {problem}; the sim subject is the fallback (--subject sim)")
+    return _builtin(spec, model, kv, deep, impl, cuda_options=options)
+
+
+def _hf(spec, model, kv, deep, impl):
+    from .hf import make_hf_engine
+
+    return make_hf_engine(spec, model, kv=kv, deep=deep)
+
+
+def _process(spec, model, kv, deep, impl):
+    from .process import make_process_engine
+
+    return make_process_engine(spec, model, kv=kv, deep=deep)
+
+
+def _llamacpp(spec, model, kv, deep, impl):
+    from dataclasses import replace
+
+    from .child import Job, OutOfProcess
+    from .llamacpp import make_llamacpp_engine
+
+    # this process keeps an unloaded engine for toggles and labels; the library loads only in the child
+    inner = make_llamacpp_engine(spec, model, kv=kv, deep=deep, load=False)
+    return OutOfProcess(inner, Job("llama_cpp", "kestrel_tui.engines.llamacpp:make_llamacpp_engine",
+                                   replace(spec, model=inner.path), inner.ours.cfg, kv, deep))
+
+
+# The order is the order every message and the docs list them in.
+ENGINE_TABLE: dict[str, EngineEntry] = {e.name: e for e in (
+    EngineEntry("cpu", _builtin, builtin=True, options=False, bench=True),
+    EngineEntry("sim", _builtin, builtin=True, options=False, flag_subject=True),
+    EngineEntry("cuda", _cuda, builtin=True, flag_subject=True, bench=True),
+    EngineEntry("hf", _hf, flag_subject=True),
+    EngineEntry("process", _process),  # its command comes from a profile
+    EngineEntry("llama.cpp", _llamacpp, out_of_process=True),
+)}
+
+ENGINES = tuple(ENGINE_TABLE)
+_FACTS = tuple(f.name for f in fields(EngineEntry) if f.type in ("bool", bool))
+
+
+def names(**facts: bool) -> tuple[str, ...]:
+    """The engines, in table order, whose facts have the given values: names(builtin=True)."""
+    unknown = set(facts) - set(_FACTS)
+    if unknown:
+        raise TypeError(f"unknown engine fact {', '.join(sorted(unknown))}; the facts are {', '.join(_FACTS)}")
+    return tuple(e.name for e in ENGINE_TABLE.values() if all(getattr(e, k) == v for k, v in facts.items()))
+
+
+BUILTIN = names(builtin=True)
