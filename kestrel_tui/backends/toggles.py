@@ -15,6 +15,7 @@ from types import MappingProxyType
 from typing import Mapping
 
 from ..errors import UsageError
+from ..trace.fields import NAMES as FIELD_NAMES
 
 
 @dataclass(frozen=True)
@@ -57,12 +58,10 @@ REGISTRY: tuple[Op, ...] = (
 BY_NAME: dict[str, Op] = {op.name: op for op in REGISTRY}
 TOGGLES: tuple[str, ...] = tuple(BY_NAME)
 
-_FIELDS = ("emb", "nrm", "kraw", "knorm", "kpre", "k", "ks", "v", "vs", "qrope", "attn", "ores", "pnrm",
-           "router", "topk", "topw", "moe", "x", "logits")
 # field -> ops whose fast version can first make this key differ, most likely first
 OWNERS: dict[str, tuple[str, ...]] = {
     f: tuple(op.name for op in sorted((op for op in REGISTRY if f in op.owns), key=lambda op: op.owns[f]))
-    for f in _FIELDS}
+    for f in FIELD_NAMES}
 
 
 def kernel(stem: str, exact: frozenset[str]) -> str:

@@ -16,10 +16,12 @@ import numpy as np
 from ..backends.base import Backend, NumpyBackend, StepOut
 from ..backends.decoder import KVCache
 from ..model.weights import Linear, Model, rope_attention_factor
+from ..trace.fields import BY_NAME, LAYER
 from ..trace.keys import ALL_FIELDS, layer_fields, token_keys
 from . import load
 
 P, I64, I32, F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+EMB, LOGITS = BY_NAME["emb"], BY_NAME["logits"]
 
 
 class Lin(ctypes.Structure):
@@ -109,21 +111,10 @@ class CompiledBackend(Backend):
     def _slots(self) -> list[tuple[str, int | None, np.dtype, tuple[int, ...]]]:
         """Every probe slot in step.c's order (cref.h): (field, layer, dtype, shape of one column)."""
         cfg = self.model.cfg
-        hd, nkv, nh, k = cfg.head_dim, cfg.n_kv_heads, cfg.n_heads, cfg.top_k or 0
-        kvt = np.dtype(np.int8 if self.kv == "q8" else np.float32)
-        shapes = {"nrm": (cfg.hidden,), "kraw": (nkv * hd,), "knorm": (nkv, hd), "kpre": (nkv, hd),
-                  "k": (nkv, hd), "ks": (nkv,), "v": (nkv, hd), "vs": (nkv,), "qrope": (nh, hd),
-                  "attn": (nh * hd,), "ores": (cfg.hidden,), "pnrm": (cfg.hidden,), "moe": (cfg.hidden,),
-                  "x": (cfg.hidden,)}
-        f32, slots = np.dtype(np.float32), [("emb", None, np.dtype(np.float32), (cfg.hidden,))]
-        for li, L in enumerate(self.model.layers):
-            for f in ALL_FIELDS:
-                if f in ("router", "topk", "topw"):  # a dense layer has none: [0] buffers, as numpy's
-                    shape = (0,) if L.gate is None else ((L.gate.out,) if f == "router" else (k,))
-                else:
-                    shape = shapes[f]
-                slots.append((f, li, kvt if f in ("k", "v") else np.dtype(np.int32) if f == "topk" else f32, shape))
-        return slots + [("logits", None, f32, (cfg.vocab,))]
+
+        def slot(f, li):
+            return f.name, li, f.np_dtype(self.kv), f.shape(cfg, li)
+        return [slot(EMB, None), *(slot(f, li) for li in range(cfg.n_layers) for f in LAYER), slot(LOGITS, None)]
 
     def _layout(self, M: int):
         """For a step of M columns: the arena's size, each slot's address offset, and the groups the raw

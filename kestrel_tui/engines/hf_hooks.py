@@ -31,6 +31,17 @@ from ..trace.keys import layer_fields
 
 F32 = np.float32
 
+# key field -> the module (or attention call) whose input or output the capture reads it from; the docs'
+# table (docs/engines-hf.md) says more. k, ks and vs are not read: they are made from kpre and v (KV_MADE).
+CAPTURED = {
+    "emb": "L[0].input_layernorm input", "nrm": "L.input_layernorm output", "kraw": "L.self_attn.k_norm input",
+    "knorm": "L.self_attn.k_norm output", "kpre": "attention key", "v": "attention value",
+    "qrope": "attention query", "attn": "attention output", "ores": "L.post_attention_layernorm input",
+    "pnrm": "L.post_attention_layernorm output", "router": "L.mlp.gate output 0", "topw": "L.mlp.gate output 1",
+    "topk": "L.mlp.gate output 2", "moe": "L.mlp output", "x": "L[l+1].input_layernorm / model.norm input",
+    "logits": "the forward's logits"}
+KV_MADE = {"k": "kpre", "ks": "kpre", "vs": "v"}  # kvquant of the row under q8; kpre itself and ones under f32
+
 # attention module -> the capture that owns it (the attention registry is global, the captures are not)
 _OWNER: dict[int, "Capture"] = {}
 _REGISTERED: set[str] = set()

@@ -552,9 +552,10 @@ class LlamaCppEngine(Engine):
         return out
 
 
-# every field read from the graph (k/ks/vs come from kpre and v)
+# every field read from the graph, after emb (the "embd" node); logits come from the public API
 _CAPTURED = ("nrm", "kraw", "knorm", "kpre", "v", "qrope", "attn", "ores", "pnrm", "router", "topk", "topw",
              "moe", "x")
+KV_MADE = {"k": "kpre", "ks": "kpre", "vs": "v"}  # kvquant of the row under q8; kpre itself and ones under f32
 
 
 def _field(base: str, op: str) -> str | None:

@@ -2,19 +2,12 @@
 
 Per position ``t``: ``t{t}_emb``, then per layer ``t{t}_l{l}_{field}`` for
 each field in dataflow order, then ``t{t}_logits``. With 48 layers that is
-48*11 + 2 = 530 keys per token (the seed's count).
+48*11 + 2 = 530 keys per token (the seed's count). The fields themselves, their
+dtypes and shapes, are the field registry's (trace/fields.py).
 
 The opt-in deep set adds probes at the point where the buffer exists in the
-layer's dataflow, so one ordering serves both sets (``ALL_FIELDS``)::
-
-    nrm kraw knorm [kpre] k ks v vs qrope attn ores [pnrm router topk topw moe] x
-
-* ``kpre``   K after QK-norm and RoPE, before q8 quantization (between
-  ``knorm`` and ``k``: it is what ``k``/``ks`` are quantized from).
-* ``pnrm``   post-attention RMSNorm output (MoE input).
-* ``router`` router logits; ``topk`` the selected expert ids (int32, rank
-  order); ``topw`` their renormalised weights;
-  ``moe``    the weighted expert sum before the residual add (``x = ores + moe``).
+layer's dataflow, so one ordering serves both sets (``ALL_FIELDS``); which
+fields are deep, and what each buffer is, the registry says.
 
 Ordering must also cope with dumps from other engines (same text format,
 other field names), hence ``order_key``'s fallbacks.
@@ -26,15 +19,17 @@ import math
 import re
 from dataclasses import dataclass
 
-FIELDS = ("nrm", "kraw", "knorm", "k", "ks", "v", "vs", "qrope", "attn", "ores", "x")
-DEEP_FIELDS = ("pnrm", "router", "topk", "topw", "moe", "kpre")
-# The one dataflow order of every known field (default and deep interleaved).
-ALL_FIELDS = ("nrm", "kraw", "knorm", "kpre", "k", "ks", "v", "vs", "qrope", "attn",
-              "ores", "pnrm", "router", "topk", "topw", "moe", "x")
+from . import fields as _fields
+
+# The per-layer fields in dataflow order (default and deep interleaved), the default set and the deep
+# one: all of them from the field registry (trace/fields.py).
+ALL_FIELDS = tuple(f.name for f in _fields.LAYER)
+FIELDS = tuple(f.name for f in _fields.LAYER if not f.deep)
+DEEP_FIELDS = tuple(f.name for f in _fields.LAYER if f.deep)
 
 # field -> the field whose buffer a q4_0 GEMV quantizes to q8_0 to make it (same position and layer):
 # where a 1-ULP input difference can flip an activation code (app: the detail panel shows it)
-GEMV_INPUT = {"kraw": "nrm", "v": "nrm", "qrope": "nrm", "ores": "attn", "router": "pnrm"}
+GEMV_INPUT = {f.name: f.gemv_input for f in _fields.REGISTRY if f.gemv_input}
 
 _RANK = {f: i for i, f in enumerate(ALL_FIELDS)}
 _UNKNOWN_RANK = len(ALL_FIELDS)

@@ -1,7 +1,8 @@
 """Where every buffer of an M-column step lives on the device, and the hash work list.
 
 All buffers of a step live in one device allocation, the *arena*. Each probe
-field (per layer, or emb/logits) is a region [M, *shape] — column m's buffer is
+field (per layer, or emb/logits) is a region [M, *shape], its dtype and shape
+the field registry's (trace/fields.py) — column m's buffer is
 contiguous at offset + m*col_bytes — so the kernels write their outputs straight
 into the buffers that get hashed and, when asked, copied back. Probe regions
 come first (`key_bytes` is their end: a raw copy-back moves only those), then
@@ -20,13 +21,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...model.config import Config
+from ...trace.fields import LAYER as LAYER_FIELDS
+from ...trace.fields import TOKEN as TOKEN_FIELDS
 from ...trace.keys import parse_key, token_keys
 
 HASH_CHUNK = 4096  # must equal kernels/hash.cu HASH_CHUNK
 HASH_PIECE = 256  # must equal kernels/hash.cu PIECE
 FNV_PRIME = 0x100000001B3
 ALIGN = 256
-F32, I8, I32 = np.dtype(np.float32), np.dtype(np.int8), np.dtype(np.int32)
+F32, I8 = np.dtype(np.float32), np.dtype(np.int8)
 
 
 class HashWork:
@@ -92,30 +95,14 @@ class Layout:
         self.regions: dict[tuple[str, int | None], Region] = {}
         self.total = 0
         h, hd, nkv, nh = cfg.hidden, cfg.head_dim, cfg.n_kv_heads, cfg.n_heads
-        kdt = I8 if kv == "q8" else F32
         moe = cfg.is_moe
         add = self._add
-        add("emb", None, F32, (h,))
-        for li in range(cfg.n_layers):
-            add("nrm", li, F32, (h,))
-            add("kraw", li, F32, (nkv * hd,))
-            add("knorm", li, F32, (nkv, hd))
-            add("kpre", li, F32, (nkv, hd))
-            add("k", li, kdt, (nkv, hd))
-            add("ks", li, F32, (nkv,))
-            add("v", li, kdt, (nkv, hd))
-            add("vs", li, F32, (nkv,))
-            add("qrope", li, F32, (nh, hd))
-            add("attn", li, F32, (nh * hd,))
-            add("ores", li, F32, (h,))
-            add("pnrm", li, F32, (h,))
-            if moe:
-                add("router", li, F32, (cfg.n_experts,))
-                add("topk", li, I32, (cfg.top_k,))
-                add("topw", li, F32, (cfg.top_k,))
-                add("moe", li, F32, (h,))
-            add("x", li, F32, (h,))
-        add("logits", None, F32, (cfg.vocab,))
+        emb, logits = TOKEN_FIELDS
+        # a dense model's FFN adds its down GEMV straight into x: it has no expert sum to hold (and
+        # --deep, which would hash one, is refused there)
+        per_layer = [f for f in LAYER_FIELDS if moe or f.name != "moe"]
+        for f, li in [(emb, None), *((f, li) for li in range(cfg.n_layers) for f in per_layer), (logits, None)]:
+            add(f.name, li, f.np_dtype(kv), f.shape(cfg, li))
         self.key_bytes = self.total
         # scratch, reused by every layer
         slots = cfg.top_k if moe else 1
