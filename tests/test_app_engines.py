@@ -22,7 +22,7 @@ from kestrel_tui.engines.build import make_backend, make_engine
 from kestrel_tui.engines.builtin import OP_TOGGLES
 from kestrel_tui.trace.compare import Status, compare
 
-from toytools import N, PROMPT, model, ref, toy_options  # noqa: F401 - model, ref: fixtures
+from toytools import N, PROMPT, gone, model, ref, toy_options  # noqa: F401 - model, ref: fixtures
 
 pytestmark = pytest.mark.anyio
 
@@ -54,14 +54,7 @@ def notes(app) -> list[str]:
 
 def alive(pid: int) -> bool:
     """Running (not dead, not a zombie waiting to be reaped)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    return not gone(pid)
 
 
 def wait_gone(pid: int, within: float = 2.0) -> bool:

@@ -16,29 +16,16 @@ from kestrel_tui.backends.toggles import TOGGLES
 from kestrel_tui.engine.run import run_decode
 from kestrel_tui.engines.build import make_backend
 from kestrel_tui.engines.builtin import OP_TOGGLES
-from kestrel_tui.model.gguf import write_gguf
-from kestrel_tui.model.hf import load_model
 from kestrel_tui.trace.compare import compare
 from kestrel_tui.trace.dump import read_dump
 
 from clitools import one_line_error, run_cli as run
+from toytools import gguf, model  # noqa: F401 - fixtures
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY = str(ROOT / "tests" / "engines" / "toy_engine.py")
 PROMPT = [1, 1775, 1501]
 N = 3
-
-
-@pytest.fixture(scope="module")
-def model():
-    return load_model(None, n_layers=2)
-
-
-@pytest.fixture(scope="module")
-def gguf(model, tmp_path_factory):
-    path = tmp_path_factory.mktemp("model") / "tiny2.gguf"
-    write_gguf(model, path)
-    return path
 
 
 @pytest.fixture(scope="module")

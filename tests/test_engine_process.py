@@ -24,7 +24,7 @@ from kestrel_tui.errors import UsageError
 from kestrel_tui.trace.dump import DumpError
 from kestrel_tui.trace.fnv import fnv1a64
 
-from toytools import N, PROMPT, model, ref, toy_options  # noqa: F401 - model, ref: fixtures
+from toytools import N, PROMPT, gone, model, ref, toy_options  # noqa: F401 - model, ref: fixtures
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -48,18 +48,6 @@ def one_line(e: BaseException) -> str:
     msg = str(e)
     assert "\n" not in msg and "Traceback" not in msg
     return msg
-
-
-def gone(pid: int) -> bool:
-    """Dead or a zombie (a reparented grandchild waits for init to reap it)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
 
 
 def wait_gone(pid: int, within: float = 1.0) -> bool:

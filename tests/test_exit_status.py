@@ -15,10 +15,9 @@ from kestrel_tui.engine.inputs import default_prompt
 from kestrel_tui.engine.session import RunSettings, Session
 from kestrel_tui.engines.base import EngineFailed, RunRequest
 from kestrel_tui.engines.builtin import OP_TOGGLES, BuiltinEngine
-from kestrel_tui.model.gguf import write_gguf
-from kestrel_tui.model.hf import load_model
 
 from clitools import one_line_error, run_cli as run
+from toytools import gguf, model  # noqa: F401 - fixtures
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY = str(ROOT / "tests" / "engines" / "toy_engine.py")
@@ -34,18 +33,6 @@ if op and os.environ.get(f"TOY_{{op.upper()}}_EXACT") == "1":
     sys.exit(7)
 os.execv(sys.executable, [sys.executable, {TOY!r}, *sys.argv[1:]])
 """
-
-
-@pytest.fixture(scope="module")
-def model():
-    return load_model(None, n_layers=2)
-
-
-@pytest.fixture(scope="module")
-def gguf(model, tmp_path_factory):
-    path = tmp_path_factory.mktemp("model") / "tiny2.gguf"
-    write_gguf(model, path)
-    return path
 
 
 @pytest.fixture(scope="module")

@@ -22,22 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from toytools import TOY
+from toytools import TOY, gone
 
 ROOT = Path(__file__).resolve().parents[1]
 SIGNALS = [pytest.param(signal.SIGTERM, id="SIGTERM"), pytest.param(signal.SIGHUP, id="SIGHUP")]
-
-
-def gone(pid: int) -> bool:
-    """Dead or a zombie (a reparented grandchild waits for init to reap it)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
 
 
 def wait_for(cond, within: float, what: str) -> None:

@@ -1,6 +1,7 @@
 """The toy process engine (tests/engines/toy_engine.py) as the process-engine tests drive it."""
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -28,6 +29,28 @@ def toy_options(*extra, raw: bool, forced: bool = True, **options) -> dict:
 @pytest.fixture(scope="module")
 def model():
     return load_model(None, n_layers=2)
+
+
+@pytest.fixture(scope="module")
+def gguf(model, tmp_path_factory):
+    """The 2-layer model as a GGUF file: what the process engines' profiles name as their model."""
+    from kestrel_tui.model.gguf import write_gguf
+
+    path = tmp_path_factory.mktemp("model") / "tiny2.gguf"
+    write_gguf(model, path)
+    return path
+
+
+def gone(pid: int) -> bool:
+    """Dead or a zombie (a reparented grandchild waits for init to reap it)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
 
 
 @pytest.fixture(scope="module")
