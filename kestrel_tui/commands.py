@@ -14,6 +14,7 @@ from .errors import UsageError
 from .files import check_new_path
 from .backends.toggles import parse_exact
 from .engine.inputs import cache_from_options, cuda_options, engines_from_options, resolve_prompt
+from .engines.registry import names
 from .model.weights import Model
 from .trace.compare import NAN_ULP, Status, parse_tolerance
 
@@ -175,7 +176,7 @@ def _cache_notes(session) -> None:
                           f" computes it")
 
 
-def _check_subject(args: argparse.Namespace, allowed: tuple[str, ...] = ("sim", "cuda", "hf")) -> None:
+def _check_subject(args: argparse.Namespace, allowed: tuple[str, ...] = names(flag_subject=True)) -> None:
     name = args.subject
     if name is not None and _profile(args) is not None:
         raise UsageError(f"--subject {name} and --profile {args.profile}: the profile names the subject; drop one")
@@ -424,9 +425,10 @@ def cmd_iso(args: argparse.Namespace) -> int:
         _check_subject(args)
         args.subject = _profile(args).subject.engine
     args.subject = args.subject or "sim"
-    if args.subject not in ("sim", "cuda"):
+    iso_subjects = names(builtin=True, flag_subject=True)
+    if args.subject not in iso_subjects:
         raise UsageError(f"--subject {args.subject!r}: iso runs batch-verify inside a built-in backend;"
-                         f" choose sim or cuda")
+                         f" choose {' or '.join(iso_subjects)}")
     if args.m < 1:
         raise UsageError(f"--m {args.m}: the batch-verify width must be at least 1")
     model = load_model_args(args)
@@ -481,6 +483,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_tui(args: argparse.Namespace) -> int:
     from .app.main import run_app
 
-    _check_subject(args, ("auto", "sim", "cuda", "hf"))
+    _check_subject(args, ("auto", *names(flag_subject=True)))
 
     return run_app(args)

@@ -9,6 +9,7 @@ import argparse
 import os
 from dataclasses import replace
 
+from ..engines.registry import BUILTIN
 from ..errors import UsageError
 from ..model.progress import Progress
 from ..model.weights import Model
@@ -164,7 +165,7 @@ def engines_from_options(args: argparse.Namespace, profile, model: Model, subjec
     for side, spec in specs.items():
         if side not in sides:
             continue
-        if profile is not None and spec.engine in ("cpu", "sim", "cuda") and spec.model and args.model \
+        if profile is not None and spec.engine in BUILTIN and spec.model and args.model \
                 and os.path.realpath(spec.model) != os.path.realpath(args.model):
             from ..engines.profile import located
 

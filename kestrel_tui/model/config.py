@@ -155,7 +155,7 @@ class Config:
 
 def cuda_unsupported(cfg: Config) -> str | None:
     """What of cfg the cuda subject's kernels do not implement (one phrase), or None.
-    engines/build.py asks before it builds a cuda backend."""
+    The engine table's cuda factory (engines/registry.py) asks before it builds a cuda backend."""
     if cfg.is_mixed:
         return f"dense MLP layers inside a qwen3_moe model (layers {list(cfg.dense_layers)}) are not implemented"
     if cfg.attention_bias:
