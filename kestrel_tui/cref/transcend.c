@@ -68,7 +68,10 @@ static const uint64_t EXP_T[64] = UCRT_EXPF_T_BITS;
 static inline double expf_ucrt_d(float xf) {
     /* The UCRT's two early returns. (The numpy version clamps to [-104, 88.7228394f]
      * instead; the algorithm itself already gives +inf / +0 at the clamp values.)
-     * NaN fails both comparisons and propagates through the arithmetic. */
+     * T1: a NaN comes out as it went in, quieted (sign and payload kept): through the
+     * arithmetic it would come out with the sign of whichever operand x86 picks. */
+    if (xf != xf) /* quieted by its bits: a compiler may drop a float -> double -> float round trip */
+        return (double)f_of(bits_of(xf) | 0x00400000u);
     if (xf > f_of(EXP_X_MAX_BITS)) return INFINITY; /* (float)exp(x) overflows */
     if (xf < EXP_X_MIN) return 0.0;
     const double x = (double)xf;

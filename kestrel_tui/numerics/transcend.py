@@ -165,7 +165,8 @@ _I63 = np.array(63, dtype=np.int64)
 def expf(x):
     """UCRT ``expf`` on a float32 array (any shape); returns float32.
 
-    ``x > 88.7228394f`` gives +inf, ``x < -104`` gives +0, NaN gives NaN,
+    ``x > 88.7228394f`` gives +inf, ``x < -104`` gives +0, a NaN gives itself quieted (sign and
+    payload kept),
     ``expf(0) == 1`` and ``expf(-inf) == +0`` exactly. Raises TypeError for a
     dtype other than float32 (convert explicitly; a silent float64 -> float32
     rounding would hide bugs in an exact pipeline).
@@ -208,7 +209,11 @@ def _expf_double(x):
     sh, sl = _split(S)
     ph, pl = _split(p)
     P = S * p
-    return _fma_tail(P, _two_prod(P, sh, sl, ph, pl), S)
+    out = _fma_tail(P, _two_prod(P, sh, sl, ph, pl), S)
+    nan = np.isnan(x)
+    if nan.any():  # T1: a NaN comes out as it went in, quieted (the arithmetic above would pick its own)
+        out = np.where(nan, x.astype(np.float64), out)
+    return out
 
 
 def silu(x):
