@@ -2,4 +2,4 @@
 
 # Bumped whenever an exact-path result can change (an evaluation order, a rounding, a probe's
 # layout): a reference cached under another version is never reused (engine/refcache.py).
-CONTRACT_VERSION = 1
+CONTRACT_VERSION = 2  # 2: T1 keeps a NaN input (quieted)
