@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from kestrel_tui.backends.ops_exact import kvquant  # noqa: E402
-from kestrel_tui.engine.run import Cancelled  # noqa: E402
+from kestrel_tui.trace.run import Cancelled  # noqa: E402
 from kestrel_tui.engines.base import EngineSpec, RunRequest, Toggle  # noqa: E402
 from kestrel_tui.engines.build import make_engine  # noqa: E402
 from kestrel_tui.errors import UsageError  # noqa: E402

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kestrel_tui.engine.run import Cancelled, run_decode
+from kestrel_tui.engine.run import run_decode
 from kestrel_tui.engines.base import EngineFailed, EngineSpec, RunRequest, Toggle
 from kestrel_tui.engines.build import make_backend, make_engine
 from kestrel_tui.engines.process import ProcessConfig, invocation
@@ -23,6 +23,7 @@ from kestrel_tui.engines.sidecar import SidecarError, SidecarReader, read_sideca
 from kestrel_tui.errors import UsageError
 from kestrel_tui.trace.dump import DumpError
 from kestrel_tui.trace.fnv import fnv1a64
+from kestrel_tui.trace.run import Cancelled
 
 from toytools import N, PROMPT, gone, model, ref, toy_options  # noqa: F401 - model, ref: fixtures
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from textual.message import Message
 
 from ..engine.bisect import BisectResult
-from ..engine.run import Position, Trace
+from ..trace.run import Position, Trace
 from ..engine.session import HistoryEntry, RunResult, ToleranceSummary
 from ..trace.compare import Status, Tolerance
 from .source import Loaded

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..engine.bisect import bisect
-from ..engine.run import Cancelled
+from ..trace.run import Cancelled
 from ..engine.session import RunResult, RunSettings, Session
 from ..engines.base import EngineFailed
 from ..trace.compare import Tolerance

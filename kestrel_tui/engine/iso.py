@@ -18,7 +18,8 @@ from ..backends.base import Backend
 from ..engines.base import EngineFailed
 from ..errors import UsageError
 from ..trace.compare import compare, diff_stats
-from .run import Cancelled, run_decode
+from ..trace.run import Cancelled
+from .run import run_decode
 
 
 def _failing(what: str, fn):

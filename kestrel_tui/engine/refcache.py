@@ -186,7 +186,7 @@ class RefCache:
 
 def _read_entry(path: Path):
     """An entry's Trace; ValueError/KeyError/IndexError/TypeError when its arrays are not a trace's."""
-    from .run import Position, Trace
+    from ..trace.run import Position, Trace
 
     store = RawStore()  # read once, kept like a computed trace's (spilled past its budget)
     with np.load(path, allow_pickle=False) as z:

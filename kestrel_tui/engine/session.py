@@ -19,7 +19,7 @@ from ..model.weights import Model
 from ..trace.compare import (CLOSE, FAR, Comparison, DiffStats, KeyMetrics, Status, Tolerance, compare,
                              diff_stats, key_metrics)
 from ..trace.keys import order_key
-from .run import Position, Trace
+from ..trace.run import Position, Trace
 
 MODES = ("chain", "isolate")
 PREFILLS = ("reference", "subject")

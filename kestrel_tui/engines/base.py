@@ -16,8 +16,9 @@ from typing import Callable
 
 from ..errors import UsageError
 from ..trace.keys import parse_key
+from ..trace.run import Position
 
-OnPosition = Callable[["Position"], None]  # noqa: F821 - engine.run.Position
+OnPosition = Callable[[Position], None]
 
 
 @dataclass(frozen=True)
@@ -154,7 +155,7 @@ class Engine:
         return f"{self.name} ({', '.join(changed)})" if changed else self.name
 
     def run(self, req: RunRequest):
-        """Run ``req``; returns an engine.run.Trace. Raises engine.run.Cancelled when cancelled,
+        """Run ``req``; returns a trace.run.Trace. Raises trace.run.Cancelled when cancelled,
         errors.UsageError (or EngineFailed) with a one-line message when the engine fails."""
         raise NotImplementedError
 

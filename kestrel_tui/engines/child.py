@@ -57,7 +57,7 @@ class ModelShape:
 
 def in_child(job: Job):
     """Run `job` in a fresh interpreter; returns the Trace (or None for a load check)."""
-    from ..engine.run import Cancelled, Position, Trace
+    from ..trace.run import Cancelled, Position, Trace
     from ..trace.rawstore import RawStore
 
     req = job.request

@@ -25,7 +25,7 @@ def serve() -> None:
     os.dup2(2, 1)  # anything the library prints goes to stderr, never into the message stream
     job = pickle.load(sys.stdin.buffer)  # an engines.child.Job
 
-    from kestrel_tui.engine.run import Cancelled
+    from kestrel_tui.trace.run import Cancelled
     from kestrel_tui.engines.base import EngineFailed
     from kestrel_tui.engines.child import ModelShape
     from kestrel_tui.errors import UsageError

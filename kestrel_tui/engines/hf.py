@@ -214,7 +214,7 @@ class HFEngine(Engine):
 
     # -- a run
     def run(self, req: RunRequest):
-        from ..engine.run import Cancelled, Position, Trace
+        from ..trace.run import Cancelled, Position, Trace
         from ..trace.rawstore import RawStore
 
         if not req.prompt:

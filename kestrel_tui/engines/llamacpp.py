@@ -448,7 +448,7 @@ class LlamaCppEngine(Engine):
 
     # -- a run
     def run(self, req: RunRequest):
-        from ..engine.run import Cancelled, Position, Trace
+        from ..trace.run import Cancelled, Position, Trace
         from ..trace.rawstore import RawStore
 
         if not req.prompt:
@@ -457,7 +457,7 @@ class LlamaCppEngine(Engine):
             return self._run(req)
 
     def _run(self, req: RunRequest):
-        from ..engine.run import Cancelled, Position, Trace
+        from ..trace.run import Cancelled, Position, Trace
         from ..trace.rawstore import RawStore
 
         s = self.settings(req.values)

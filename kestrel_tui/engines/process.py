@@ -421,7 +421,7 @@ class Assembler:
         return self._prev_top1  # a free-running engine is taken to be greedy
 
     def emit(self, upto: int) -> Iterator:
-        from ..engine.run import Position
+        from ..trace.run import Position
 
         while self.next_t < upto:
             t = self.next_t
@@ -502,7 +502,7 @@ class ProcessEngine(Engine):
         return f"{self.name} runs its own prefill (a process cannot take another engine's KV rows)"
 
     def run(self, req: RunRequest):
-        from ..engine.run import Cancelled
+        from ..trace.run import Cancelled
 
         if req.cancel is not None and req.cancel.is_set():
             raise Cancelled()
@@ -567,7 +567,7 @@ class ProcessEngine(Engine):
         announce(f"process engine {inert(self.name)}: running {inert(line, 1000)}{inert(where)}")
 
     def _follow(self, proc: subprocess.Popen, req: RunRequest, folder: Path, dump: Path, raw: Path | None):
-        from ..engine.run import Cancelled, Trace
+        from ..trace.run import Cancelled, Trace
 
         forced = forced_ids(self.cfg, req)
         store = RawStore()

@@ -23,7 +23,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Footer, Label
 
-from ...engine.run import Position, Trace
+from ...trace.run import Position, Trace
 from ...engine.session import RunResult, RunSettings, Session, ToleranceSummary
 from ...trace.compare import Status, Tolerance, compare
 from ...trace.keys import layer_fields, parse_key
