@@ -566,7 +566,7 @@ def reference_fullsize(args, forced: bool) -> dict:
     """The cpu reference on the host twin of the device weights (model/device_synthetic.py: the
     same bytes gen_q4 writes): every key's hash, the tokens consumed and the top-1 of each position."""
     from kestrel_tui.backends.base import NumpyBackend
-    from kestrel_tui.engine.run import run_decode
+    from kestrel_tui.engines.builtin import run_decode
     from kestrel_tui.model.device_synthetic import device_synthetic_model
 
     cfg = qwen3_30b_a3b_config(args.fullsize_layers)
@@ -591,7 +591,7 @@ def reference_fullsize(args, forced: bool) -> dict:
 def proof_cuda(ref: dict) -> dict:
     from kestrel_tui.backends.cuda import make_cuda_backend
     from kestrel_tui.backends.cuda.weights import DeviceSyntheticModel
-    from kestrel_tui.engine.run import run_decode
+    from kestrel_tui.engines.builtin import run_decode
     from kestrel_tui.trace.compare import compare
 
     if ref["n_layers"] == 48 and ref["seed"] == 0:

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from kestrel_tui.backends.toggles import TOGGLES
-from kestrel_tui.engine.run import run_decode
 from kestrel_tui.engines.build import make_backend
+from kestrel_tui.engines.builtin import run_decode
 from kestrel_tui.engines.builtin import OP_TOGGLES
 from kestrel_tui.trace.compare import compare
 from kestrel_tui.trace.dump import read_dump

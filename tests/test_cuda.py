@@ -347,7 +347,7 @@ def test_device_synthetic_all_exact_equals_cpu_on_its_twin(rt, arch):
     from kestrel_tui.backends.base import NumpyBackend
     from kestrel_tui.backends.cuda import make_cuda_backend
     from kestrel_tui.backends.cuda.weights import DeviceSyntheticModel
-    from kestrel_tui.engine.run import run_decode
+    from kestrel_tui.engines.builtin import run_decode
     from kestrel_tui.model.config import qwen3_30b_a3b_config
     from kestrel_tui.model.device_synthetic import device_synthetic_model
     from kestrel_tui.trace.compare import compare

@@ -49,7 +49,7 @@ def test_chunked_generation_equals_one_call():
 
 def test_model_builds_and_decodes_at_small_size():
     from kestrel_tui.backends.base import NumpyBackend
-    from kestrel_tui.engine.run import run_decode
+    from kestrel_tui.engines.builtin import run_decode
 
     cfg = Config(arch="qwen3_moe", n_layers=2, hidden=128, n_heads=4, n_kv_heads=2, head_dim=32, vocab=512,
                  rope_theta=1e6, eps=1e-6, tie_embeddings=False, max_positions=64, n_experts=8, top_k=2,

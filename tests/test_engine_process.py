@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kestrel_tui.engine.run import run_decode
 from kestrel_tui.engines.base import EngineFailed, EngineSpec, RunRequest, Toggle
 from kestrel_tui.engines.build import make_backend, make_engine
+from kestrel_tui.engines.builtin import run_decode
 from kestrel_tui.engines.process import ProcessConfig, invocation
 from kestrel_tui.trace.dump import DumpTail
 from kestrel_tui.engines.sidecar import SidecarError, SidecarReader, read_sidecar, write_record

@@ -20,7 +20,7 @@ from gguf import GGMLQuantizationType as QT  # noqa: E402
 from safetensors.numpy import load_file, save_file  # noqa: E402
 
 from kestrel_tui.backends.base import NumpyBackend  # noqa: E402
-from kestrel_tui.engine.run import run_decode  # noqa: E402
+from kestrel_tui.engines.builtin import run_decode  # noqa: E402
 from kestrel_tui.model import gguf as kg  # noqa: E402
 from kestrel_tui.model.config import ModelError  # noqa: E402
 from kestrel_tui.model.hf import load_model  # noqa: E402

@@ -27,7 +27,7 @@ from safetensors.numpy import load_file, save_file  # noqa: E402
 from kestrel_tui.backends.base import NumpyBackend  # noqa: E402
 from kestrel_tui.cli import main  # noqa: E402
 from kestrel_tui.engines.build import make_backend  # noqa: E402
-from kestrel_tui.engine.run import run_decode  # noqa: E402
+from kestrel_tui.engines.builtin import run_decode  # noqa: E402
 from kestrel_tui.errors import UsageError  # noqa: E402
 from kestrel_tui.model.config import ModelError, load_config  # noqa: E402
 from kestrel_tui.model.hf import INDEX, load_hf_model  # noqa: E402

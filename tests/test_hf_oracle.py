@@ -17,7 +17,7 @@ pytest.importorskip("safetensors")
 from safetensors.numpy import load_file, save_file  # noqa: E402
 
 from kestrel_tui.backends.base import NumpyBackend  # noqa: E402
-from kestrel_tui.engine.run import run_decode  # noqa: E402
+from kestrel_tui.engines.builtin import run_decode  # noqa: E402
 from kestrel_tui.model.config import ModelError  # noqa: E402
 from kestrel_tui.model.hf import load_hf_model, load_model  # noqa: E402
 from kestrel_tui.model.quant import dequantize_q4_0, quantize_q4_0  # noqa: E402

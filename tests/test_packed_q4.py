@@ -18,7 +18,7 @@ from kestrel_tui.backends.base import NumpyBackend
 from kestrel_tui.backends.cuda.weights import device_q4_0
 from kestrel_tui.backends.ops_fast import sim_ops
 from kestrel_tui.backends.toggles import TOGGLES
-from kestrel_tui.engine.run import run_decode
+from kestrel_tui.engines.builtin import run_decode
 from kestrel_tui.model import weights
 from kestrel_tui.model.config import Config
 from kestrel_tui.model.quant import (dequantize_q4_0, q4_0_from_ggml, q4_0_to_ggml, quantize_q4_0,

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from kestrel_tui.engine.run import run_decode
 from kestrel_tui.engines.build import make_backend
+from kestrel_tui.engines.builtin import run_decode
 from kestrel_tui.model.hf import load_model
 
 TOY = str(Path(__file__).resolve().parent / "engines" / "toy_engine.py")

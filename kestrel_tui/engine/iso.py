@@ -16,10 +16,10 @@ import numpy as np
 
 from ..backends.base import Backend
 from ..engines.base import EngineFailed
+from ..engines.builtin import run_decode
 from ..errors import UsageError
 from ..trace.compare import compare, diff_stats
 from ..trace.run import Cancelled
-from .run import run_decode
 
 
 def _failing(what: str, fn):

@@ -28,8 +28,8 @@ import numpy as np  # noqa: E402
 
 from kestrel_tui.backends.toggles import TOGGLES  # noqa: E402
 from kestrel_tui.engine.inputs import default_prompt  # noqa: E402
-from kestrel_tui.engine.run import run_decode  # noqa: E402
 from kestrel_tui.engines.build import make_backend  # noqa: E402
+from kestrel_tui.engines.builtin import run_decode  # noqa: E402
 from kestrel_tui.model.hf import load_model  # noqa: E402
 
 _DTYPE = {"float32": "f32", "int8": "i8", "int32": "i32", "float16": "f16", "uint8": "u8"}
