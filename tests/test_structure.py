@@ -21,7 +21,9 @@ Checked:
 (b) the CLI modules (cli.py; commands.py, its subcommands; bench.py, which only `kestrel-tui bench`
     uses; terminal.py, what the three share) are imported by nothing but each other (and
     kestrel_tui/__main__.py, were there one): the library, the app and the engines never import the
-    command line.
+    command line;
+(c) no module of the engines (engines/) imports the session layer (engine/), lazily or not: what an
+    engine returns lives below both (trace/run.py), and the session imports the engines.
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ PKG = "kestrel_tui"
 ROOT = Path(__file__).resolve().parents[1] / PKG
 CLI = {f"{PKG}.cli", f"{PKG}.commands", f"{PKG}.bench", f"{PKG}.terminal"}
 CLI_IMPORTERS = CLI | {f"{PKG}.__main__"}  # who may import a CLI module
+ENGINES, SESSION = f"{PKG}.engines", f"{PKG}.engine"
 
 
 def _modules() -> dict[str, Path]:
@@ -194,6 +197,16 @@ def cli_imports(graph: dict[str, dict[str, int]]) -> list[str]:
                   if b in CLI and a not in CLI_IMPORTERS)
 
 
+def _inside(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def session_imports(graph: dict[str, dict[str, int]]) -> list[str]:
+    """Every import of a session-layer module by an engines module, as `file:line imports module`."""
+    return sorted(f"{_where(graph, a, b)} imports {b}" for a, edges in graph.items() if _inside(a, ENGINES)
+                  for b in edges if _inside(b, SESSION))
+
+
 def test_the_reader_resolves_imports_as_python_does():
     """The rules above on the package's own statements (this test's reader, checked)."""
     def targets(importer, src):
@@ -216,6 +229,9 @@ def test_the_reader_resolves_imports_as_python_does():
     assert find_cycles({"a": {"b": 1}, "b": {"a": 1, "c": 1}, "c": {"b": 1}}) == [["a", "b", "a"], ["b", "c", "b"]]
     assert cli_imports({f"{PKG}.app.app": {f"{PKG}.cli": 3}, f"{PKG}.commands": {f"{PKG}.cli": 1}}) == \
         [f"{PKG}/app/app.py:3 imports {PKG}.cli"]
+    assert session_imports({f"{ENGINES}.hf": {f"{SESSION}.session": 7, f"{PKG}.trace.run": 2},
+                            f"{SESSION}.iso": {f"{ENGINES}.builtin": 1}, f"{PKG}.engineering": {}}) == \
+        [f"{PKG}/engines/hf.py:7 imports {SESSION}.session"]
 
 
 def test_no_import_cycle():
@@ -228,3 +244,9 @@ def test_nothing_imports_the_cli():
     bad = cli_imports(import_graph())
     assert not bad, ("only cli.py, commands.py, bench.py, terminal.py (and __main__.py) may import the CLI"
                      " modules:\n" + "\n".join(bad))
+
+
+def test_engines_import_nothing_of_the_session_layer():
+    bad = session_imports(import_graph())
+    assert not bad, ("the engines (engines/) may not import the session layer (engine/); what they return"
+                     " lives in trace/run.py:\n" + "\n".join(bad))
