@@ -79,7 +79,7 @@ def bench_hf_peer(model, prompt: list[int], n_tokens: int) -> dict | None:
 
 def bench_toggle(model, prompt: list[int], n_tokens: int, impl: str = "auto") -> dict:
     from .backends.toggles import TOGGLES
-    from .engine.session import RunSettings, Session
+    from .session.session import RunSettings, Session
     from .engines.build import make_engine
 
     session = Session(model, prompt, n_tokens, subject="sim", reference=make_engine("cpu", model, impl=impl))
@@ -124,7 +124,7 @@ def run_bench_cuda(args: argparse.Namespace) -> int:
     console.print(f"model {model.name} ({cfg.n_layers} layers, hidden {cfg.hidden}, {cfg.n_experts} experts"
                   f" top-{cfg.top_k}, vocab {cfg.vocab}, q4_0) on {rt.name}; context {ctx}, {args.tokens} steps")
     bw = perf.copy_bandwidth(rt)
-    from .engine.inputs import cuda_options
+    from .session.inputs import cuda_options
 
     r = perf.decode_bench(model, ctx=ctx, steps=max(4, args.tokens), log=lambda *_: None,
                           options=cuda_options(args, getattr(args, "loaded_profile", None)))
@@ -150,7 +150,7 @@ def run_bench_cuda(args: argparse.Namespace) -> int:
 
 def run_bench(args: argparse.Namespace) -> int:
     from .terminal import load_model_args, whole_columns_table
-    from .engine.inputs import resolve_prompt
+    from .session.inputs import resolve_prompt
 
     if getattr(args, "subject", "cpu") == "cuda":
         return run_bench_cuda(args)

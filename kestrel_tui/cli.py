@@ -27,7 +27,7 @@ from .terminal import err_console
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
-    # unset flags stay None: a --profile may set them, else engine/inputs.py DEFAULTS apply
+    # unset flags stay None: a --profile may set them, else session/inputs.py DEFAULTS apply
     p.add_argument("--profile", metavar="FILE.toml", help="a TOML profile naming the reference, the subject"
                    " and its toggles (docs/profiles.md); the flags given here win over it")
     p.add_argument("--model", metavar="PATH", help="HF model directory (config.json + *.safetensors) or a"
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         process.reset_announced()
     try:
         if hasattr(args, "profile"):
-            from .engine.inputs import apply_profile
+            from .session.inputs import apply_profile
 
             args.loaded_profile = apply_profile(args)
         return getattr(commands, f"cmd_{args.cmd}")(args)

@@ -13,7 +13,7 @@ from .terminal import console, err_console, load_model_args, whole_columns_table
 from .errors import UsageError
 from .files import check_new_path
 from .backends.toggles import parse_exact
-from .engine.inputs import cache_from_options, cuda_options, engines_from_options, resolve_prompt
+from .session.inputs import cache_from_options, cuda_options, engines_from_options, resolve_prompt
 from .engines.registry import names
 from .model.weights import Model
 from .trace.compare import NAN_ULP, Status, parse_tolerance
@@ -36,7 +36,7 @@ def _profile(args: argparse.Namespace):
 
 def _dump_engine(args: argparse.Namespace, model: Model):
     """The engine `dump` runs and its toggle values: --backend (with --profile: a side) and --exact."""
-    from .engine.session import RunSettings, starting_exact
+    from .session.session import RunSettings, starting_exact
 
     profile = _profile(args)
     if profile is not None:
@@ -63,7 +63,7 @@ def _dump_side(args: argparse.Namespace) -> str:
 
 
 def cmd_dump(args: argparse.Namespace) -> int:
-    from .engine.session import Failure
+    from .session.session import Failure
     from .engines.base import EngineFailed, RunRequest
     from .trace.dump import DumpWriter
 
@@ -95,7 +95,7 @@ def cmd_dump(args: argparse.Namespace) -> int:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from .engine.session import Failure
+    from .session.session import Failure
     from .engines.base import EngineFailed, RunRequest
 
     model = load_model_args(args)
@@ -151,7 +151,7 @@ def counts_table(counts) -> Table:
 
 
 def _session(args: argparse.Namespace):
-    from .engine.session import Session
+    from .session.session import Session
 
     model = load_model_args(args)
     prompt = resolve_prompt(args, model)
@@ -187,7 +187,7 @@ def _check_subject(args: argparse.Namespace, allowed: tuple[str, ...] = names(fl
 
 def _settings(args: argparse.Namespace, session):
     """RunSettings from --exact (the subject's binary toggles) and the run switches."""
-    from .engine.session import RunSettings
+    from .session.session import RunSettings
 
     exact = (session.initial_settings().exact if args.exact is None
              else parse_exact(args.exact, session.binary_toggles))
@@ -210,7 +210,7 @@ def _set_toggle(settings, session, item: str):
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .engine.session import SideFailed
+    from .session.session import SideFailed
 
     _check_subject(args)
     tol = parse_tolerance(args.tol) if getattr(args, "tol", None) is not None else None  # before the slow part
@@ -342,8 +342,8 @@ def print_tolerance(summary) -> None:
 
 
 def cmd_bisect(args: argparse.Namespace) -> int:
-    from .engine.bisect import bisect
-    from .engine.session import SideFailed
+    from .session.bisect import bisect
+    from .session.session import SideFailed
     from .trace.compare import Tolerance
 
     _check_subject(args)
@@ -416,8 +416,8 @@ def _bisect_not_reached(session, last, tol) -> str:
 
 
 def cmd_iso(args: argparse.Namespace) -> int:
-    from .engine.iso import iso
-    from .engine.session import Failure
+    from .session.iso import iso
+    from .session.session import Failure
     from .engines.base import EngineFailed
     from .engines.build import make_backend
 

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from .engine.inputs import model_from_options
+from .session.inputs import model_from_options
 from .model.weights import Model
 
 # Output carries tags, paths and names from outside: never markup, never wrapped

@@ -31,8 +31,8 @@ from textual.app import App  # noqa: E402
 
 from kestrel_tui.app.app import KestrelApp  # noqa: E402
 from kestrel_tui.app.source import LiveSource, loaded  # noqa: E402
-from kestrel_tui.engine.inputs import default_prompt  # noqa: E402
-from kestrel_tui.engine.session import Session  # noqa: E402
+from kestrel_tui.session.inputs import default_prompt  # noqa: E402
+from kestrel_tui.session.session import Session  # noqa: E402
 from kestrel_tui.model.hf import load_model  # noqa: E402
 
 SIZE = (120, 40)

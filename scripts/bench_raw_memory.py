@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kestrel_tui.engine.session import RunSettings, Session  # noqa: E402
+from kestrel_tui.session.session import RunSettings, Session  # noqa: E402
 from kestrel_tui.engines.base import EngineSpec  # noqa: E402
 from kestrel_tui.engines.build import make_engine  # noqa: E402
 from kestrel_tui.model.hf import load_model  # noqa: E402

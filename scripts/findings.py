@@ -21,8 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kestrel_tui.engine.inputs import apply_profile, engines_from_options, model_from_options, resolve_prompt  # noqa: E402
-from kestrel_tui.engine.session import Session  # noqa: E402
+from kestrel_tui.session.inputs import apply_profile, engines_from_options, model_from_options, resolve_prompt  # noqa: E402
+from kestrel_tui.session.session import Session  # noqa: E402
 from kestrel_tui.trace.compare import Status, parse_tolerance  # noqa: E402
 
 

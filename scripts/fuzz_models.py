@@ -26,7 +26,7 @@ qwen3_moe with fused experts, bf16). Each case copies one seed and mutates it:
   non-safetensors shard, non-string values, deep nesting, long digits;
 * a FIFO or a directory where config.json or the .gguf is expected.
 
-Each case is loaded the way `--model` loads it (engine/inputs.model_from_options,
+Each case is loaded the way `--model` loads it (session/inputs.model_from_options,
 q4_0 or f32), in worker processes under RLIMIT_AS 3 GB that take many cases each;
 a case that runs past 5 s is a hang: its worker is killed and replaced. Outcomes:
 ``ok`` (loaded), ``refused`` (UsageError, the CLI's exit 2: checked to be one line
@@ -523,7 +523,7 @@ def make_case(seeds: dict[str, Path], seed: int, index: int, work: Path) -> tupl
 def run_case(seeds: dict[str, Path], seed: int, index: int, work: Path) -> dict:
     import warnings
 
-    from kestrel_tui.engine.inputs import model_from_options
+    from kestrel_tui.session.inputs import model_from_options
     from kestrel_tui.errors import UsageError
 
     case_dir = work / f"c{index}"
@@ -577,7 +577,7 @@ def worker_main(seed_dir: str, seed: int) -> None:
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
     seeds = {p.name: p for p in Path(seed_dir).iterdir()}
-    import kestrel_tui.engine.inputs  # noqa: F401 - imported before "ready": not part of any case's time
+    import kestrel_tui.session.inputs  # noqa: F401 - imported before "ready": not part of any case's time
     import kestrel_tui.model.gguf  # noqa: F401
     import kestrel_tui.model.hf  # noqa: F401
 

@@ -74,7 +74,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from kestrel_tui.backends.toggles import OWNERS, TOGGLES  # noqa: E402
-from kestrel_tui.engine.inputs import default_prompt  # noqa: E402
+from kestrel_tui.session.inputs import default_prompt  # noqa: E402
 from kestrel_tui.model.config import default_config, qwen3_30b_a3b_config  # noqa: E402
 from kestrel_tui.trace.keys import order_key, parse_key  # noqa: E402
 
@@ -175,7 +175,7 @@ def _diag(res) -> str:
 
 
 def sec_default(args) -> None:
-    from kestrel_tui.engine.session import RunSettings, Session
+    from kestrel_tui.session.session import RunSettings, Session
 
     m = model("default")
     session = Session(m, default_prompt(m.cfg.vocab, 16), 48, subject="cuda")
@@ -510,7 +510,7 @@ def sec_cli_bench(args) -> None:
 def sec_app(args) -> None:
     from kestrel_tui.app.app import KestrelApp
     from kestrel_tui.app.source import LiveSource, loaded
-    from kestrel_tui.engine.session import Session
+    from kestrel_tui.session.session import Session
 
     m = model("default")
     session = Session(m, default_prompt(m.cfg.vocab, 16), 8, subject="cuda")

@@ -19,8 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kestrel_tui.app.app import KestrelApp  # noqa: E402
 from kestrel_tui.app.source import DiffSource, LiveSource, loaded  # noqa: E402
-from kestrel_tui.engine.inputs import default_prompt  # noqa: E402
-from kestrel_tui.engine.session import RunSettings, Session  # noqa: E402
+from kestrel_tui.session.inputs import default_prompt  # noqa: E402
+from kestrel_tui.session.session import RunSettings, Session  # noqa: E402
 from kestrel_tui.model.hf import load_model  # noqa: E402
 from kestrel_tui.trace.dump import read_dump, write_dump  # noqa: E402
 

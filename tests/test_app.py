@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from kestrel_tui.app.app import KestrelApp
-from kestrel_tui.engine import inputs
+from kestrel_tui.session import inputs
 from kestrel_tui.app import export
 from kestrel_tui.app.export import new_export_dir, publish
 from kestrel_tui.app.screens.help import HelpScreen
@@ -29,10 +29,10 @@ from kestrel_tui.app.source import DiffSource, LiveSource, args_loader, loaded
 from kestrel_tui.app.state import Cursor
 from kestrel_tui.app.widgets.grid import LABEL_W, STEP, cell_text
 from kestrel_tui.backends.toggles import TOGGLES
-from kestrel_tui.engine.inputs import default_prompt
+from kestrel_tui.session.inputs import default_prompt
 from kestrel_tui.engines.build import make_backend
-from kestrel_tui.engine.iso import iso
-from kestrel_tui.engine.session import RunSettings, Session
+from kestrel_tui.session.iso import iso
+from kestrel_tui.session.session import RunSettings, Session
 from kestrel_tui.errors import UsageError
 from kestrel_tui.trace.compare import Status, compare
 from kestrel_tui.trace.dump import read_dump, write_dump

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from kestrel_tui.backends.toggles import TOGGLES
-from kestrel_tui.engine.session import Session
+from kestrel_tui.session.session import Session
 from kestrel_tui.engines.base import EngineSpec, Toggle
 from kestrel_tui.engines.build import make_backend, make_engine
 from kestrel_tui.engines.builtin import run_decode

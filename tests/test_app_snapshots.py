@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from kestrel_tui.engine.inputs import default_prompt
-from kestrel_tui.engine.session import Session
+from kestrel_tui.session.inputs import default_prompt
+from kestrel_tui.session.session import Session
 
 
 N_TOKENS = 8

@@ -7,7 +7,7 @@ import pytest
 from kestrel_tui.app.screens.main import TOLERANCES
 from kestrel_tui.app.state import Cursor
 from kestrel_tui.app.widgets.grid import cell_text
-from kestrel_tui.engine.session import RunSettings
+from kestrel_tui.session.session import RunSettings
 from kestrel_tui.trace.compare import CLOSE, FAR, NAN_ULP, Status, Tolerance
 from kestrel_tui.trace.dump import write_dump
 
@@ -143,7 +143,7 @@ async def test_a_profiles_tolerance_is_on_when_the_app_opens(tmp_path, settle):
 
     from kestrel_tui.app.app import KestrelApp
     from kestrel_tui.app.source import LiveSource, args_loader
-    from kestrel_tui.engine.inputs import apply_profile
+    from kestrel_tui.session.inputs import apply_profile
 
     prof = tmp_path / "p.toml"
     prof.write_text('tolerance = "nmse=1e-5,ulp=64"\ntokens = 2\nprompt_ids = [1, 2]\n'

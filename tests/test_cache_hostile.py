@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kestrel_tui.engine.inputs import default_prompt
-from kestrel_tui.engine.refcache import RefCache
-from kestrel_tui.engine.session import RunSettings, Session
+from kestrel_tui.session.inputs import default_prompt
+from kestrel_tui.session.refcache import RefCache
+from kestrel_tui.session.session import RunSettings, Session
 from kestrel_tui.model.hf import load_model
 
 from clitools import run_cli
@@ -130,7 +130,7 @@ import os, resource, signal, sys
 sys.path.insert(0, sys.argv[1])
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG) like a full disk
 from kestrel_tui.cli import main
-from kestrel_tui.engine import refcache
+from kestrel_tui.session import refcache
 big = refcache.RefCache.store
 soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
 def store(self, key, trace):

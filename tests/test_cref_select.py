@@ -7,7 +7,7 @@ import pytest
 import kestrel_tui.cref as cref_pkg
 from kestrel_tui.backends.base import NumpyBackend
 from kestrel_tui.cref.backend import CompiledBackend
-from kestrel_tui.engine.session import Session
+from kestrel_tui.session.session import Session
 from kestrel_tui.engines.build import make_backend, make_engine
 from kestrel_tui.errors import UsageError
 

@@ -75,14 +75,14 @@ def test_device_fnv_equals_host(rt):
 # ------------------------------------------------------------ runs against the cpu reference
 
 def _session(model, n_prompt=4, n_tokens=4, **kw):
-    from kestrel_tui.engine.inputs import default_prompt
-    from kestrel_tui.engine.session import Session
+    from kestrel_tui.session.inputs import default_prompt
+    from kestrel_tui.session.session import Session
 
     return Session(model, default_prompt(model.cfg.vocab, n_prompt), n_tokens, subject="cuda", **kw)
 
 
 def _run(session, exact, **kw):
-    from kestrel_tui.engine.session import RunSettings
+    from kestrel_tui.session.session import RunSettings
 
     return session.run(RunSettings(exact=frozenset(exact), **kw), record=False)
 
@@ -132,8 +132,8 @@ def test_toggles_one_by_one_move_first_diff_monotonically(default_session):
 
 def test_batch_verify_equals_single_decode(rt, small_model):
     from kestrel_tui.backends.cuda import make_cuda_backend
-    from kestrel_tui.engine.inputs import default_prompt
-    from kestrel_tui.engine.iso import iso
+    from kestrel_tui.session.inputs import default_prompt
+    from kestrel_tui.session.iso import iso
 
     cols = iso(lambda: make_cuda_backend(small_model, exact=frozenset(TOGGLES)),
                default_prompt(small_model.cfg.vocab, 5), 4)
@@ -168,7 +168,7 @@ def test_step_graph_path_equals_direct_path(rt, small_model, exact):
     logits bit for bit, every key's hash (in token_keys order) and every raw buffer (name,
     shape, dtype, bytes), over a few decode positions; again after reset() (a new capture)."""
     from kestrel_tui.backends.cuda import make_cuda_backend
-    from kestrel_tui.engine.inputs import default_prompt
+    from kestrel_tui.session.inputs import default_prompt
 
     ex = frozenset(TOGGLES) if exact == "all" else frozenset()
     g_b = make_cuda_backend(small_model, exact=ex, graph=True)
@@ -385,7 +385,7 @@ def real_shaped_dir(tmp_path_factory):
 @pytest.mark.parametrize("weights", ["q4_0", "f32"])
 def test_real_shaped_checkpoint_all_exact_equals_cpu(rt, real_shaped_dir, weights):
     """The loader's weights on the GPU: every key of prompt and decode equals the cpu reference."""
-    from kestrel_tui.engine.session import RunSettings, Session
+    from kestrel_tui.session.session import RunSettings, Session
     from kestrel_tui.model.hf import load_model
 
     model = load_model(real_shaped_dir, weights)

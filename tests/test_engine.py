@@ -2,11 +2,11 @@
 import pytest
 
 from kestrel_tui.backends.toggles import OWNERS, TOGGLES
-from kestrel_tui.engine.inputs import default_prompt
-from kestrel_tui.engine.bisect import bisect
+from kestrel_tui.session.inputs import default_prompt
+from kestrel_tui.session.bisect import bisect
 from kestrel_tui.engines.build import make_backend
-from kestrel_tui.engine.iso import iso
-from kestrel_tui.engine.session import RunSettings, Session, first_diff_later
+from kestrel_tui.session.iso import iso
+from kestrel_tui.session.session import RunSettings, Session, first_diff_later
 from kestrel_tui.engines.builtin import run_decode
 from kestrel_tui.trace.compare import Status
 from kestrel_tui.trace.keys import order_key, parse_key

@@ -6,9 +6,9 @@ import os
 
 import pytest
 
-from kestrel_tui.engine.bisect import bisect
-from kestrel_tui.engine.inputs import default_prompt
-from kestrel_tui.engine.session import RunSettings, Session
+from kestrel_tui.session.bisect import bisect
+from kestrel_tui.session.inputs import default_prompt
+from kestrel_tui.session.session import RunSettings, Session
 from kestrel_tui.engines.base import EngineFailed, RunRequest
 from kestrel_tui.engines.builtin import BuiltinEngine
 from kestrel_tui.errors import UsageError

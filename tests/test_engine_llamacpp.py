@@ -15,7 +15,7 @@ pytest.importorskip("gguf")
 
 from kestrel_tui.backends.ops_exact import kvquant  # noqa: E402
 from kestrel_tui.trace.run import Cancelled  # noqa: E402
-from kestrel_tui.engine.session import RunSettings, Session  # noqa: E402
+from kestrel_tui.session.session import RunSettings, Session  # noqa: E402
 from kestrel_tui.engines.base import EngineFailed, EngineSpec, RunRequest  # noqa: E402
 from kestrel_tui.engines.build import make_engine  # noqa: E402
 from kestrel_tui.engines.llamacpp import default_repack  # noqa: E402

@@ -402,8 +402,8 @@ def test_c_writer_from_the_docs(tmp_path):
 
 def test_bisect_over_the_toy_env_toggles_ends_at_the_minimal_set(model, ref):
     from kestrel_tui.backends.toggles import TOGGLES
-    from kestrel_tui.engine.bisect import bisect
-    from kestrel_tui.engine.session import Session
+    from kestrel_tui.session.bisect import bisect
+    from kestrel_tui.session.session import Session
     from kestrel_tui.engines.builtin import OP_TOGGLES
 
     toggles = tuple(Toggle(t.name, ("0", "1"), "1", owns=t.owns, key=f"TOY_{t.name.upper()}_EXACT")

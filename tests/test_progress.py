@@ -10,8 +10,8 @@ import pytest
 
 from kestrel_tui.app.app import KestrelApp
 from kestrel_tui.app.source import LiveSource, loaded
-from kestrel_tui.engine.inputs import default_prompt
-from kestrel_tui.engine.session import Session
+from kestrel_tui.session.inputs import default_prompt
+from kestrel_tui.session.session import Session
 from kestrel_tui.model import progress as progress_mod
 from kestrel_tui.model.config import default_config
 from kestrel_tui.model.gguf import write_gguf

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kestrel_tui.engine import refcache
-from kestrel_tui.engine.inputs import default_prompt
-from kestrel_tui.engine.refcache import RefCache
-from kestrel_tui.engine.session import RunSettings, Session
+from kestrel_tui.session import refcache
+from kestrel_tui.session.inputs import default_prompt
+from kestrel_tui.session.refcache import RefCache
+from kestrel_tui.session.session import RunSettings, Session
 from kestrel_tui.model.hf import load_model
 
 

@@ -2,7 +2,7 @@
 import numpy as np
 
 from kestrel_tui.backends.base import NumpyBackend
-from kestrel_tui.engine.inputs import default_prompt
+from kestrel_tui.session.inputs import default_prompt
 from kestrel_tui.engines.builtin import run_decode
 from kestrel_tui.trace.keys import token_keys
 

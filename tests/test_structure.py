@@ -22,7 +22,7 @@ Checked:
     uses; terminal.py, what the three share) are imported by nothing but each other (and
     kestrel_tui/__main__.py, were there one): the library, the app and the engines never import the
     command line;
-(c) no module of the engines (engines/) imports the session layer (engine/), lazily or not: what an
+(c) no module of the engines (engines/) imports the session layer (session/), lazily or not: what an
     engine returns lives below both (trace/run.py), and the session imports the engines.
 """
 from __future__ import annotations
@@ -36,7 +36,7 @@ PKG = "kestrel_tui"
 ROOT = Path(__file__).resolve().parents[1] / PKG
 CLI = {f"{PKG}.cli", f"{PKG}.commands", f"{PKG}.bench", f"{PKG}.terminal"}
 CLI_IMPORTERS = CLI | {f"{PKG}.__main__"}  # who may import a CLI module
-ENGINES, SESSION = f"{PKG}.engines", f"{PKG}.engine"
+ENGINES, SESSION = f"{PKG}.engines", f"{PKG}.session"
 
 
 def _modules() -> dict[str, Path]:
@@ -248,5 +248,5 @@ def test_nothing_imports_the_cli():
 
 def test_engines_import_nothing_of_the_session_layer():
     bad = session_imports(import_graph())
-    assert not bad, ("the engines (engines/) may not import the session layer (engine/); what they return"
+    assert not bad, ("the engines (engines/) may not import the session layer (session/); what they return"
                      " lives in trace/run.py:\n" + "\n".join(bad))

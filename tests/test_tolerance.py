@@ -231,7 +231,7 @@ def test_text_output(capsys):
 # ---- RunResult.tolerance ------------------------------------------------------
 
 def test_run_result_tolerance_lazy_and_hash_only(small_model):
-    from kestrel_tui.engine.session import RunSettings, Session
+    from kestrel_tui.session.session import RunSettings, Session
 
     res = Session(small_model, [1, 2, 3, 4], 2).run(RunSettings())
     diff = [k for k, st in res.comparison.status.items() if st is Status.DIFF]

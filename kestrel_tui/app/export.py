@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
 
-from ..engine.session import HistoryEntry, RunResult, Session
+from ..session.session import HistoryEntry, RunResult, Session
 from ..errors import UsageError
 from ..files import PARTIAL_SUFFIX, create_whole
 from ..trace.compare import Comparison, DiffStats, Status

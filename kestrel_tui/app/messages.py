@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from textual.message import Message
 
-from ..engine.bisect import BisectResult
+from ..session.bisect import BisectResult
 from ..trace.run import Position, Trace
-from ..engine.session import HistoryEntry, RunResult, ToleranceSummary
+from ..session.session import HistoryEntry, RunResult, ToleranceSummary
 from ..trace.compare import Status, Tolerance
 from .source import Loaded
 

@@ -11,7 +11,7 @@ import argparse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from ..engine.session import Session
+from ..session.session import Session
 from ..errors import UsageError
 from ..model.progress import Progress
 from ..trace.compare import Tolerance, parse_tolerance
@@ -91,7 +91,7 @@ def pick_subject(requested: str, model) -> tuple[str, str | None, str]:
 def args_loader(args: argparse.Namespace) -> Loader:
     """The CLI's options (a --profile already applied by the CLI) -> a loader the app runs in a worker."""
     def load(progress: Progress) -> Loaded:
-        from ..engine.inputs import DEFAULTS, cache_from_options, engines_from_options, model_from_options, \
+        from ..session.inputs import DEFAULTS, cache_from_options, engines_from_options, model_from_options, \
             resolve_prompt
 
         for name, value in DEFAULTS.items():  # a Namespace made by hand (tests) may leave them unset
@@ -119,7 +119,7 @@ def args_loader(args: argparse.Namespace) -> Loader:
 def default_loader(n_layers: int | None = None, tokens: int = 16) -> Loader:
     """The embedded default model on sim: what the palette's recovery command opens."""
     def load(_progress: Progress) -> Loaded:  # generated in about a second: no progress to show
-        from ..engine.inputs import default_prompt
+        from ..session.inputs import default_prompt
         from ..model.hf import load_model
 
         model = load_model(None, n_layers=n_layers)

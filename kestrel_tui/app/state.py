@@ -81,7 +81,7 @@ class Board:
         self.first_diff: str | None = None
         self.first_mismatch: str | None = None
         self.raw_sub: RawGetter = _no_raw
-        self.tolerance = None  # engine.session.ToleranceSummary of the finished run, or None: plain ok/DIFF
+        self.tolerance = None  # session.session.ToleranceSummary of the finished run, or None: plain ok/DIFF
 
     def set_tolerance(self, summary) -> None:
         """DIFF keys judged close/far (a ToleranceSummary), or None for the plain DIFF view."""

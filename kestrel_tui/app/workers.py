@@ -12,9 +12,9 @@ import threading
 from pathlib import Path
 from typing import Callable
 
-from ..engine.bisect import bisect
+from ..session.bisect import bisect
 from ..trace.run import Cancelled
-from ..engine.session import RunResult, RunSettings, Session
+from ..session.session import RunResult, RunSettings, Session
 from ..engines.base import EngineFailed
 from ..trace.compare import Tolerance
 from . import messages as msg

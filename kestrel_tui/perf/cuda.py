@@ -168,7 +168,7 @@ def batch_verify(model, exact: frozenset, n_pos: int = 64, widths=range(2, 9), n
     difference, total differing logits, per column index j the differing logits summed over
     the windows, and the first differing key."""
     from ..backends.cuda import make_cuda_backend
-    from ..engine.inputs import default_prompt
+    from ..session.inputs import default_prompt
 
     vocab = model.cfg.vocab
     b = make_cuda_backend(model, exact=exact)
@@ -213,7 +213,7 @@ def graph_equals_direct(model, exact: frozenset, n_pos: int = 16) -> dict:
     """The graph replay's logits and hashes vs direct M=1 steps, positions 0..n_pos-1."""
     from ..backends.cuda import make_cuda_backend
     from ..backends.cuda.graph import DecodeGraph
-    from ..engine.inputs import default_prompt
+    from ..session.inputs import default_prompt
 
     vocab = model.cfg.vocab
     toks = default_prompt(vocab, n_pos)

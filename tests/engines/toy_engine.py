@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # kestrel_tui, whe
 import numpy as np  # noqa: E402
 
 from kestrel_tui.backends.toggles import TOGGLES  # noqa: E402
-from kestrel_tui.engine.inputs import default_prompt  # noqa: E402
+from kestrel_tui.session.inputs import default_prompt  # noqa: E402
 from kestrel_tui.engines.build import make_backend  # noqa: E402
 from kestrel_tui.engines.builtin import run_decode  # noqa: E402
 from kestrel_tui.model.hf import load_model  # noqa: E402

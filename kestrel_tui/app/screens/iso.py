@@ -20,9 +20,9 @@ from textual.widgets import DataTable, Footer, Label, Static
 
 from ...backends.toggles import describe
 from ...engines.build import make_backend
-from ...engine.iso import IsoColumn, iso
+from ...session.iso import IsoColumn, iso
 from ...trace.run import Cancelled
-from ...engine.session import Session
+from ...session.session import Session
 from ...trace.compare import NAN_ULP
 
 HELP = """\

@@ -24,7 +24,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Label
 
 from ...trace.run import Position, Trace
-from ...engine.session import RunResult, RunSettings, Session, ToleranceSummary
+from ...session.session import RunResult, RunSettings, Session, ToleranceSummary
 from ...trace.compare import Status, Tolerance, compare
 from ...trace.keys import layer_fields, parse_key
 from .. import messages as msg

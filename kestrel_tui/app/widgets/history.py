@@ -11,7 +11,7 @@ from rich.style import Style
 from rich.text import Text
 from textual.widget import Widget
 
-from ...engine.session import HistoryEntry
+from ...session.session import HistoryEntry
 
 
 CHANGE_W = 14

@@ -13,7 +13,7 @@ from rich.style import Style
 from rich.text import Text
 from textual.widget import Widget
 
-from ...engine.session import RunSettings
+from ...session.session import RunSettings
 from ...engines.base import Toggle
 from ...engines.builtin import OP_TOGGLES
 

@@ -292,7 +292,7 @@ class Session:
                  reference: str | Engine = "cpu", kv: str = "q8", deep: bool = False, cache=None):
         self.model, self.prompt, self.n_tokens = model, list(prompt), n_tokens
         self.kv, self.deep = kv, deep
-        self.cache = cache  # an engine.refcache.RefCache, or None: the reference is always computed
+        self.cache = cache  # a session.refcache.RefCache, or None: the reference is always computed
         self.reference_cached = False  # the reference came from the cache
         self.reference_engine = _engine(reference, model, kv, deep)
         self.subject_engine = _engine(subject, model, kv, deep)
