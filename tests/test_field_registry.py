@@ -50,7 +50,7 @@ def test_registry_is_the_key_schema():
 def test_530_keys_per_token_for_the_embedded_model():
     cfg = default_config()
     assert cfg.n_layers == 48
-    assert len(token_keys(0, cfg.n_layers)) == 530 == cfg.n_keys_per_token
+    assert len(token_keys(0, cfg.n_layers)) == 530
     assert len(token_keys(0, cfg.n_layers, deep=True)) == 48 * len(fields.LAYER) + len(fields.TOKEN)
 
 

@@ -105,14 +105,6 @@ class Config:
     def ffn_dim(self) -> int:
         return self.moe_intermediate if self.is_moe else self.intermediate
 
-    @property
-    def n_keys_per_token(self) -> int:
-        """The default probe set's keys a position (trace/fields.py: per-layer fields times layers, plus
-        the once-per-position ones)."""
-        from ..trace.fields import LAYER, TOKEN  # lazy: trace's package imports more than the registry
-
-        return sum(not f.deep for f in LAYER) * self.n_layers + sum(not f.deep for f in TOKEN)
-
     def validate(self, weights: str = "q4_0") -> "Config":
         def need(cond: bool, msg: str) -> None:
             if not cond:
