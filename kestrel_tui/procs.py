@@ -19,13 +19,14 @@ import os
 import re
 import shutil
 import signal
+import subprocess
 import tempfile
 import threading
 import time
 
 FOLDER_PREFIXES = ("kestrel-proc-", "kestrel-llama-")
 KEPT = "KEPT"          # in a folder kept as evidence: never swept
-TERM_GRACE_S = 0.1     # SIGTERM, then SIGKILL after this, when the tool ends what is left
+TERM_GRACE_S = 0.1     # SIGTERM, then SIGKILL after this: cancellation must be quick
 _OWNED_RE = re.compile(r"kestrel-(?:proc|llama)-([0-9]{1,10})-")
 
 _lock = threading.Lock()
@@ -60,11 +61,23 @@ def drop_group(proc) -> None:
         _groups.pop(proc.pid, None)
 
 
-def _signal_group(pgid: int, sig: int) -> None:
+def signal_group(pgid: int, sig: int) -> None:
     try:
         os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
         pass  # the group is gone
+
+
+def kill_group(proc) -> None:
+    """SIGTERM ``proc``'s process group, SIGKILL it after a short grace, reap the leader, unregister
+    it. Also run after a clean exit: whatever the command left in its group goes with it."""
+    signal_group(proc.pid, signal.SIGTERM)
+    if proc.poll() is None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(TERM_GRACE_S)
+    signal_group(proc.pid, signal.SIGKILL)
+    proc.wait()
+    drop_group(proc)
 
 
 def end_groups() -> None:
@@ -75,13 +88,13 @@ def end_groups() -> None:
     if not groups:
         return
     for pgid, _ in groups:
-        _signal_group(pgid, signal.SIGTERM)
+        signal_group(pgid, signal.SIGTERM)
     deadline = time.monotonic() + TERM_GRACE_S
     for _, proc in groups:
         with contextlib.suppress(Exception):
             proc.wait(max(0.0, deadline - time.monotonic()))
     for pgid, proc in groups:
-        _signal_group(pgid, signal.SIGKILL)
+        signal_group(pgid, signal.SIGKILL)
         with contextlib.suppress(Exception):
             proc.wait(5)
 

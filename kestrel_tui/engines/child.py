@@ -150,10 +150,7 @@ def _death(job: Job, rc: int | None, stderr, n: int) -> str:
 
 def _stop(proc: subprocess.Popen) -> None:
     """Kill the child's whole group (also after a clean exit: nothing it started outlives it)."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+    procs.signal_group(proc.pid, signal.SIGKILL)
     proc.wait()
     procs.drop_group(proc)
     if proc.stdout:

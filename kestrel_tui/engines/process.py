@@ -23,7 +23,6 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import subprocess
 import time
 from collections.abc import Iterator, Mapping
@@ -56,7 +55,6 @@ OPTIONS = {
 }
 PLACEHOLDERS = ("dump", "raw", "prompt_ids", "n_prompt", "n_tokens", "forced_ids", "model")
 POLL_S = 0.02        # how often the files are read: fast enough for a live grid, cheap on 2 cores
-TERM_GRACE_S = 0.1   # SIGTERM, then SIGKILL after this: cancellation must be quick
 _PH_RE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _ENV_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _TOKEN_RE = re.compile(r"t(0|[1-9][0-9]*)_token")  # a sidecar record of the consumed token id
@@ -438,27 +436,6 @@ class Assembler:
 # ---------------------------------------------------------------------------------------------- the child
 
 
-def _signal_group(pid: int, sig: int) -> None:
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass  # the group is gone
-
-
-def kill_group(proc: subprocess.Popen) -> None:
-    """SIGTERM the command's process group, SIGKILL it after a short grace, reap the child.
-    Also run after a clean exit: whatever the command left in its group goes with it."""
-    _signal_group(proc.pid, signal.SIGTERM)
-    if proc.poll() is None:
-        try:
-            proc.wait(TERM_GRACE_S)
-        except subprocess.TimeoutExpired:
-            pass
-    _signal_group(proc.pid, signal.SIGKILL)
-    proc.wait()
-    procs.drop_group(proc)
-
-
 def _output_tail(folder: Path) -> str:
     """The last non-blank line of stderr (else stdout), for a one-line failure message."""
     for name in ("stderr", "stdout"):
@@ -524,7 +501,7 @@ class ProcessEngine(Engine):
             raise
         finally:
             if proc is not None:
-                kill_group(proc)
+                procs.kill_group(proc)
             if keep_folder:
                 procs.keep_folder(folder, "kept as evidence: a failure message names a file here")
             else:
@@ -581,20 +558,20 @@ class ProcessEngine(Engine):
         start = last_new = time.monotonic()
 
         def fail(why: str) -> EngineFailed:
-            kill_group(proc)
+            procs.kill_group(proc)
             n = len(asm.positions)
             return EngineFailed(f"process engine {inert(self.name)}: {why} after {n} position{'s' * (n != 1)};"
                                 f" {_output_tail(folder)}", partial=trace)
 
         def killed(why: str) -> EngineFailed:
-            kill_group(proc)
+            procs.kill_group(proc)
             for pos in asm.emit(asm.complete_by_fields(asm.next_t)):  # what it wrote whole before it hung
                 if req.on_position:
                     req.on_position(pos)
             return fail(why)
 
         def unreadable(why: str) -> EngineFailed:
-            kill_group(proc)
+            procs.kill_group(proc)
             e = EngineFailed(f"process engine {inert(self.name)}: {why} (the files are kept)", partial=trace)
             e.keep_folder = True  # the evidence: the message names the file
             return e
@@ -602,7 +579,7 @@ class ProcessEngine(Engine):
         try:
             while True:
                 if req.cancel is not None and req.cancel.is_set():
-                    kill_group(proc)
+                    procs.kill_group(proc)
                     raise Cancelled()
                 rc = proc.poll()  # before reading: once it has exited, one more read gets everything
                 try:
@@ -635,7 +612,7 @@ class ProcessEngine(Engine):
                     if req.on_position:
                         req.on_position(pos)
                     if req.cancel is not None and req.cancel.is_set():
-                        kill_group(proc)
+                        procs.kill_group(proc)
                         raise Cancelled()
                     if req.stop is not None and req.stop():
                         return trace  # the caller has what it needs (finally kills the child)
