@@ -192,9 +192,13 @@ class _Checker:
                       f"write it as a [{_key_name((*address, key))}] table")
         return v
 
-    def model(self, value: str, address: tuple) -> str:
+    def resolve(self, value: str) -> Path:
+        """A path the profile writes: ``~`` expanded, a relative one relative to the profile's folder."""
         p = Path(os.path.expanduser(value))
-        p = p if p.is_absolute() else self.base / p
+        return p if p.is_absolute() else self.base / p
+
+    def model(self, value: str, address: tuple) -> str:
+        p = self.resolve(value)
         if not p.exists():
             self.fail(address, f"{p} does not exist",
                       f"give an HF model directory or a .gguf file (relative to {self.base}), or pass --model PATH")
@@ -319,8 +323,7 @@ class _Checker:
         cwd = options.get("cwd")
         if not isinstance(cwd, str) or not cwd.strip():
             return options  # the process engine names what is wrong with it
-        p = Path(os.path.expanduser(cwd))
-        p = p if p.is_absolute() else self.base / p
+        p = self.resolve(cwd)
         if not p.is_dir():
             self.fail(address, f"{p} is not a folder", f"give the folder the command runs in (relative to {self.base})")
         return {**options, "cwd": str(p)}
