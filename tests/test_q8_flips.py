@@ -47,13 +47,18 @@ def test_one_ulp_across_a_boundary_flips_one_code():
         assert abs(lo) % 1 < 0.5 + 1e-3 and abs(hi) % 1 > 0.5 - 1e-3  # the two sides of the boundary
 
 
+def _board(attn_ref: np.ndarray, attn_sub: np.ndarray) -> SimpleNamespace:
+    """A board whose t5_l0_ores is a DIFF key fed by the two sides' t5_l0_attn (its q8_0 input)."""
+    raws_ref = {"t5_l0_attn": attn_ref, "t5_l0_ores": np.ones(4, np.float32)}
+    raws_sub = {"t5_l0_attn": attn_sub, "t5_l0_ores": np.full(4, 2, np.float32)}
+    return SimpleNamespace(cell=lambda k, t: Status.DIFF, hashes=lambda k: (1, 2), first_diff="t5_l0_ores",
+                           sides=("ref", "sub"), tolerance=None, live=True, q8_inputs=True,
+                           raw_ref=raws_ref.get, raw_sub=raws_sub.get)
+
+
 def test_detail_names_the_flipped_input_code():
     a, b, j = _crossing(7)
-    raws_ref = {"t5_l0_attn": a, "t5_l0_ores": np.ones(4, np.float32)}
-    raws_sub = {"t5_l0_attn": b, "t5_l0_ores": np.full(4, 2, np.float32)}
-    board = SimpleNamespace(cell=lambda k, t: Status.DIFF, hashes=lambda k: (1, 2), first_diff="t5_l0_ores",
-                            sides=("ref", "sub"), tolerance=None, live=True, q8_inputs=True,
-                            raw_ref=raws_ref.get, raw_sub=raws_sub.get)
+    board = _board(a, b)
     info = key_info(board, "t5_l0_ores", 5)
     assert info.q8_input == "t5_l0_attn" and info.q8 is not None and info.q8.index == j
     board.q8_inputs = False  # f32 weights: no q8_0 activations to look at
@@ -96,11 +101,7 @@ def test_detail_names_a_differing_block_scale():
     from kestrel_tui.app.widgets.detail import DetailPanel
 
     a, c, b = next(t for t in map(_scale_step, range(50)) if q8_0_code_flips(t[0], t[1]).index is None)
-    raws_ref = {"t5_l0_attn": a, "t5_l0_ores": np.ones(4, np.float32)}
-    raws_sub = {"t5_l0_attn": c, "t5_l0_ores": np.full(4, 2, np.float32)}
-    board = SimpleNamespace(cell=lambda k, t: Status.DIFF, hashes=lambda k: (1, 2), first_diff="t5_l0_ores",
-                            sides=("ref", "sub"), tolerance=None, live=True, q8_inputs=True,
-                            raw_ref=raws_ref.get, raw_sub=raws_sub.get)
+    board = _board(a, c)
     info = key_info(board, "t5_l0_ores", 5)
     panel = DetailPanel()
     panel._s = lambda name: ""  # no app, no styles: the words are what is checked
