@@ -12,8 +12,9 @@
 # Logs go to $OUT; the last lines are the summary.
 set -u
 T0=$(date +%s); el() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
+SITE=$(mktemp -d)  # the wheels the GPU machine lacks, installed for this run only
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl || exit 1
+export PYTHONUNBUFFERED=1 PYTHONPATH=$SITE:$PWD
 grep -o -m1 'model name.*' /proc/cpuinfo; grep -o 'amx_[a-z0-9]*\|avx512f' /proc/cpuinfo | sort -u | tr '\n' ' '; echo
 python3 setup.py -q build_ext --inplace > "$OUT/cref.log" 2>&1 && echo "compiled reference built"
 if [ ! -f /tmp/lcp/llama_cpp/__init__.py ]; then
