@@ -20,6 +20,7 @@ import contextlib
 import signal
 import sys
 
+from . import procs
 from .engines.registry import names
 from .errors import UsageError
 from .text import inert
@@ -127,7 +128,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 ERROR_LIMIT = 2000  # characters of an error line: our words plus the outside text they quote, clipped
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 _stopping = False   # the command is ending: a stop signal now is ignored
 _signalled = False  # one arrived: the process is ending
 
@@ -147,7 +147,7 @@ def stop_on_signals() -> dict:
     global _stopping, _signalled
     _stopping = _signalled = False
     old = {}
-    for sig in STOP_SIGNALS:
+    for sig in procs.STOP_SIGNALS:
         with contextlib.suppress(ValueError, OSError):  # not the main thread: nothing to install
             old[sig] = signal.signal(sig, _interrupt)
     return old
@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
         argv = ["tui", *argv]
     args = build_parser().parse_args(argv)
-    from . import commands, procs
+    from . import commands
     from .engines import process
 
     procs.sweep()  # what a tool killed before it could clean up left behind

@@ -24,6 +24,8 @@ import tempfile
 import threading
 import time
 
+# what stops the tool as Ctrl-C does: `kill` and a terminal that hangs up (the CLI and the app catch them)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 FOLDER_PREFIXES = ("kestrel-proc-", "kestrel-llama-")
 KEPT = "KEPT"          # in a folder kept as evidence: never swept
 TERM_GRACE_S = 0.1     # SIGTERM, then SIGKILL after this: cancellation must be quick

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 from pathlib import Path
 
 from textual.app import App
 from textual.binding import Binding
 from textual.screen import Screen
 
+from ..procs import STOP_SIGNALS
 from .commands import KestrelCommands
 from .screens.help import HelpScreen
 from .screens.main import MainScreen
@@ -34,7 +34,6 @@ class KestrelApp(App[int]):
         Binding("q", "quit", "quit", tooltip="quit (cancels a run in flight)"),
     ]
 
-    STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
     SIGNAL_EXIT = 130  # as the headless commands, stopped by a signal or Ctrl-C
 
     def __init__(self, source: LiveSource | DiffSource, *, export_dir: str | Path = "exports",
@@ -48,7 +47,7 @@ class KestrelApp(App[int]):
         if not self._signals:
             return
         loop = asyncio.get_running_loop()
-        for sig in self.STOP_SIGNALS:
+        for sig in STOP_SIGNALS:
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                 loop.add_signal_handler(sig, self._on_stop_signal)
 

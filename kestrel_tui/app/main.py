@@ -24,7 +24,9 @@ def run_diff_app(path_a: str, path_b: str, dump_a: Mapping[str, int], dump_b: Ma
 def _run(app) -> int:
     import signal
 
-    old = {sig: signal.getsignal(sig) for sig in app.STOP_SIGNALS}
+    from ..procs import STOP_SIGNALS
+
+    old = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
     try:
         app.run()
     finally:
