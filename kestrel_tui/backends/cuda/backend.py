@@ -21,11 +21,9 @@ capture that fails falls back to it silently, and `graph_status` says why.
 hashing=False (the benchmarks' baseline) runs the same step without the hash
 launches and returns no hashes.
 
-Which kernel each op runs and the launches of a step: launches.py. Kernel choice per toggle
-(kernels/*.cu, each file lists its versions): norm -> rmsnorm_*, qknorm_*; gemm ->
-quantize_q8_0_*, gemv_*; rope -> rope_table_*, rope_*; expf -> the exp inside attention,
-router and silu; attention -> attn_*; kvquant -> kvquant_*; moe -> router_*, silu_mul_*,
-combine_* (fused.cu's launches take each op's choice).
+Which kernel each op runs: launches.select_kernels, by the op registry (backends/toggles.py: each
+op's kernels by role, kernels/*.cu list the versions; fused.cu's launches take each op's choice
+through their flags). The launches of a step: plan.py.
 """
 from __future__ import annotations
 
@@ -40,6 +38,7 @@ from ..base import KV_FIELDS, Backend, StepOut, key_of
 from ..toggles import describe
 from . import launches
 from .launches import FED, _blocks, launch
+from .plan import plan
 from .graph import DecodeGraph
 from .layout import HASH_CHUNK, HASH_PIECE, HashWork, Layout
 from .options import CudaOptions
@@ -108,7 +107,7 @@ class CudaBackend(Backend):
         self.options = options if options is not None else CudaOptions.from_env()
         if graph is not None:
             self.options = replace(self.options, graph=bool(graph))
-        self.fuse = self.options.fuse  # read by launches.plan; same bits either way
+        self.fuse = self.options.fuse  # read by plan.py; same bits either way
         self.rt = runtime()
         self.name = f"cuda ({describe(self.exact)})"
         self.device_name = self.rt.name  # shown by the app's header
@@ -339,9 +338,9 @@ class CudaBackend(Backend):
 
     def forward(self, lay: Layout, T: launches.Target, pos0: int, isolate: bool = False, hash_body: bool = False,
                 launcher=None) -> None:
-        """Queue one step's plan (launches.py) on T's stream, inside rt.active(); launcher: pdl.py's,
+        """Queue one step's plan (plan.py) on T's stream, inside rt.active(); launcher: pdl.py's,
         while a graph captures with PDL."""
-        steps = launches.plan(self, lay, T, pos0, isolate, hash_body)
+        steps = plan(self, lay, T, pos0, isolate, hash_body)
         launches.run(self.rt, steps, T.stream, launcher, on_hash_body=lambda: self._launch_body_hash(lay, T))
 
     def scratch_bytes(self, M: int) -> int:
