@@ -1,7 +1,7 @@
 """`kestrel-tui bench`: speed figures, printed (the committed copies live in results/).
 
 reference  ms/token of the CPU reference decode (P prompt + N generated tokens; the compiled
-           reference where built, --reference numpy for the numpy one),
+           reference where built, --cpu-impl numpy for the numpy one),
            the hashing cost per token, and HF transformers eager on the same
            weights as the peer figure (skipped with a note when torch is absent).
 toggle     wall time from changing one toggle to the new first DIFF (sim subject).
@@ -104,7 +104,7 @@ def bench_toggle(model, prompt: list[int], n_tokens: int, impl: str = "auto") ->
 CUDA_BENCH_CTX = 1024
 
 
-def run_bench_cuda(args: argparse.Namespace) -> int:
+def run_bench_cuda(args: argparse.Namespace, config) -> int:
     from .perf import cuda as perf
     from .backends.cuda.runtime import CudaUnavailable, runtime
     from .backends.cuda.weights import DeviceSyntheticModel
@@ -114,20 +114,22 @@ def run_bench_cuda(args: argparse.Namespace) -> int:
         rt = runtime()
     except CudaUnavailable as e:
         raise UsageError(f"--subject cuda: {e.reason}; plain `kestrel-tui bench` gives the CPU figures") from None
-    if args.model:
-        from .terminal import load_model_args
+    if config.model:
+        from .terminal import load_model
 
-        model = load_model_args(args)
+        model = load_model(config)
     else:
         model = DeviceSyntheticModel(qwen3_30b_a3b_config(48))
     cfg, ctx = model.cfg, CUDA_BENCH_CTX
     console.print(f"model {model.name} ({cfg.n_layers} layers, hidden {cfg.hidden}, {cfg.n_experts} experts"
-                  f" top-{cfg.top_k}, vocab {cfg.vocab}, q4_0) on {rt.name}; context {ctx}, {args.tokens} steps")
+                  f" top-{cfg.top_k}, vocab {cfg.vocab}, q4_0) on {rt.name}; context {ctx}, {config.tokens} steps")
     bw = perf.copy_bandwidth(rt)
-    from .session.inputs import cuda_options
+    from .engines.base import EngineSpec
+    from .session.inputs import side_specs
 
-    r = perf.decode_bench(model, ctx=ctx, steps=max(4, args.tokens), log=lambda *_: None,
-                          options=cuda_options(args, getattr(args, "loaded_profile", None)))
+    spec = side_specs(config, "cuda")["subject"]  # a profile's cuda subject brings its own switches
+    options = config.cuda_for(spec if spec.engine == "cuda" else EngineSpec("cuda"))
+    r = perf.decode_bench(model, ctx=ctx, steps=max(4, config.tokens), log=lambda *_: None, options=options)
     need = perf.active_bytes(cfg, ctx)
     floor_ms = need["total"] / (bw["gbps_rw"] * 1e9) * 1e3
     fast, exact = r["fast"], r["exact"]
@@ -148,27 +150,27 @@ def run_bench_cuda(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_bench(args: argparse.Namespace) -> int:
-    from .terminal import load_model_args, whole_columns_table
+def run_bench(args: argparse.Namespace, config) -> int:
+    from .terminal import load_model, whole_columns_table
     from .session.inputs import resolve_prompt
 
-    if getattr(args, "subject", "cpu") == "cuda":
-        return run_bench_cuda(args)
+    if args.subject == "cuda":
+        return run_bench_cuda(args, config)
 
-    model = load_model_args(args)
-    prompt = resolve_prompt(args, model)
+    model = load_model(config)
+    prompt = resolve_prompt(config, model)
     what = args.what
     console.print(f"model {model.name} ({model.cfg.n_layers} layers, hidden {model.cfg.hidden}, {model.fmt}),"
-                  f" {len(prompt)} prompt + {args.tokens} tokens; {platform.processor() or platform.machine()},"
+                  f" {len(prompt)} prompt + {config.tokens} tokens; {platform.processor() or platform.machine()},"
                   f" numpy {np.__version__}")
     if what in ("reference", "all"):
-        ref = bench_reference(model, prompt, args.tokens, getattr(args, "reference", None) or "auto")
-        peer = bench_hf_peer(model, prompt, args.tokens)
+        ref = bench_reference(model, prompt, config.tokens, config.cpu_impl)
+        peer = bench_hf_peer(model, prompt, config.tokens)
         t = Table(title="reference decode (CPU)", title_justify="left")
         for col in ("what", "ms/token", "note"):
             t.add_column(col)
         impl = "compiled" if ref["impl"] == "CompiledBackend" else "numpy"
-        t.add_row(f"kestrel reference step ({impl})", _ms(ref["step_s"]), f"median of {args.tokens}; target <= 100")
+        t.add_row(f"kestrel reference step ({impl})", _ms(ref["step_s"]), f"median of {config.tokens}; target <= 100")
         t.add_row("  of which hashing", _ms(ref["hash_s"]),
                   f"{ref['keys_per_token']} keys, {100 * ref['hash_s'] / ref['step_s']:.1f}% of the step; target <= 10%")
         t.add_row("kestrel prefill (whole prompt)", _ms(ref["prefill_s"]), f"{len(prompt)} positions in one step")
@@ -179,7 +181,7 @@ def run_bench(args: argparse.Namespace) -> int:
             t.add_row("HF transformers eager", "-", peer["skipped"] if peer else "")
         console.print(t)
     if what in ("toggle", "all"):
-        tog = bench_toggle(model, prompt, args.tokens, getattr(args, "reference", None) or "auto")
+        tog = bench_toggle(model, prompt, config.tokens, config.cpu_impl)
         rows = [[change, first, f"{t_first:.2f}", f"{t_full:.2f}", full]
                 for change, first, t_first, t_full, full in tog["rows"]]
         console.print(whole_columns_table(

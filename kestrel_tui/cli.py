@@ -21,6 +21,7 @@ import signal
 import sys
 
 from . import procs
+from .engines.decoders import CPU_IMPLS
 from .engines.registry import names
 from .errors import UsageError
 from .text import inert
@@ -28,7 +29,7 @@ from .terminal import err_console
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
-    # unset flags stay None: a --profile may set them, else session/inputs.py DEFAULTS apply
+    # unset flags stay None: a --profile may set them, else session/inputs.py DEFAULTS apply (run_config)
     p.add_argument("--profile", metavar="FILE.toml", help="a TOML profile naming the reference, the subject"
                    " and its toggles (docs/profiles.md); the flags given here win over it")
     p.add_argument("--model", metavar="PATH", help="HF model directory (config.json + *.safetensors) or a"
@@ -41,9 +42,9 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv", choices=("q8", "f32"), help="KV cache format (default q8)")
     p.add_argument("--deep", action="store_true", default=None,
                    help="also probe MoE internals and pre-quantization K")
-    p.add_argument("--reference", choices=("auto", "compiled", "numpy"), help="the cpu reference's"
-                   " implementation of the contract (the same bits): auto (default) takes the compiled one"
-                   " where it is built")
+    p.add_argument("--cpu-impl", choices=CPU_IMPLS, help="the cpu engine's implementation of the contract"
+                   " (the same bits): auto (default) takes the compiled one where it is built, numpy the numpy one")
+    p.add_argument("--reference", dest="renamed_reference", help=argparse.SUPPRESS)  # the old --cpu-impl
     p.add_argument("--cuda-options", metavar="NAME=on|off,...", help="a cuda side's runtime switches (the same"
                    " bits either way): graph, pdl, fuse, pv_spread")
     p.add_argument("--no-cache", action="store_true", help="compute the reference even when the reference cache"
@@ -174,11 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         process.announce = _say  # a profile's command is named on stderr before it runs
         process.reset_announced()
     try:
-        if hasattr(args, "profile"):
-            from .session.inputs import apply_profile
-
-            args.loaded_profile = apply_profile(args)
-        return getattr(commands, f"cmd_{args.cmd}")(args)
+        return getattr(commands, f"cmd_{args.cmd}")(args, run_config_of(args))
     except UsageError as e:
         _say(f"kestrel-tui {args.cmd}: error: {inert(e, ERROR_LIMIT)}")
         return 2
@@ -195,6 +192,25 @@ def main(argv: list[str] | None = None) -> int:
             with contextlib.suppress(ValueError, OSError, TypeError):
                 # after a stop signal more may follow while the interpreter ends: the work is done
                 signal.signal(sig, signal.SIG_IGN if _signalled else handler)
+
+
+def run_config_of(args: argparse.Namespace):
+    """The run's settings, once: the command's model options over its --profile (session/inputs.py);
+    None for a command that loads no model (diff)."""
+    from .session.inputs import run_config
+
+    if not hasattr(args, "model"):
+        return None
+    if getattr(args, "renamed_reference", None):
+        raise UsageError(f"--reference {args.renamed_reference}: the option is now --cpu-impl (it picks the cpu"
+                         f" engine's implementation; the reference side is a profile's [reference]); use"
+                         f" --cpu-impl {args.renamed_reference}")
+    return run_config(profile=getattr(args, "profile", None), model=args.model, weights=args.weights,
+                      kv=getattr(args, "kv", None), deep=getattr(args, "deep", None),
+                      tokens=getattr(args, "tokens", None), prompt_ids=getattr(args, "prompt_ids", None),
+                      prompt=getattr(args, "prompt", None), cpu_impl=getattr(args, "cpu_impl", None),
+                      cuda_options=getattr(args, "cuda_options", None), tol=getattr(args, "tol", None),
+                      no_cache=getattr(args, "no_cache", False), subject=getattr(args, "subject", None))
 
 
 def _drop_working_directory() -> None:

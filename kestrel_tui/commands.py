@@ -9,14 +9,14 @@ import json
 from rich.table import Table
 from rich.text import Text
 
-from .terminal import console, err_console, load_model_args, whole_columns_table
+from .terminal import console, err_console, load_model, whole_columns_table
 from .errors import UsageError
 from .files import check_new_path
 from .backends.toggles import parse_exact
-from .session.inputs import cache_from_options, cuda_options, engines_from_options, resolve_prompt
+from .session.inputs import RunConfig, cache_from_options, engines_from_options, resolve_prompt
 from .engines.registry import names
 from .model.weights import Model
-from .trace.compare import NAN_ULP, Status, parse_tolerance
+from .trace.compare import NAN_ULP, Status
 
 ENGINE_FAILED = 3  # the exit status of a run an engine did not finish: not a DIFF, not bad input
 
@@ -30,23 +30,19 @@ def _engine_failed(args: argparse.Namespace, failure, line: str | None = None, r
     return ENGINE_FAILED
 
 
-def _profile(args: argparse.Namespace):
-    return getattr(args, "loaded_profile", None)
-
-
-def _dump_engine(args: argparse.Namespace, model: Model):
+def _dump_engine(args: argparse.Namespace, config: RunConfig, model: Model):
     """The engine `dump` runs and its toggle values: --backend (with --profile: a side) and --exact."""
     from .session.session import RunSettings, starting_exact
 
-    profile = _profile(args)
+    profile = config.profile
     if profile is not None:
         side = args.backend or "subject"
         if side not in ("reference", "subject"):
             raise UsageError(f"--backend {side!r}: with --profile, name a side: reference or subject")
-        ref, sub = engines_from_options(args, profile, model, sides=(side,))
+        ref, sub = engines_from_options(config, model, sides=(side,))
         engine = ref if side == "reference" else sub
     else:
-        engine = engines_from_options(args, None, model, subject=args.backend or "cpu")[1]
+        engine = engines_from_options(config, model, subject=args.backend or "cpu")[1]
     names = tuple(t.name for t in engine.toggles if t.binary)
     if args.exact is not None:
         return engine, RunSettings(exact=parse_exact(args.exact, names)).values(engine.toggles)
@@ -56,33 +52,33 @@ def _dump_engine(args: argparse.Namespace, model: Model):
     return engine, RunSettings(exact=starting_exact(engine.toggles)).values(engine.toggles)
 
 
-def _dump_side(args: argparse.Namespace) -> str:
-    if _profile(args) is not None:
+def _dump_side(args: argparse.Namespace, config: RunConfig) -> str:
+    if config.profile is not None:
         return args.backend or "subject"
     return "reference" if (args.backend or "cpu") == "cpu" else "subject"
 
 
-def cmd_dump(args: argparse.Namespace) -> int:
+def cmd_dump(args: argparse.Namespace, config: RunConfig) -> int:
     from .session.session import Failure
     from .engines.base import EngineFailed, RunRequest
     from .trace.dump import DumpWriter
 
     out = check_new_path(args.out, "dump")  # before the slow part; DumpWriter checks again
-    model = load_model_args(args)
-    prompt = resolve_prompt(args, model)
-    engine, values = _dump_engine(args, model)
+    model = load_model(config)
+    prompt = resolve_prompt(config, model)
+    engine, values = _dump_engine(args, config, model)
     _engine_notes(engine)
     what = engine.describe(values)
     failure = None
     try:
-        with DumpWriter(out) as writer, console.status(f"{what}: {len(prompt)}+{args.tokens} positions"):
+        with DumpWriter(out) as writer, console.status(f"{what}: {len(prompt)}+{config.tokens} positions"):
             def write(pos):
                 for key, h in pos.hashes.items():
                     writer.write(key, h)
             try:
-                trace = engine.run(RunRequest(prompt, args.tokens, values, raw=False, on_position=write))
+                trace = engine.run(RunRequest(prompt, config.tokens, values, raw=False, on_position=write))
             except EngineFailed as e:
-                failure = Failure(_dump_side(args), engine.name, str(e))
+                failure = Failure(_dump_side(args, config), engine.name, str(e))
                 raise
     except UsageError as e:
         if failure is None:
@@ -94,29 +90,29 @@ def cmd_dump(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_generate(args: argparse.Namespace) -> int:
+def cmd_generate(args: argparse.Namespace, config: RunConfig) -> int:
     from .session.session import Failure
     from .engines.base import EngineFailed, RunRequest
 
-    model = load_model_args(args)
-    prompt = resolve_prompt(args, model)
-    ref = engines_from_options(args, _profile(args), model, subject="cpu", sides=("reference",))[0]
+    model = load_model(config)
+    prompt = resolve_prompt(config, model)
+    ref = engines_from_options(config, model, subject="cpu", sides=("reference",))[0]
     _engine_notes(ref)
     if not ref.caps.logits:
         raise UsageError(f"generate: the reference ({ref.name}) reports no logits, so no tokens to print;"
                          f" give it a raw-values sidecar with t<T>_logits (docs/engines-process.md)")
     try:
-        trace = ref.run(RunRequest(prompt, args.tokens, {t.name: t.default for t in ref.toggles}, raw=False))
+        trace = ref.run(RunRequest(prompt, config.tokens, {t.name: t.default for t in ref.toggles}, raw=False))
     except EngineFailed as e:
         return _engine_failed(args, Failure("reference", ref.name, str(e)))
-    ids = trace.generated[: args.tokens]
+    ids = trace.generated[: config.tokens]
     console.print(" ".join(map(str, ids)))
     if model.tokenizer is not None:
         console.print(model.tokenizer.decode(ids))
     return 0
 
 
-def cmd_diff(args: argparse.Namespace) -> int:
+def cmd_diff(args: argparse.Namespace, config: None = None) -> int:
     from .trace.compare import Status, compare
     from .trace.dump import read_dump
 
@@ -150,14 +146,14 @@ def counts_table(counts) -> Table:
     return table
 
 
-def _session(args: argparse.Namespace):
+def _session(config: RunConfig):
     from .session.session import Session
 
-    model = load_model_args(args)
-    prompt = resolve_prompt(args, model)
-    ref, sub = engines_from_options(args, _profile(args), model)
-    return Session(model, prompt, args.tokens, reference=ref, subject=sub, kv=args.kv, deep=args.deep,
-                   cache=cache_from_options(args))
+    model = load_model(config)
+    prompt = resolve_prompt(config, model)
+    ref, sub = engines_from_options(config, model)
+    return Session(model, prompt, config.tokens, reference=ref, subject=sub, kv=config.kv, deep=config.deep,
+                   cache=cache_from_options(config))
 
 
 def _engine_notes(engine) -> None:
@@ -176,9 +172,10 @@ def _cache_notes(session) -> None:
                           f" computes it")
 
 
-def _check_subject(args: argparse.Namespace, allowed: tuple[str, ...] = names(flag_subject=True)) -> None:
+def _check_subject(args: argparse.Namespace, config: RunConfig,
+                   allowed: tuple[str, ...] = names(flag_subject=True)) -> None:
     name = args.subject
-    if name is not None and _profile(args) is not None:
+    if name is not None and config.profile is not None:
         raise UsageError(f"--subject {name} and --profile {args.profile}: the profile names the subject; drop one")
     if name is not None and name not in allowed:
         raise UsageError(f"--subject {name!r}: choose {', '.join(allowed)} (cpu is the reference;"
@@ -209,12 +206,12 @@ def _set_toggle(settings, session, item: str):
     return settings.pick(t, value)
 
 
-def cmd_run(args: argparse.Namespace) -> int:
+def cmd_run(args: argparse.Namespace, config: RunConfig) -> int:
     from .session.session import SideFailed
 
-    _check_subject(args)
-    tol = parse_tolerance(args.tol) if getattr(args, "tol", None) is not None else None  # before the slow part
-    session = _session(args)
+    _check_subject(args, config)
+    tol = config.tolerance  # --tol, else the profile's
+    session = _session(config)
     settings = _settings(args, session)
     try:
         with console.status(f"reference + {session.subject} ({session.label(settings)})"):
@@ -341,19 +338,17 @@ def print_tolerance(summary) -> None:
         console.print(Text.assemble(("not all close", "bold red"), f": no far key, but {why}"))
 
 
-def cmd_bisect(args: argparse.Namespace) -> int:
+def cmd_bisect(args: argparse.Namespace, config: RunConfig) -> int:
     from .session.bisect import bisect
     from .session.session import SideFailed
     from .trace.compare import Tolerance
 
-    _check_subject(args)
-    far = getattr(args, "target", "ok") == "far"
-    if getattr(args, "tol_from_profile", False) and not far:
-        args.tol = None  # the profile's tolerance is for --target far
-    if getattr(args, "tol", None) is not None and not far:
+    _check_subject(args, config)
+    far = args.target == "far"
+    if args.tol is not None and not far:  # the profile's tolerance is only for --target far
         raise UsageError(f"--tol {args.tol!r}: a tolerance needs --target far (bisect --target ok wants all keys ok)")
-    tol = (parse_tolerance(args.tol) if args.tol is not None else Tolerance()) if far else None
-    session = _session(args)
+    tol = (config.tolerance or Tolerance()) if far else None
+    session = _session(config)
     if tol is not None:
         hash_only = [f"the {side} ({e.name})" for side, e in (("reference", session.reference_engine),
                                                                 ("subject", session.subject_engine)) if not e.caps.raw]
@@ -415,35 +410,36 @@ def _bisect_not_reached(session, last, tol) -> str:
     return f"still far ({tol.spec()}) with every op exact"
 
 
-def cmd_iso(args: argparse.Namespace) -> int:
+def cmd_iso(args: argparse.Namespace, config: RunConfig) -> int:
+    from .session.inputs import side_specs
     from .session.iso import iso
     from .session.session import Failure
     from .engines.base import EngineFailed
     from .engines.build import make_backend
 
-    if _profile(args) is not None:
-        _check_subject(args)
-        args.subject = _profile(args).subject.engine
-    args.subject = args.subject or "sim"
+    if config.profile is not None:
+        _check_subject(args, config)
+    name = config.profile.subject.engine if config.profile is not None else config.subject or "sim"
     iso_subjects = names(builtin=True, flag_subject=True)
-    if args.subject not in iso_subjects:
-        raise UsageError(f"--subject {args.subject!r}: iso runs batch-verify inside a built-in backend;"
+    if name not in iso_subjects:
+        raise UsageError(f"--subject {name!r}: iso runs batch-verify inside a built-in backend;"
                          f" choose {' or '.join(iso_subjects)}")
+    spec = side_specs(config)["subject"]
     if args.m < 1:
         raise UsageError(f"--m {args.m}: the batch-verify width must be at least 1")
-    model = load_model_args(args)
-    prompt = resolve_prompt(args, model, n_new=args.m, flag="--m")  # iso decodes M tokens, not --tokens
+    model = load_model(config)
+    prompt = resolve_prompt(config, model, n_new=args.m, flag="--m")  # iso decodes M tokens, not --tokens
     exact = parse_exact(args.exact)
-    opts = cuda_options(args, _profile(args)) if args.subject == "cuda" else None
-    if opts is None and getattr(args, "cuda_options", None):
-        raise UsageError(f"--cuda-options {args.cuda_options}: the iso subject is {args.subject}, not cuda;"
+    opts = config.cuda_for(spec) if spec.engine == "cuda" else None
+    if opts is None and config.cuda_flag:
+        raise UsageError(f"--cuda-options {config.cuda_flag}: the iso subject is {spec.engine}, not cuda;"
                          f" drop it, or run --subject cuda")
     try:
         with console.status(f"iso M={args.m}"):
-            cols = iso(lambda: make_backend(args.subject, model, kv=args.kv, exact=exact, cuda_options=opts), prompt,
+            cols = iso(lambda: make_backend(spec.engine, model, kv=config.kv, exact=exact, cuda_options=opts), prompt,
                        args.m)
     except EngineFailed as e:
-        return _engine_failed(args, Failure("subject", args.subject, str(e)))
+        return _engine_failed(args, Failure("subject", spec.engine, str(e)))
     if args.json:
         print(json.dumps([c.__dict__ for c in cols], indent=2))
     else:
@@ -452,18 +448,18 @@ def cmd_iso(args: argparse.Namespace) -> int:
                  c.first_diff_key or "-", f"{c.top1_single}/{c.top1_batch}"] for c in cols]
         columns = [("col", True), ("pos", True), ("token", True), ("ndiff", True), ("first logit", True),
                    ("max ULP", True), ("first DIFF key", True), ("top1 M=1/batch", False)]
-        console.print(whole_columns_table(f"batch-verify M={args.m} vs M=1 ({args.subject}, exact: {args.exact})",
+        console.print(whole_columns_table(f"batch-verify M={args.m} vs M=1 ({spec.engine}, exact: {args.exact})",
                                           columns, rows))
     return 0 if all(c.ndiff == 0 for c in cols) else 1
 
 
-def cmd_export(args: argparse.Namespace) -> int:
+def cmd_export(args: argparse.Namespace, config: RunConfig) -> int:
     from .model.gguf import write_gguf
 
     if not str(args.out).lower().endswith(".gguf"):
         raise UsageError(f"--out {args.out}: a GGUF file name ends in .gguf (so that --model takes it back)")
     out = check_new_path(args.out, "GGUF file")  # before the slow part; write_gguf checks again
-    model = load_model_args(args)
+    model = load_model(config)
     cfg = model.cfg
     with console.status(f"writing {out} ({model.fmt})"):
         notes = write_gguf(model, out)
@@ -474,15 +470,14 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_bench(args: argparse.Namespace) -> int:
+def cmd_bench(args: argparse.Namespace, config: RunConfig) -> int:
     from .bench import run_bench
 
-    return run_bench(args)
+    return run_bench(args, config)
 
 
-def cmd_tui(args: argparse.Namespace) -> int:
+def cmd_tui(args: argparse.Namespace, config: RunConfig) -> int:
     from .app.main import run_app
 
-    _check_subject(args, ("auto", *names(flag_subject=True)))
-
-    return run_app(args)
+    _check_subject(args, config, ("auto", *names(flag_subject=True)))
+    return run_app(config)

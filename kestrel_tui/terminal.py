@@ -5,14 +5,13 @@ Part of the command line: only those modules import it (tests/test_structure.py 
 """
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from .session.inputs import model_from_options
+from .session.inputs import RunConfig, model_from_options
 from .model.weights import Model
 
 # Output carries tags, paths and names from outside: never markup, never wrapped
@@ -21,28 +20,28 @@ console = Console(highlight=False, markup=False, soft_wrap=True)
 err_console = Console(stderr=True, highlight=False, markup=False, soft_wrap=True)
 
 
-def load_model_args(args: argparse.Namespace, progress=None) -> Model:
-    """The model the options name; a checkpoint shows a progress bar on a terminal (or calls `progress`),
+def load_model(config: RunConfig, progress=None) -> Model:
+    """The config's model; a checkpoint shows a progress bar on a terminal (or calls `progress`),
     and what the loader noted (a GGUF tokenizer left unused) goes to stderr as `note:` lines."""
-    model = _load_with_bar(args, progress)
+    model = _load_with_bar(config, progress)
     for note in model.notes:
         err_console.print(f"note: {note}")
     return model
 
 
-def _load_with_bar(args: argparse.Namespace, progress) -> Model:
-    if progress is not None or args.model is None or not err_console.is_terminal:
-        return model_from_options(args, progress)
+def _load_with_bar(config: RunConfig, progress) -> Model:
+    if progress is not None or config.model is None or not err_console.is_terminal:
+        return model_from_options(config, progress)
     from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
     with Progress(TextColumn("loading {task.fields[name]}"), BarColumn(), TaskProgressColumn(),
                   TextColumn("{task.fields[line]}"), TimeElapsedColumn(), console=err_console,
                   transient=True) as bar:
-        task = bar.add_task("load", total=None, name=Path(args.model).name, line="")
+        task = bar.add_task("load", total=None, name=Path(config.model).name, line="")
 
         def show(step) -> None:
             bar.update(task, total=step.bytes_total, completed=step.bytes_read, line=step.line())
-        return model_from_options(args, show)
+        return model_from_options(config, show)
 
 
 def whole_columns_table(title: str | None, columns: list[tuple[str, bool]], rows: list[list]) -> Table:

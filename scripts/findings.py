@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kestrel_tui.session.inputs import apply_profile, engines_from_options, model_from_options, resolve_prompt  # noqa: E402
+from kestrel_tui.session.inputs import engines_from_options, model_from_options, resolve_prompt, run_config  # noqa: E402
 from kestrel_tui.session.session import Session  # noqa: E402
 from kestrel_tui.trace.compare import Status, parse_tolerance  # noqa: E402
 
@@ -51,17 +51,15 @@ def main() -> None:
     ap.add_argument("--json", metavar="FILE")
     ap.add_argument("settings", nargs="+")
     cli = ap.parse_args()
-    args = argparse.Namespace(profile=cli.profile, model=cli.model, tokens=None, weights=cli.weights, kv=None, deep=None,
-                              prompt=None, prompt_ids=None, tol=None, subject=None)
-    profile = apply_profile(args)
-    model = model_from_options(args)
-    prompt = resolve_prompt(args, model)
-    ref, sub = engines_from_options(args, profile, model)
-    session = Session(model, prompt, args.tokens, reference=ref, subject=sub, kv=args.kv, deep=args.deep)
-    tol = parse_tolerance(args.tol or "nmse=1e-7")
+    config = run_config(profile=cli.profile, model=cli.model, weights=cli.weights)
+    model = model_from_options(config)
+    prompt = resolve_prompt(config, model)
+    ref, sub = engines_from_options(config, model)
+    session = Session(model, prompt, config.tokens, reference=ref, subject=sub, kv=config.kv, deep=config.deep)
+    tol = config.tolerance or parse_tolerance("nmse=1e-7")
     t0 = time.perf_counter()
     session.reference()
-    print(f"reference {ref.name}: {len(prompt)} + {args.tokens} positions in {time.perf_counter() - t0:.1f} s;"
+    print(f"reference {ref.name}: {len(prompt)} + {config.tokens} positions in {time.perf_counter() - t0:.1f} s;"
           f" tolerance {tol.spec()}")
     rows = []
     for spec in cli.settings:

@@ -523,7 +523,7 @@ def make_case(seeds: dict[str, Path], seed: int, index: int, work: Path) -> tupl
 def run_case(seeds: dict[str, Path], seed: int, index: int, work: Path) -> dict:
     import warnings
 
-    from kestrel_tui.session.inputs import model_from_options
+    from kestrel_tui.session.inputs import RunConfig, model_from_options
     from kestrel_tui.errors import UsageError
 
     case_dir = work / f"c{index}"
@@ -535,7 +535,7 @@ def run_case(seeds: dict[str, Path], seed: int, index: int, work: Path) -> dict:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
-                model = model_from_options(argparse.Namespace(model=str(path), weights=weights))
+                model = model_from_options(RunConfig(model=str(path), weights=weights))
                 out["outcome"] = "ok"
                 out["detail"] = f"{model.cfg.arch} {model.cfg.n_layers} layers"
             except UsageError as e:

@@ -6,7 +6,6 @@ same loader path the CLI uses.
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import errno
 import html
@@ -25,7 +24,8 @@ from kestrel_tui.app import export
 from kestrel_tui.app.export import new_export_dir, publish
 from kestrel_tui.app.screens.help import HelpScreen
 from kestrel_tui.app.screens.iso import IsoScreen
-from kestrel_tui.app.source import DiffSource, LiveSource, args_loader, loaded
+from kestrel_tui.app.source import DiffSource, LiveSource, config_loader, loaded
+from kestrel_tui.session.inputs import RunConfig, run_config
 from kestrel_tui.app.state import Cursor
 from kestrel_tui.app.widgets.grid import LABEL_W, STEP, cell_text
 from kestrel_tui.backends.toggles import TOGGLES
@@ -436,15 +436,13 @@ async def test_diff_grid_is_sized_by_the_positions_present(tmp_path, settle):
 # ---- errors ------------------------------------------------------------------
 
 
-def cli_args(**kw) -> argparse.Namespace:
-    base = dict(model=None, prompt_ids=None, prompt=None, tokens=N_TOKENS, weights="q4_0", kv="q8",
-                deep=False, subject="sim")
-    base.update(kw)
-    return argparse.Namespace(**base)
+def cli_config(**kw) -> RunConfig:
+    """The run's settings as the CLI builds them from its options (run_config)."""
+    return run_config(**{"tokens": N_TOKENS, "subject": "sim", **kw})
 
 
 async def test_unreadable_model_dir_shows_message_and_app_stays_usable(small_model, tmp_path, settle):
-    app = KestrelApp(LiveSource(args_loader(cli_args(model=str(tmp_path / "no-such-model")))),
+    app = KestrelApp(LiveSource(config_loader(cli_config(model=str(tmp_path / "no-such-model")))),
                      export_dir=tmp_path / "exports")
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot)
@@ -495,8 +493,8 @@ async def test_run_error_shows_message_and_app_stays_usable(small_model, tmp_pat
                                      (dict(tokens=100_000), "exceed the model's context"),
                                      (dict(tokens=0), "must be at least 1")])
 async def test_prompt_errors_are_not_called_model_errors(small_model, tmp_path, monkeypatch, kw, why, settle):
-    monkeypatch.setattr(inputs, "model_from_options", lambda args, progress=None: small_model)  # loads fine
-    app = KestrelApp(LiveSource(args_loader(cli_args(**kw))), export_dir=tmp_path / "exports")
+    monkeypatch.setattr(inputs, "model_from_options", lambda config, progress=None: small_model)  # loads fine
+    app = KestrelApp(LiveSource(config_loader(cli_config(**kw))), export_dir=tmp_path / "exports")
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot)
         main = app.main

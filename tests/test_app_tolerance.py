@@ -139,20 +139,15 @@ async def test_tolerance_in_palette_and_help(small_model, tmp_path, make_app, se
 async def test_a_profiles_tolerance_is_on_when_the_app_opens(tmp_path, settle):
     """The profile's `tolerance` is what the app judges with from its first run (as --tol is for `run`),
     and it joins the T cycle right after off."""
-    import argparse
-
     from kestrel_tui.app.app import KestrelApp
-    from kestrel_tui.app.source import LiveSource, args_loader
-    from kestrel_tui.session.inputs import apply_profile
+    from kestrel_tui.app.source import LiveSource, config_loader
+    from kestrel_tui.session.inputs import run_config
 
     prof = tmp_path / "p.toml"
     prof.write_text('tolerance = "nmse=1e-5,ulp=64"\ntokens = 2\nprompt_ids = [1, 2]\n'
                     '[reference]\nengine = "cpu"\n[subject]\nengine = "sim"\n')
-    args = argparse.Namespace(profile=str(prof), model=None, prompt_ids=None, prompt=None, tokens=None,
-                              weights=None, kv=None, deep=None, reference="numpy", cuda_options=None,
-                              no_cache=True, subject=None)
-    args.loaded_profile = apply_profile(args)
-    app = KestrelApp(LiveSource(args_loader(args)), export_dir=tmp_path / "exports")
+    config = run_config(profile=str(prof), cpu_impl="numpy", no_cache=True)
+    app = KestrelApp(LiveSource(config_loader(config)), export_dir=tmp_path / "exports")
     want = Tolerance(nmse=1e-5, ulp=64)
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot)

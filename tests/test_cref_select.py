@@ -32,7 +32,7 @@ def test_fallback_is_numpy_and_says_so(small_model, not_built):
     assert eng.impl == "numpy" and isinstance(eng.backend({}), NumpyBackend)
     (note,) = eng.notes
     assert note.startswith("the reference runs on numpy: the compiled reference is not built")
-    with pytest.raises(UsageError, match="--reference compiled: the compiled reference is not built"):
+    with pytest.raises(UsageError, match="--cpu-impl compiled: the compiled reference is not built"):
         make_engine("cpu", small_model, impl="compiled")
 
 
@@ -45,8 +45,8 @@ def test_session_hashes_equal_across_implementations(small_model, cref):
     assert traces["compiled"].generated == traces["numpy"].generated
 
 
-def test_cli_reference_flag(capsys, tmp_path, cref, monkeypatch):
-    """--reference picks the implementation that runs (counted), and the dumps agree."""
+def test_cli_cpu_impl_flag(capsys, tmp_path, cref, monkeypatch):
+    """--cpu-impl picks the implementation that runs (counted), and the dumps agree."""
     calls = {"compiled": 0}
     step = CompiledBackend.step
 
@@ -59,7 +59,7 @@ def test_cli_reference_flag(capsys, tmp_path, cref, monkeypatch):
     for impl in ("compiled", "numpy"):
         before = calls["compiled"]
         out = tmp_path / f"{impl}.txt"
-        code, _, err = run(capsys, "dump", "--reference", impl, "--prompt-ids", "1,2,3", "--tokens", "2",
+        code, _, err = run(capsys, "dump", "--cpu-impl", impl, "--prompt-ids", "1,2,3", "--tokens", "2",
                            "--out", out, "--no-cache")
         assert code == 0, err
         dumps[impl], steps[impl] = out.read_text(), calls["compiled"] - before
@@ -70,5 +70,5 @@ def test_cli_reference_flag(capsys, tmp_path, cref, monkeypatch):
 def test_cli_fallback_note_and_refusal(capsys, not_built):
     code, out, err = run(capsys, "generate", "--prompt-ids", "1,2", "--tokens", "2", "--no-cache")
     assert code == 0 and "note: the reference runs on numpy" in err, err
-    code, out, err = run(capsys, "generate", "--reference", "compiled", "--prompt-ids", "1,2", "--tokens", "2")
-    assert code == 2 and err.count("\n") == 1 and "--reference compiled" in err, err
+    code, out, err = run(capsys, "generate", "--cpu-impl", "compiled", "--prompt-ids", "1,2", "--tokens", "2")
+    assert code == 2 and err.count("\n") == 1 and "--cpu-impl compiled" in err, err

@@ -10,15 +10,15 @@ from pathlib import Path
 import pytest
 
 from kestrel_tui import commands
-from kestrel_tui.backends.select import BACKENDS
 from kestrel_tui.cli import build_parser
 from kestrel_tui.engines import child, llamacpp
 from kestrel_tui.engines.base import EngineSpec
-from kestrel_tui.engines.build import make_engine
+from kestrel_tui.engines.build import BACKENDS, make_engine
 from kestrel_tui.engines.builtin import BuiltinEngine
 from kestrel_tui.engines.profile import ProfileError, load_profile
 from kestrel_tui.engines.registry import BUILTIN, ENGINE_TABLE, ENGINES, names
 from kestrel_tui.errors import UsageError
+from kestrel_tui.session.inputs import RunConfig
 
 from clitools import one_line_error, run_cli as run
 
@@ -29,7 +29,7 @@ FLAG_SUBJECTS = names(flag_subject=True)
 def test_the_table_in_its_order():
     # every message and doc lists the engines in this order
     assert ENGINES == ("cpu", "sim", "cuda", "hf", "process", "llama.cpp")
-    assert BUILTIN == BACKENDS  # the built-ins are exactly the backends that backends/select.py builds
+    assert BUILTIN == BACKENDS  # the built-ins are exactly the backends that decoders.make_backend builds
     # the refusal of options says "its toggles are the op families": true of built-ins only
     assert set(names(options=False)) <= set(BUILTIN)
     assert set(names(bench=True)) <= set(BUILTIN)
@@ -115,15 +115,15 @@ def test_the_subject_checks_agree_with_the_table(monkeypatch, name):
     from kestrel_tui.app import main as app_main
 
     assert commands._check_subject.__defaults__ == (FLAG_SUBJECTS,)
-    monkeypatch.setattr(app_main, "run_app", lambda args: 0)
+    monkeypatch.setattr(app_main, "run_app", lambda config: 0)
     for check, allowed in ((commands._check_subject, FLAG_SUBJECTS), (commands.cmd_tui, ("auto", *FLAG_SUBJECTS))):
         args = argparse.Namespace(subject=name)
         if name in allowed:
-            check(args)
+            check(args, RunConfig())
         else:
             with pytest.raises(UsageError, match=rf"^--subject '{re.escape(name)}': choose"
                                                  rf" {re.escape(', '.join(allowed))} \(cpu is the reference;"):
-                check(args)
+                check(args, RunConfig())
 
 
 @pytest.mark.parametrize("name", [n for n in ENGINES if n not in names(builtin=True, flag_subject=True)])

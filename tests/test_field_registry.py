@@ -4,7 +4,6 @@ order too), the cuda arena, and the hf and llama.cpp engines' key maps, both way
 name no field the registry lacks and miss none it has)."""
 from __future__ import annotations
 
-import ast
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -101,35 +100,7 @@ def test_cuda_layout_holds_each_key_at_the_registry_shape(name):
             assert (r.dtype, r.shape, r.col_bytes) == (dt, shape, int(np.prod(shape)) * dt.itemsize), key
 
 
-def _table(path: Path, name: str) -> dict:
-    """A module-level literal table, read from the source (no torch needed to check it)."""
-    for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == name for t in node.targets):
-            return ast.literal_eval(node.value)
-    raise AssertionError(f"{path.name} has no {name}")
-
-
-def _both_ways(engine: str, made: set[str]) -> None:
-    assert not made - NAMES, f"{engine} names fields the registry lacks: {sorted(made - NAMES)}"
-    assert not NAMES - made, f"{engine} makes no key of the registry's {sorted(NAMES - made)}"
-
-
-def test_hf_key_map_is_the_registry():
-    path = ROOT / "kestrel_tui" / "engines" / "hf_hooks.py"
-    captured, made = _table(path, "CAPTURED"), _table(path, "KV_MADE")
-    assert not set(captured) & set(made)
-    assert set(made.values()) <= set(captured)
-    _both_ways("hf", set(captured) | set(made))
-
-
-def test_llamacpp_key_map_is_the_registry():
-    from kestrel_tui.engines import llamacpp as lc
-
-    by_op = {lc._field(base, op) for base in ("Kcur", "Vcur", "Qcur") for op in ("MUL_MAT", "RESHAPE", "ROPE")}
-    from_graph = (set(lc.NODES.values()) | by_op) - {None}
-    assert from_graph == set(lc._CAPTURED)
-    assert set(lc.KV_MADE.values()) <= from_graph and not set(lc.KV_MADE) & from_graph
-    _both_ways("llama.cpp", {"emb", "logits"} | from_graph | set(lc.KV_MADE))
+# The engines' key maps against the registry, both ways: tests/test_structure.py (e).
 
 
 @pytest.mark.parametrize("name", ["moe", "mixed"])

@@ -6,6 +6,7 @@ import pytest
 from kestrel_tui.engines.base import EngineSpec, Toggle
 from kestrel_tui.engines.profile import ProfileError, _scan, load_profile, located
 from kestrel_tui.errors import UsageError
+from kestrel_tui.trace.compare import Tolerance
 
 PROFILES = Path(__file__).resolve().parent.parent / "profiles"
 
@@ -71,7 +72,7 @@ def test_example_cpu_vs_cuda_needs_no_model():
 
 def test_example_cpu_vs_hf(tmp_path):
     p = load_profile(PROFILES / "cpu-vs-hf.toml", model_override=str(tmp_path))
-    assert (p.weights, p.kv, p.tolerance) == ("f32", "f32", "nmse=1e-7")
+    assert (p.weights, p.kv, p.tolerance) == ("f32", "f32", Tolerance(nmse=1e-7))
     attn, dtype, prefill = p.subject.toggles
     assert attn == Toggle("attn", ("eager", "sdpa"), "eager", ("attn",), attn.help, "attn_implementation")
     assert attn.default == "eager" and attn.binary

@@ -3,7 +3,6 @@
 screen, in q4_0 and f32; with f32 weights and KV the greedy tokens are transformers' own."""
 from __future__ import annotations
 
-import argparse
 
 import pytest
 
@@ -11,7 +10,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from kestrel_tui.app.app import KestrelApp  # noqa: E402
-from kestrel_tui.app.source import LiveSource, args_loader  # noqa: E402
+from kestrel_tui.app.source import LiveSource, config_loader  # noqa: E402
+from kestrel_tui.session.inputs import run_config  # noqa: E402
 
 from clitools import run_cli as run  # noqa: E402
 
@@ -63,9 +63,9 @@ def test_headless_commands(qwen3_06b_dir, tmp_path, capsys, weights):
 @pytest.mark.anyio
 @pytest.mark.parametrize("weights", ["q4_0", "f32"])
 async def test_app_first_screen(qwen3_06b_dir, tmp_path, weights):
-    args = argparse.Namespace(model=str(qwen3_06b_dir), prompt_ids=",".join(map(str, PROMPT)), prompt=None,
-                              tokens=N_TOKENS, weights=weights, kv="q8", deep=False, subject="sim")
-    app = KestrelApp(LiveSource(args_loader(args)), export_dir=tmp_path / "exports")
+    config = run_config(model=str(qwen3_06b_dir), prompt_ids=",".join(map(str, PROMPT)), tokens=N_TOKENS,
+                        weights=weights, subject="sim")
+    app = KestrelApp(LiveSource(config_loader(config)), export_dir=tmp_path / "exports")
     async with app.run_test(size=(120, 40)) as pilot:
         main_screen = app.main
         for _ in range(600):

@@ -23,7 +23,12 @@ Checked:
     kestrel_tui/__main__.py, were there one): the library, the app and the engines never import the
     command line;
 (c) no module of the engines (engines/) imports the session layer (session/), lazily or not: what an
-    engine returns lives below both (trace/run.py), and the session imports the engines.
+    engine returns lives below both (trace/run.py), and the session imports the engines;
+(d) every import runs down the layers of docs/architecture.md (LAYERS), never up: the compiled
+    reference imports the backends' interface, and the backends never import it; and nothing below
+    cli.py, commands.py and bench.py imports argparse: the rest takes session/inputs.RunConfig;
+(e) the engines' key maps (hf's CAPTURED / KV_MADE, llama.cpp's NODES / _CAPTURED / KV_MADE) name
+    exactly the field registry's fields (trace/fields.py), both ways.
 """
 from __future__ import annotations
 
@@ -37,6 +42,20 @@ ROOT = Path(__file__).resolve().parents[1] / PKG
 CLI = {f"{PKG}.cli", f"{PKG}.commands", f"{PKG}.bench", f"{PKG}.terminal"}
 CLI_IMPORTERS = CLI | {f"{PKG}.__main__"}  # who may import a CLI module
 ENGINES, SESSION = f"{PKG}.engines", f"{PKG}.session"
+ARGPARSE_OK = {f"{PKG}.cli", f"{PKG}.commands", f"{PKG}.bench"}  # the command line proper
+# From the top down; a module may import its own layer and any below it. The package's own
+# __init__ and the foundations are the bottom.
+LAYERS = (
+    ("CLI", ("cli", "commands", "bench", "terminal")),
+    ("app", ("app", "perf")),
+    ("session", ("session",)),
+    ("engines", ("engines",)),
+    ("compiled reference", ("cref",)),
+    ("backends", ("backends",)),
+    ("numerics", ("numerics",)),
+    ("model, trace", ("model", "trace")),
+    ("foundations", ("", "errors", "files", "readers", "text", "procs")),
+)
 
 
 def _modules() -> dict[str, Path]:
@@ -250,3 +269,94 @@ def test_engines_import_nothing_of_the_session_layer():
     bad = session_imports(import_graph())
     assert not bad, ("the engines (engines/) may not import the session layer (session/); what they return"
                      " lives in trace/run.py:\n" + "\n".join(bad))
+
+
+def layer_of(module: str) -> int:
+    top = module.split(".")[1] if "." in module else ""
+    for rank, (_, tops) in enumerate(LAYERS):
+        if top in tops:
+            return rank
+    raise AssertionError(f"{module}: in no layer of LAYERS; give its folder one (docs/architecture.md)")
+
+
+def upward_imports(graph: dict[str, dict[str, int]]) -> list[str]:
+    """Every import of a module in a higher layer, as `file:line imports module (layer a -> layer b)`."""
+    return sorted(f"{_where(graph, a, b)} imports {b} ({LAYERS[layer_of(a)][0]} -> {LAYERS[layer_of(b)][0]})"
+                  for a, edges in graph.items() for b in edges if layer_of(b) < layer_of(a))
+
+
+def argparse_imports() -> list[str]:
+    out = []
+    for name, path in MODULES.items():
+        if name in ARGPARSE_OK:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            if any(n == "argparse" or n.startswith("argparse.") for n in names):
+                out.append(f"{path.relative_to(ROOT.parent)}:{node.lineno}")
+    return sorted(out)
+
+
+def test_the_layer_checks_can_fail():
+    assert upward_imports({f"{PKG}.backends.base": {f"{PKG}.cref.backend": 24},
+                           f"{PKG}.cref.backend": {f"{PKG}.backends.base": 16}}) == \
+        [f"{PKG}/backends/base.py:24 imports {PKG}.cref.backend (backends -> compiled reference)"]
+    assert layer_of(f"{PKG}.engines.hf") < layer_of(f"{PKG}.backends.base") < layer_of(f"{PKG}.errors")
+    with pytest.raises(AssertionError, match="in no layer"):
+        layer_of(f"{PKG}.newfolder.x")
+
+
+def test_every_import_runs_down_the_layers():
+    bad = upward_imports(import_graph())
+    assert not bad, "imports that run up the layers (tests/test_structure.py LAYERS):\n" + "\n".join(bad)
+
+
+def test_nothing_below_the_command_line_sees_argparse():
+    bad = argparse_imports()
+    assert not bad, ("argparse belongs to cli.py, commands.py and bench.py; below them the options are a"
+                     " RunConfig (session/inputs.py):\n" + "\n".join(bad))
+
+
+# ---- (e) the engines' key maps are the field registry ----------------------------------------
+
+def _table(path: Path, name: str) -> dict:
+    """A module-level literal table, read from the source (no torch needed to check it)."""
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == name for t in node.targets):
+            return ast.literal_eval(node.value)
+    raise AssertionError(f"{path.name} has no {name}")
+
+
+def _both_ways(engine: str, made: set[str]) -> None:
+    from kestrel_tui.trace.fields import NAMES
+
+    assert not made - set(NAMES), f"{engine} names fields the registry lacks: {sorted(made - set(NAMES))}"
+    assert not set(NAMES) - made, f"{engine} makes no key of the registry's {sorted(set(NAMES) - made)}"
+
+
+def test_the_key_map_check_can_fail():
+    from kestrel_tui.trace.fields import NAMES
+
+    with pytest.raises(AssertionError, match="lacks"):
+        _both_ways("x", set(NAMES) | {"no_such_field"})
+    with pytest.raises(AssertionError, match="makes no key"):
+        _both_ways("x", set(NAMES) - {"logits"})
+
+
+def test_hf_key_map_is_the_registry():
+    path = ROOT / "engines" / "hf_hooks.py"
+    captured, made = _table(path, "CAPTURED"), _table(path, "KV_MADE")
+    assert not set(captured) & set(made)
+    assert set(made.values()) <= set(captured)
+    _both_ways("hf", set(captured) | set(made))
+
+
+def test_llamacpp_key_map_is_the_registry():
+    from kestrel_tui.engines import llamacpp as lc
+
+    by_op = {lc._field(base, op) for base in ("Kcur", "Vcur", "Qcur") for op in ("MUL_MAT", "RESHAPE", "ROPE")}
+    from_graph = (set(lc.NODES.values()) | by_op) - {None}
+    assert from_graph == set(lc._CAPTURED)
+    assert set(lc.KV_MADE.values()) <= from_graph and not set(lc.KV_MADE) & from_graph
+    _both_ways("llama.cpp", {"emb", "logits"} | from_graph | set(lc.KV_MADE))

@@ -1,17 +1,17 @@
 """Entry points the CLI calls: `kestrel-tui [tui]` and `kestrel-tui diff A B --tui`."""
 from __future__ import annotations
 
-import argparse
 from collections.abc import Mapping
 
-from .source import DiffSource, LiveSource, args_loader
+from ..session.inputs import RunConfig
+from .source import DiffSource, LiveSource, config_loader
 
 
-def run_app(args: argparse.Namespace) -> int:
+def run_app(config: RunConfig) -> int:
     """The debugger on a model (loaded inside the app, so a bad model dir is a message, not a crash)."""
     from .app import KestrelApp
 
-    return _run(KestrelApp(LiveSource(args_loader(args)), signals=True))
+    return _run(KestrelApp(LiveSource(config_loader(config)), signals=True))
 
 
 def run_diff_app(path_a: str, path_b: str, dump_a: Mapping[str, int], dump_b: Mapping[str, int]) -> int:

@@ -7,14 +7,14 @@ it starts.
 """
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from ..session.inputs import RunConfig
 from ..session.session import Session
 from ..errors import UsageError
 from ..model.progress import Progress
-from ..trace.compare import Tolerance, parse_tolerance
+from ..trace.compare import Tolerance
 
 
 @dataclass
@@ -88,31 +88,27 @@ def pick_subject(requested: str, model) -> tuple[str, str | None, str]:
     return "cuda", None, device_of("cuda", backend)
 
 
-def args_loader(args: argparse.Namespace) -> Loader:
-    """The CLI's options (a --profile already applied by the CLI) -> a loader the app runs in a worker."""
+def config_loader(config: RunConfig) -> Loader:
+    """The run's settings (session/inputs.py, made by the CLI) -> a loader the app runs in a worker.
+    The app opens judging with the config's tolerance (a profile's)."""
     def load(progress: Progress) -> Loaded:
-        from ..session.inputs import DEFAULTS, cache_from_options, engines_from_options, model_from_options, \
-            resolve_prompt
+        from ..session.inputs import cache_from_options, engines_from_options, model_from_options, resolve_prompt
 
-        for name, value in DEFAULTS.items():  # a Namespace made by hand (tests) may leave them unset
-            if getattr(args, name, None) is None:
-                setattr(args, name, value)
-        profile = getattr(args, "loaded_profile", None)
-        model = model_from_options(args, progress)
+        model = model_from_options(config, progress)
         try:
-            prompt = resolve_prompt(args, model)
+            prompt = resolve_prompt(config, model)
         except UsageError as e:
             raise PromptError(str(e)) from e
         note = None
-        if profile is None and (getattr(args, "subject", None) or "auto") in ("auto", "sim", "cuda"):
-            subject, note, device = pick_subject(getattr(args, "subject", None) or "auto", model)
+        requested = config.subject or "auto"
+        if config.profile is None and requested in ("auto", "sim", "cuda"):
+            subject, note, device = pick_subject(requested, model)
         else:
             subject, device = None, None
-        ref, sub = engines_from_options(args, profile, model, subject=subject)
-        session = Session(model, prompt, args.tokens, reference=ref, subject=sub, kv=args.kv, deep=args.deep,
-                          cache=cache_from_options(args))
-        tol = parse_tolerance(profile.tolerance) if profile is not None and profile.tolerance else None
-        return Loaded(session, model_label(session), device or device_of(sub.name, sub), note, tol)
+        ref, sub = engines_from_options(config, model, subject=subject)
+        session = Session(model, prompt, config.tokens, reference=ref, subject=sub, kv=config.kv, deep=config.deep,
+                          cache=cache_from_options(config))
+        return Loaded(session, model_label(session), device or device_of(sub.name, sub), note, config.tolerance)
     return load
 
 

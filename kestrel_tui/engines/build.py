@@ -1,16 +1,17 @@
-"""Engines by name: make_engine builds one through the engine table (registry.py)."""
+"""Engines by name: `make_engine` builds one through the engine table (registry.py)."""
 from __future__ import annotations
 
-from ..backends.select import BACKENDS, REFERENCE_IMPLS, make_backend, reference_impl  # noqa: F401 (re-exported)
 from ..errors import UsageError
 from ..model.weights import Model
+from .decoders import BACKENDS, CPU_IMPLS, cpu_impl, make_backend  # noqa: F401 (re-exported)
 from .registry import ENGINE_TABLE, ENGINES  # noqa: F401 (ENGINES re-exported)
 
 
-def make_engine(spec, model: Model | None, kv: str = "q8", deep: bool = False, impl: str = "auto"):
+def make_engine(spec, model: Model | None, kv: str = "q8", deep: bool = False, impl: str = "auto", cuda=None):
     """An EngineSpec -> an Engine. ``model`` is the loaded model of spec.model (the built-ins decode it;
     hf and process read their own files and use it only for its shape). ``impl``: the cpu engine's
-    implementation of the contract (reference_impl)."""
+    implementation of the contract (cpu_impl); ``cuda``: a cuda engine's CudaOptions (None: from the
+    environment and the spec's options)."""
     from .base import EngineSpec
 
     spec = spec if isinstance(spec, EngineSpec) else EngineSpec(str(spec))
@@ -20,4 +21,4 @@ def make_engine(spec, model: Model | None, kv: str = "q8", deep: bool = False, i
     if spec.options and not entry.options:
         raise UsageError(f"engine {spec.engine}: takes no options (got {', '.join(map(str, spec.options))});"
                          f" its toggles are the op families")
-    return entry.factory(spec, model, kv=kv, deep=deep, impl=impl)
+    return entry.factory(spec, model, kv=kv, deep=deep, impl=impl, cuda=cuda)

@@ -14,7 +14,7 @@ from typing import Callable
 import numpy as np
 
 from ..backends.base import Backend
-from ..backends.select import make_backend, reference_impl
+from .decoders import cpu_impl, make_backend
 from ..backends.toggles import OWNERS, TOGGLES, describe
 from ..model.weights import Model
 from ..trace.rawstore import RawStore
@@ -39,7 +39,7 @@ class BuiltinEngine(Engine):
         self.cuda_options = cuda_options  # a cuda subject's runtime switches (backends/cuda/options.py)
         self.toggles = () if kind == "cpu" else OP_TOGGLES  # cpu is all exact by definition
         # the cpu reference's implementation (the same bits either way); a fallback is said once
-        self.impl, why = reference_impl(impl) if kind == "cpu" else ("numpy", None)
+        self.impl, why = cpu_impl(impl) if kind == "cpu" else ("numpy", None)
         self.notes: tuple[str, ...] = (why,) if why else ()
 
     def exact_ops(self, values: Mapping[str, str]) -> frozenset[str]:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from ..errors import UsageError
 from ..readers import parse_toml, read_regular
+from ..trace.compare import Tolerance
 from .base import EngineSpec, Toggle
 from .registry import ENGINE_TABLE, ENGINES, names as engine_names
 
@@ -58,7 +59,7 @@ class Profile:
     tokens: int | None = None
     prompt_ids: list[int] | None = None
     prompt: str | None = None
-    tolerance: str | None = None        # a parse_tolerance spec, already checked
+    tolerance: Tolerance | None = None  # trace/compare.py; None: not set here
     deep: bool | None = None
     description: str | None = None
     lines: Mapping[Address, int] = field(default_factory=dict, repr=False, compare=False)  # where each key sits
@@ -217,8 +218,7 @@ class _Checker:
         prompt_ids = self.prompt_ids(doc)
         if prompt_ids is not None and s["prompt"] is not None:
             self.fail(("prompt",), "given with prompt_ids", "keep one of prompt and prompt_ids")
-        if s["tolerance"] is not None:
-            self.tolerance(s["tolerance"])
+        tolerance = self.tolerance(s["tolerance"]) if s["tolerance"] is not None else None
 
         if model_override is not None:
             o = Path(os.path.expanduser(str(model_override)))
@@ -236,7 +236,7 @@ class _Checker:
             self.owns(toggles, subject)
             subject = EngineSpec(subject.engine, subject.model, subject.options, toggles)
         return Profile(self.path, reference, subject,
-                       model, s["weights"], s["kv"], tokens, prompt_ids, s["prompt"], s["tolerance"], deep,
+                       model, s["weights"], s["kv"], tokens, prompt_ids, s["prompt"], tolerance, deep,
                        s["description"], self.lines)
 
     def prompt_ids(self, doc: dict) -> list[int] | None:
@@ -252,11 +252,11 @@ class _Checker:
                           "write e.g. prompt_ids = [1, 2, 3]")
         return list(v)
 
-    def tolerance(self, spec: str) -> None:
+    def tolerance(self, spec: str) -> Tolerance:
         from ..trace.compare import parse_tolerance
 
         try:
-            parse_tolerance(spec)
+            return parse_tolerance(spec)
         except UsageError as e:
             msg = str(e)
             prefix = f"--tol {spec!r}: "  # parse_tolerance speaks to the command line

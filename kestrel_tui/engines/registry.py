@@ -14,7 +14,7 @@ from dataclasses import dataclass, fields
 
 from ..errors import UsageError
 
-# (spec, model, kv=, deep=, impl=) -> Engine; make_engine has already refused a name the table
+# (spec, model, kv=, deep=, impl=, cuda=) -> Engine; make_engine has already refused a name the table
 # lacks and options given to an engine that takes none
 Factory = Callable[..., object]
 
@@ -23,7 +23,7 @@ Factory = Callable[..., object]
 class EngineEntry:
     name: str
     factory: Factory
-    builtin: bool = False         # a backend of backends/select.py: its toggles are the op families (so a
+    builtin: bool = False         # a backend of decoders.make_backend: its toggles are the op families (so a
                                   # profile gives it no [[toggle]]) and it decodes the reference's model
     options: bool = True          # takes [side.options] (cpu and sim have nothing to switch but op families)
     flag_subject: bool = False    # --subject NAME without a profile: the engine needs nothing a flag cannot give
@@ -31,36 +31,37 @@ class EngineEntry:
     bench: bool = False           # `kestrel-tui bench --subject NAME` has speed figures for it
 
 
-def _builtin(spec, model, kv, deep, impl, cuda_options=None):
+def _builtin(spec, model, kv, deep, impl, cuda=None):
     from .builtin import BuiltinEngine
 
-    return BuiltinEngine(spec.engine, model, kv=kv, deep=deep, impl=impl, cuda_options=cuda_options)
+    return BuiltinEngine(spec.engine, model, kv=kv, deep=deep, impl=impl, cuda_options=cuda)
 
 
-def _cuda(spec, model, kv, deep, impl):
+def _cuda(spec, model, kv, deep, impl, cuda=None):
     from ..backends.cuda.options import CudaOptions
     from ..model.config import cuda_unsupported
 
-    options = CudaOptions.from_env().set(dict(spec.options))  # its runtime switches (backends/cuda/options.py)
+    if cuda is None:  # built without a run's config (session/inputs.py RunConfig.cuda_for): the spec's own
+        cuda = CudaOptions.from_env().set(dict(spec.options))
     problem = cuda_unsupported(model.cfg)
     if problem:  # refused when the engine is built, before any device work
         raise UsageError(f"cuda subject: {problem}; the sim subject is the fallback (--subject sim)")
-    return _builtin(spec, model, kv, deep, impl, cuda_options=options)
+    return _builtin(spec, model, kv, deep, impl, cuda=cuda)
 
 
-def _hf(spec, model, kv, deep, impl):
+def _hf(spec, model, kv, deep, impl, cuda=None):
     from .hf import make_hf_engine
 
     return make_hf_engine(spec, model, kv=kv, deep=deep)
 
 
-def _process(spec, model, kv, deep, impl):
+def _process(spec, model, kv, deep, impl, cuda=None):
     from .process import make_process_engine
 
     return make_process_engine(spec, model, kv=kv, deep=deep)
 
 
-def _llamacpp(spec, model, kv, deep, impl):
+def _llamacpp(spec, model, kv, deep, impl, cuda=None):
     from dataclasses import replace
 
     from .child import Job, OutOfProcess

@@ -1,20 +1,114 @@
-"""What a run starts from, as the command-line options name it: the model and the prompt.
+"""What a run starts from: one frozen `RunConfig`, built once by the command line from its options
+and the profile, and read by everything below it (the commands, the app's loader, the benchmarks).
 
-The CLI, the app's loader and the benchmarks share these; they live below the
-CLI so that nothing imports from it.
+The command line's own names survive here only in messages, so that an error blames what the user
+typed (`--tokens 999`, or the profile's FILE:LINE when the profile set it). Nothing here knows
+argparse: `run_config` takes plain values.
 """
 from __future__ import annotations
 
-import argparse
 import os
-from dataclasses import replace
+from dataclasses import dataclass
 
+from ..engines.base import EngineSpec
+from ..engines.decoders import CPU_IMPLS
 from ..engines.registry import BUILTIN
 from ..errors import UsageError
 from ..model.progress import Progress
 from ..model.weights import Model
+from ..trace.compare import Tolerance
 
 DEFAULT_PROMPT_LEN = 16
+# What an option left unset means (a profile may set it instead).
+DEFAULTS = {"tokens": 16, "weights": "q4_0", "kv": "q8", "deep": False}
+
+@dataclass(frozen=True)
+class RunConfig:
+    """The run's settings, the command line over the profile over the defaults."""
+    model: str | None = None                # an HF directory or a .gguf file; None: the embedded default
+    weights: str = DEFAULTS["weights"]
+    kv: str = DEFAULTS["kv"]
+    deep: bool = DEFAULTS["deep"]
+    tokens: int = DEFAULTS["tokens"]
+    prompt_ids: tuple[int, ...] | None = None  # checked against the vocabulary once the model is loaded
+    prompt: str | None = None               # text for the model's tokenizer; neither: default_prompt
+    cpu_impl: str = "auto"                  # CPU_IMPLS
+    cuda_flag: str | None = None            # --cuda-options, over a cuda side's own options (cuda_for)
+    tolerance: Tolerance | None = None      # --tol, else the profile's; None: plain ok/DIFF
+    tolerance_from_profile: bool = False    # bisect judges with it only when asked to target "no far key"
+    subject: str | None = None              # --subject without a profile (None: the command's default)
+    cache: bool = True                      # the reference cache (session/refcache.py); --no-cache: False
+    profile: object | None = None           # engines/profile.Profile
+    from_profile: frozenset[str] = frozenset()  # the settings the profile gave, for messages
+
+    def origin(self, name: str, flag: str) -> str:
+        """Where a setting came from, as the user wrote it: the profile's FILE:LINE or the flag."""
+        if self.profile is None or name not in self.from_profile:
+            return flag
+        line = self.profile.line_of(name)
+        return f"{self.profile.path}:{line}: {name}" if line is not None else f"{self.profile.path}: {name}"
+
+    def cuda_for(self, spec: EngineSpec):
+        """A cuda side's runtime switches: the environment's defaults, the side's own options, then
+        --cuda-options (backends/cuda/options.py). The one place a run's CudaOptions is made."""
+        from ..backends.cuda.options import CudaOptions
+
+        return CudaOptions.from_env().set(dict(spec.options)).parse(self.cuda_flag)
+
+
+def run_config(*, profile: str | None = None, model: str | None = None, weights: str | None = None,
+               kv: str | None = None, deep: bool | None = None, tokens: int | None = None,
+               prompt_ids: str | None = None, prompt: str | None = None, cpu_impl: str | None = None,
+               cuda_options: str | None = None, tol: str | None = None, no_cache: bool = False,
+               subject: str | None = None) -> RunConfig:
+    """The command line's options (None: not given) over ``profile``'s settings over DEFAULTS.
+
+    Everything that needs no model is checked here, before anything slow: a bad profile, a prompt
+    that is not integers, a misspelt cuda switch or tolerance is one line.
+    """
+    from ..trace.compare import parse_tolerance
+
+    given = {"model": model, "weights": weights, "kv": kv, "deep": deep, "tokens": tokens,
+             "prompt_ids": _parse_ids(prompt_ids) if prompt_ids else None, "prompt": prompt}
+    tolerance = parse_tolerance(tol) if tol is not None else None
+    loaded, taken = None, set()
+    if profile:
+        from ..engines.profile import load_profile
+
+        loaded = load_profile(profile, model_override=model)
+        given["model"] = loaded.reference.model or loaded.subject.model or loaded.model
+        for name in ("tokens", "weights", "kv", "deep"):
+            if given[name] is None and getattr(loaded, name) is not None:
+                given[name] = getattr(loaded, name)
+                taken.add(name)
+        if given["prompt_ids"] is None and given["prompt"] is None:
+            for name in ("prompt_ids", "prompt"):
+                if getattr(loaded, name) is not None:
+                    given[name] = getattr(loaded, name)
+                    taken.add(name)
+                    break
+    values = {name: DEFAULTS[name] if given[name] is None and name in DEFAULTS else given[name] for name in given}
+    if values["prompt_ids"] is not None:
+        values["prompt_ids"] = tuple(values["prompt_ids"])
+    impl = cpu_impl or "auto"
+    if impl not in CPU_IMPLS:
+        raise UsageError(f"--cpu-impl {impl}: choose from {', '.join(CPU_IMPLS)}")
+    config = RunConfig(**values, cpu_impl=impl, cuda_flag=cuda_options or None,
+                       tolerance=tolerance if tolerance is not None else getattr(loaded, "tolerance", None),
+                       tolerance_from_profile=tolerance is None and getattr(loaded, "tolerance", None) is not None,
+                       subject=subject, cache=not no_cache, profile=loaded, from_profile=frozenset(taken))
+    if cuda_options:
+        config.cuda_for(EngineSpec("cuda"))  # a misspelt switch is one line here, whatever the sides
+    if loaded is not None and loaded.subject.engine == "cuda":
+        config.cuda_for(loaded.subject)
+    return config
+
+
+def _parse_ids(text: str) -> list[int]:
+    try:
+        return [int(tok) for tok in text.split(",") if tok.strip()]
+    except ValueError:
+        raise UsageError(f"--prompt-ids {text!r}: expected comma-separated integers like 1,2,3") from None
 
 
 def default_prompt(vocab: int, n: int = DEFAULT_PROMPT_LEN) -> list[int]:
@@ -22,160 +116,95 @@ def default_prompt(vocab: int, n: int = DEFAULT_PROMPT_LEN) -> list[int]:
     return [(1 + 7919 * i) % vocab for i in range(n)]
 
 
-def resolve_prompt(args: argparse.Namespace, model: Model, n_new: int | None = None,
-                   flag: str = "--tokens") -> list[int]:
-    """The prompt ids, checked with the ``n_new`` positions (default --tokens) that follow it.
+def resolve_prompt(config: RunConfig, model: Model, n_new: int | None = None, flag: str = "--tokens") -> list[int]:
+    """The prompt ids, checked with the ``n_new`` positions (default: the config's tokens) that follow.
 
     ``flag`` names the option that set ``n_new``, so an error blames what the user typed.
     """
     cfg = model.cfg
-    if getattr(args, "prompt_ids", None):
-        try:
-            ids = [int(tok) for tok in args.prompt_ids.split(",") if tok.strip()]
-        except ValueError:
-            raise UsageError(f"--prompt-ids {args.prompt_ids!r}: expected comma-separated integers like 1,2,3") from None
+    if config.prompt_ids is not None:
+        ids = list(config.prompt_ids)
         bad = [i for i in ids if not 0 <= i < cfg.vocab]
         if bad:
-            raise UsageError(f"--prompt-ids: token id {bad[0]} is outside the vocabulary 0..{cfg.vocab - 1}")
-    elif getattr(args, "prompt", None) is not None:
+            where = config.origin("prompt_ids", "--prompt-ids")
+            raise UsageError(f"{where}: token id {bad[0]} is outside the vocabulary 0..{cfg.vocab - 1}")
+    elif config.prompt is not None:
         if model.tokenizer is None:
             why = f" ({model.notes[0]})" if model.notes else ""
             raise UsageError(f"--prompt needs a model with a tokenizer (tokenizer.json, or a GGUF's own){why};"
                              f" use --prompt-ids for this model")
-        ids = model.tokenizer.encode(args.prompt).ids
+        ids = model.tokenizer.encode(config.prompt).ids
     else:
         ids = default_prompt(cfg.vocab)
     if not ids:
         raise UsageError("the prompt is empty; give at least one token")
-    n = getattr(args, "tokens", 0) if n_new is None else n_new
+    n = config.tokens if n_new is None else n_new
     if n < 1:
         raise UsageError(f"{flag} {n}: must be at least 1")
     room = cfg.max_positions - len(ids)
     if room < 1:
-        prompt = _origin(args, "prompt_ids" if getattr(args, "prompt_ids", None) else "prompt", "the prompt")
+        prompt = config.origin("prompt_ids" if config.prompt_ids is not None else "prompt", "the prompt")
         raise UsageError(f"{prompt}: {len(ids)} tokens fill the model's context of {cfg.max_positions} positions,"
                          f" and at least one must follow them; shorten it to {cfg.max_positions - 1} tokens or less")
     if n > room:
-        where = _origin(args, "tokens", flag) if flag == "--tokens" else flag
+        where = config.origin("tokens", flag) if flag == "--tokens" else flag
         fix = f"use {flag} {room}" if where == flag else f"set tokens = {room}"
         raise UsageError(f"{where} {n}: the prompt ({len(ids)}) + {n} positions exceed the model's context of"
                          f" {cfg.max_positions}; {fix} or less, or a shorter prompt")
     return ids
 
 
-def _origin(args: argparse.Namespace, name: str, flag: str) -> str:
-    """Where a setting came from, as the user wrote it: the profile's FILE:LINE or the flag."""
-    profile = getattr(args, "loaded_profile", None)
-    if profile is None or name not in getattr(args, "from_profile", ()):
-        return flag
-    line = profile.line_of(name)
-    return f"{profile.path}:{line}: {name}" if line is not None else f"{profile.path}: {name}"
-
-
-def model_from_options(args: argparse.Namespace, progress: Progress | None = None) -> Model:
-    """--model (None: the embedded default; an HF directory; a .gguf file) in --weights' format."""
+def model_from_options(config: RunConfig, progress: Progress | None = None) -> Model:
+    """The config's model (None: the embedded default; an HF directory; a .gguf file) in its weights' format."""
     from ..model.hf import load_model
 
-    return load_model(args.model, args.weights, progress=progress)
+    return load_model(config.model, config.weights, progress=progress)
 
 
-# What a flag left unset on the command line means (a profile may set it instead).
-DEFAULTS = {"tokens": 16, "weights": "q4_0", "kv": "q8", "deep": False}
-
-
-def apply_profile(args: argparse.Namespace):
-    """Fill what the command line left unset from ``--profile`` (the command line wins), then the defaults.
-
-    Returns the profile (None without one). Loading it checks everything that needs no model:
-    a bad file, key or model path is one line here, before anything slow.
-    """
-    profile = None
-    if getattr(args, "profile", None):
-        from ..engines.profile import load_profile
-
-        profile = load_profile(args.profile, model_override=getattr(args, "model", None))
-        side_model = profile.reference.model or profile.subject.model or profile.model
-        args.model = side_model
-        taken = set()  # what the profile set, so an error about it names its line
-        for name in ("tokens", "weights", "kv", "deep"):
-            if getattr(args, name, None) is None and getattr(profile, name) is not None:
-                setattr(args, name, getattr(profile, name))
-                taken.add(name)
-        if not getattr(args, "prompt_ids", None) and getattr(args, "prompt", None) is None:
-            if profile.prompt_ids is not None:
-                args.prompt_ids = ",".join(map(str, profile.prompt_ids))
-                taken.add("prompt_ids")
-            elif profile.prompt is not None:
-                args.prompt = profile.prompt
-                taken.add("prompt")
-        args.from_profile = frozenset(taken)
-        if getattr(args, "tol", None) is None and profile.tolerance is not None and hasattr(args, "tol"):
-            args.tol = profile.tolerance
-            args.tol_from_profile = True  # bisect uses it only when asked to target "no far key"
-    for name, value in DEFAULTS.items():
-        if getattr(args, name, None) is None:
-            setattr(args, name, value)
-    cuda_options(args, profile)  # a misspelt switch is one line here, before the model loads
-    return profile
-
-
-def cuda_options(args: argparse.Namespace, profile=None):
-    """A cuda side's runtime switches: the environment's defaults, the profile's cuda subject
-    options, then --cuda-options (backends/cuda/options.py)."""
-    from ..backends.cuda.options import CudaOptions
-
-    opts = CudaOptions.from_env()
-    if profile is not None and profile.subject.engine == "cuda":
-        opts = opts.set(dict(profile.subject.options))
-    return opts.parse(getattr(args, "cuda_options", None))
-
-
-def cache_from_options(args: argparse.Namespace):
-    """The reference cache the command line asks for: the user's, unless --no-cache."""
+def cache_from_options(config: RunConfig):
+    """The reference cache the config asks for: the user's, unless --no-cache."""
     from .refcache import RefCache
 
-    return None if getattr(args, "no_cache", False) else RefCache()
+    return RefCache() if config.cache else None
 
 
-def engines_from_options(args: argparse.Namespace, profile, model: Model, subject: str | None = None,
+def side_specs(config: RunConfig, subject: str | None = None) -> dict[str, EngineSpec]:
+    """Each side's engine: the profile's, or cpu and ``subject`` (the config's --subject, else sim)."""
+    profile = config.profile
+    if profile is not None:
+        return {"reference": profile.reference, "subject": profile.subject}
+    name = subject or config.subject or "sim"
+    if name == "process":
+        raise UsageError("--subject process: a process engine needs its command; name it in a profile"
+                         " (--profile FILE, see docs/profiles.md)")
+    return {"reference": EngineSpec("cpu"), "subject": EngineSpec(name, model=config.model)}
+
+
+def engines_from_options(config: RunConfig, model: Model, subject: str | None = None,
                          sides: tuple[str, ...] = ("reference", "subject")):
-    """(reference, subject) engines: the profile's, or cpu and ``subject`` (a built-in or hf name).
-    Only ``sides`` are built (the other is None): a command that runs one side never fails on the other."""
-    from ..engines.base import EngineSpec
+    """(reference, subject) engines of side_specs. Only ``sides`` are built (the other is None): a command
+    that runs one side never fails on the other."""
     from ..engines.build import make_engine
 
-    if profile is None:
-        name = subject or getattr(args, "subject", None) or "sim"
-        if name == "process":
-            raise UsageError("--subject process: a process engine needs its command; name it in a profile"
-                             " (--profile FILE, see docs/profiles.md)")
-        specs = {"reference": EngineSpec("cpu"), "subject": EngineSpec(name, model=args.model)}
-    else:
-        specs = {"reference": profile.reference, "subject": profile.subject}
-    cuda_flag = getattr(args, "cuda_options", None)
-    if cuda_flag:  # --cuda-options: a cuda side's runtime switches, over the profile's
-        cuda_options(args)  # a bad spelling is refused here, whatever the sides
-        if not any(specs[side].engine == "cuda" for side in sides):
-            raise UsageError(f"--cuda-options {cuda_flag}: no side of this run is cuda"
-                             f" ({', '.join(specs[s].engine for s in sides)}); drop it, or run --subject cuda")
-        flag = dict(s.strip().split("=", 1) for s in cuda_flag.split(",") if s.strip())
-        specs = {side: replace(spec, options={**spec.options, **flag}) if spec.engine == "cuda" else spec
-                 for side, spec in specs.items()}
+    profile = config.profile
+    specs = side_specs(config, subject)
+    if config.cuda_flag and not any(specs[side].engine == "cuda" for side in sides):
+        raise UsageError(f"--cuda-options {config.cuda_flag}: no side of this run is cuda"
+                         f" ({', '.join(specs[s].engine for s in sides)}); drop it, or run --subject cuda")
     built = {"reference": None, "subject": None}
-    for side, spec in specs.items():
-        if side not in sides:
-            continue
-        if profile is not None and spec.engine in BUILTIN and spec.model and args.model \
-                and os.path.realpath(spec.model) != os.path.realpath(args.model):
+    for side in sides:
+        spec = specs[side]
+        if profile is not None and spec.engine in BUILTIN and spec.model and config.model \
+                and os.path.realpath(spec.model) != os.path.realpath(config.model):
             from ..engines.profile import located
 
             raise located(profile, side, UsageError(
                 f"{side} model {spec.model}: a built-in {spec.engine} decodes the model the reference loads"
-                f" ({args.model}); give both sides the same model, or run this one as hf or llama.cpp"),
+                f" ({config.model}); give both sides the same model, or run this one as hf or llama.cpp"),
                 option_hint=None) from None
         try:
-            built[side] = make_engine(spec, model, kv=args.kv, deep=args.deep,
-                                      impl=getattr(args, "reference", None) or "auto")  # --reference: a cpu side
+            cuda = config.cuda_for(spec) if spec.engine == "cuda" else None
+            built[side] = make_engine(spec, model, kv=config.kv, deep=config.deep, impl=config.cpu_impl, cuda=cuda)
         except UsageError as e:
             if profile is None:
                 raise
@@ -183,3 +212,4 @@ def engines_from_options(args: argparse.Namespace, profile, model: Model, subjec
 
             raise (e if isinstance(e, ProfileError) else located(profile, side, e)) from None
     return built["reference"], built["subject"]
+
