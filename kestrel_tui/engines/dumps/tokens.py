@@ -1,0 +1,97 @@
+"""Which dumped rows are the reference's request: alignment by the dumped input_ids and positions.
+
+A serving engine runs many requests in one forward, their tokens flattened into rows: a request's
+rows in one forward are consecutive and so are their positions (a prefill chunk p..p+n-1, or one
+decode token). A *segment* is such a run of rows; a *request* is a chain of segments over the
+forwards, each starting at the position after the last one. Segments are linked to open chains in
+row order, preferring a chain that agrees with the wanted tokens when the segment does (so two
+requests that swap rows between forwards stay apart when their tokens differ). Requests with the
+same tokens cannot be told apart by ids and positions: they are taken in the order they appear.
+
+The reference's request is the chain whose tokens equal the wanted ones (the session's prompt and
+forced tokens) at every position both have; `request` picks among several (0: the first).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ...errors import UsageError
+
+
+@dataclass(frozen=True)
+class Row:
+    step: int
+    row: int
+    token: int
+    pos: int
+
+
+@dataclass(eq=False)
+class Chain:
+    rows: list[Row] = field(default_factory=list)
+    agrees: bool = True
+    ends: list[int] = field(default_factory=list)  # per step it appears in: its last row there (logits' row)
+
+    @property
+    def next_pos(self) -> int:
+        return self.rows[-1].pos + 1
+
+
+def segments(ids: np.ndarray, positions: np.ndarray) -> list[tuple[int, int]]:
+    """[start, end) row ranges of consecutive positions."""
+    out, start = [], 0
+    for i in range(1, len(ids) + 1):
+        if i == len(ids) or positions[i] != positions[i - 1] + 1:
+            out.append((start, i))
+            start = i
+    return out if len(ids) else []
+
+
+def _agrees(rows: list[Row], want: list[int] | None) -> bool:
+    return want is None or all(r.pos >= len(want) or want[r.pos] == r.token for r in rows)
+
+
+def chains(steps: list[tuple[np.ndarray, np.ndarray]], want: list[int] | None = None) -> list[Chain]:
+    """Every request's chain, in order of first appearance. ``steps[s]`` = (input_ids, positions)."""
+    found: list[Chain] = []
+    for s, (ids, pos) in enumerate(steps):
+        taken: set[int] = set()
+        for a, b in segments(ids, pos):
+            seg = [Row(s, i, int(ids[i]), int(pos[i])) for i in range(a, b)]
+            ok = _agrees(seg, want)
+            open_ = [i for i, c in enumerate(found) if i not in taken and c.next_pos == seg[0].pos]
+            open_.sort(key=lambda i: (found[i].agrees != ok, i))
+            if not open_:
+                found.append(Chain())
+                open_ = [len(found) - 1]
+            c = found[open_[0]]
+            taken.add(open_[0])
+            c.rows += seg
+            c.agrees = c.agrees and ok
+            c.ends.append(b - 1)
+    return found
+
+
+def pick(found: list[Chain], want: list[int] | None, request: int, where: str) -> tuple[Chain, list[str]]:
+    """The reference's chain and the notes on how it was chosen; a one-line UsageError when none fits."""
+    notes = []
+    fit = [c for c in found if c.agrees and c.rows and (want is None or c.rows[0].pos < len(want))]
+    if want is not None:
+        fit = [c for c in fit if any(r.pos < len(want) for r in c.rows)]
+    if not fit:
+        have = ", ".join(f"positions {c.rows[0].pos}..{c.rows[-1].pos} starting {[r.token for r in c.rows[:4]]}"
+                         for c in found[:3]) or "no rows"
+        raise UsageError(f"{where}: no dumped request has the session's tokens (the dump has {len(found)}"
+                         f" request{'s' * (len(found) != 1)}: {have}); run the same prompt as the dump's")
+    if request >= len(fit):
+        raise UsageError(f"{where}: request={request}, but {len(fit)} dumped request{'s' * (len(fit) != 1)}"
+                         f" match the tokens; choose 0..{len(fit) - 1}")
+    if len(fit) > 1:
+        notes.append(f"{len(fit)} dumped requests match the tokens; request {request} is taken")
+    c = fit[request]
+    if c.rows[0].pos:
+        notes.append(f"the dump starts this request at position {c.rows[0].pos} (earlier positions were not"
+                     f" computed: a cached prefix, or skipped passes); those keys read missing")
+    return c, notes
