@@ -1,0 +1,464 @@
+"""The hf-dist engine: transformers' own tensor and expert parallelism over torch.distributed.
+
+N ranks (engines/hf_dist_rank.py, started and ended as one group by engines/hf_dist_group.py) load the
+checkpoint with transformers' plans for Qwen3 / Qwen3-MoE and run the decode in lock step, gloo on
+CPU, NCCL on CUDA. Every rank carries the hf engine's hooks; this module gathers what they saw, in rank
+order, into the same keys the hf engine makes (docs/engines-distributed.md has the tables):
+
+* a column-parallel key (K, V, Q and the attention output: each rank computes its own heads) is the
+  ranks' shards concatenated in rank order, checked against the field registry's shape;
+* a replicated key (norms, residuals, router, logits) must be bit-equal on every rank: a rank that
+  differs is a finding (``findings``), with every rank's copy kept as ``KEY@r<R>``;
+* ``ores`` and ``x`` are replicated too, but reached through an all-reduce of per-rank partial sums (the
+  row-parallel o_proj, the FFN's down projection or its experts): each rank's partial is kept as
+  ``KEY@r<R>`` and what the all-reduce returned as ``KEY@sum``, so the detail panel can show which rank's
+  share differs. A partial is judged only against the same rank of a run with the same world size; the
+  key itself is judged like any other, with tolerance against a run of another world size.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import UsageError
+from ..trace.fnv import fnv1a64
+from ..trace.keys import parse_key
+from . import hf
+from .base import Capabilities, Engine, EngineFailed, EngineSpec, RunRequest, Toggle, check_toggle_keys
+from .hf import HFEngine
+from .hf_dist_group import Group, RankFailure
+from .hf_dist_rank import RankJob
+
+NAME = "hf-dist"
+WORLD_SIZES = ("2", "1", "4")
+NCCL_ENV = {"nccl_algo": "NCCL_ALGO", "nccl_proto": "NCCL_PROTO"}
+# option -> allowed values, the default first: the hf engine's, and the parallel ones
+OPTIONS: dict[str, tuple[str, ...]] = {
+    "world_size": WORLD_SIZES,
+    "ep": ("off", "on"),
+    "ep_impl": ("all_reduce", "all_to_all"),
+    "nccl_algo": ("default", "Ring", "Tree"),
+    "nccl_proto": ("default", "Simple", "LL", "LL128"),
+    **hf.OPTIONS,
+}
+NUMBERS = {"threads": 1, "timeout": 300.0, "load_timeout": 900.0}  # option -> default; whole threads, seconds
+EXACT = {**hf.EXACT, "world_size": "1", "ep": "off"}
+OWNS = {**hf.OWNS, "world_size": ("ores", "x", "logits"), "ep": ("x",)}
+HELP = {
+    **hf.HELP,
+    "world_size": "ranks: transformers' tensor-parallel plan over this many processes (1: no plan)",
+    "ep": "expert parallelism: each rank holds 1/N of the experts (the MoE's base_model_ep_plan)",
+    "ep_impl": "how EP brings experts their tokens: an all-reduce of partial outputs, or all-to-all",
+    "nccl_algo": "NCCL_ALGO for the ranks' collectives (default: NCCL's choice)",
+    "nccl_proto": "NCCL_PROTO for the ranks' collectives (default: NCCL's choice)",
+}
+MOE_ONLY = ("ep", "ep_impl")
+CUDA_ONLY = ("device", "nccl_algo", "nccl_proto")
+RESTART = ("world_size", "ep", "ep_impl", "nccl_algo", "nccl_proto", "dtype", "attn_implementation", "device",
+           "tf32", "deterministic")  # settings the ranks are started with: a change starts a new group
+
+# How the ranks' buffers make a key. HEADS: a column-parallel projection's heads, one slice per rank;
+# WHOLE: every rank holds all of it (replicated).
+HEADS, WHOLE = "heads", "whole"
+# field -> the projection whose plan style decides whether it is split by heads
+HEAD_FIELDS = {"kraw": "self_attn.k_proj", "knorm": "self_attn.k_proj", "kpre": "self_attn.k_proj",
+               "k": "self_attn.k_proj", "ks": "self_attn.k_proj", "v": "self_attn.v_proj",
+               "vs": "self_attn.v_proj", "qrope": "self_attn.q_proj", "attn": "self_attn.q_proj"}
+COLWISE = ("colwise",)
+
+
+def rank_key(key: str, rank: int) -> str:
+    """The raw entry of ``key`` as rank ``rank`` had it: its partial sum, or its copy of a replicated key
+    the ranks disagree on."""
+    return f"{key}@r{rank}"
+
+
+def sum_key(key: str) -> str:
+    """The raw entry of what the all-reduce returned for ``key``'s branch (the sum of the partials)."""
+    return f"{key}@sum"
+
+
+def rank_values(raw: Mapping[str, np.ndarray] | None, key: str) -> list[np.ndarray] | None:
+    """Every rank's entry of ``key`` in rank order (its partials), or None when the run kept none."""
+    if raw is None or rank_key(key, 0) not in raw:
+        return None
+    out, r = [], 0
+    while rank_key(key, r) in raw:
+        out.append(raw[rank_key(key, r)])
+        r += 1
+    return out
+
+
+@dataclass(frozen=True)
+class Parallel:
+    """How a run is spread: what the header and ``--json`` name."""
+    world_size: int
+    backend: str                  # gloo | nccl
+    plan: str                     # "none", "tp", "tp+ep"
+    ep_impl: str | None
+    pids: tuple[int, ...] = ()    # rank r's process id at index r, once started
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        return tuple(range(self.world_size))
+
+    def as_dict(self) -> dict:
+        return {"world_size": self.world_size, "ranks": list(self.ranks), "backend": self.backend,
+                "plan": self.plan, "ep_impl": self.ep_impl, "pids": list(self.pids)}
+
+
+# ---------------------------------------------------------------------------------------------- options
+
+def _number(name: str, value: object) -> float:
+    try:
+        x = float(value) if not isinstance(value, bool) else None
+    except (TypeError, ValueError):
+        x = None
+    whole = name == "threads"
+    if x is None or not x > 0 or x != x or x == float("inf") or (whole and x != int(x)):
+        want = "a whole number >= 1" if whole else "a number of seconds > 0"
+        raise UsageError(f"{NAME} engine: {name}={value!r}: want {want}")
+    return int(x) if whole else x
+
+
+def _check_value(name: str, value: object, where: str = "option") -> str:
+    if name in NUMBERS:
+        _number(name, value)
+        return str(value)
+    if name not in OPTIONS:
+        known = ", ".join((*OPTIONS, *NUMBERS))
+        raise UsageError(f"{NAME} engine: unknown {where} {name!r}; choose from {known}")
+    if not isinstance(value, str) or value not in OPTIONS[name]:
+        raise UsageError(f"{NAME} engine: {name}={value!r} is not allowed; choose from {'|'.join(OPTIONS[name])}")
+    if name == "device" and value == "cuda" and not hf._cuda_ok():
+        raise UsageError(f"{NAME} engine: device=cuda, but torch sees no CUDA device; use device=cpu")
+    return value
+
+
+def parse_options(options: Mapping[str, object]) -> dict[str, str]:
+    out = {name: values[0] for name, values in OPTIONS.items()}
+    out.update({name: str(v) for name, v in NUMBERS.items()})
+    for name, value in options.items():
+        out[str(name)] = _check_value(str(name), value)
+    return out
+
+
+def make_hf_dist_engine(spec: EngineSpec, model=None, kv: str = "q8", deep: bool = False) -> "HFDistEngine":
+    """The engine table's factory (registry.py)."""
+    hf._imports()
+    if kv not in ("q8", "f32"):
+        raise UsageError(f"{NAME} engine: kv {kv!r}: choose from q8, f32")
+    opts = parse_options(spec.options)
+    toggles = None
+    if spec.toggles is not None:
+        toggles = tuple(spec.toggles)
+        check_toggle_keys(NAME, toggles, lambda key, v: _check_value(key, v, where="toggle key"))
+    return HFDistEngine(spec.model, model, opts, toggles, kv=kv, deep=deep)
+
+
+# ---------------------------------------------------------------------------------------------- the engine
+
+class HFDistEngine(HFEngine):
+    """The hf engine's model directory, config checks and keys; its runs go to a group of ranks."""
+
+    name = NAME
+
+    def __init__(self, model_dir, model, options: Mapping[str, str], toggles: tuple[Toggle, ...] | None,
+                 kv: str = "q8", deep: bool = False):
+        super().__init__(model_dir, model, options, (), kv=kv, deep=deep)
+        self.caps = Capabilities(prefill_from=False, forcing=True, isolate=False, logits=True, raw=True)
+        self.toggles = toggles if toggles is not None else self._default_toggles()
+        for t in self.toggles:
+            for v in t.values:
+                self._fits(t.key or t.name, v, f"toggle {t.name}")
+        for name in OPTIONS:
+            self._fits(name, self.options[name], "option")
+        self.findings: list[str] = []  # the last run's replicated keys the ranks disagreed on
+        self._group: Group | None = None
+        self._group_key = None
+        self._lock = threading.Lock()
+
+    def _check_config(self):
+        from transformers import AutoConfig
+
+        super()._check_config()
+        cfg = AutoConfig.from_pretrained(self.model_dir)
+        self.moe = cfg.model_type == "qwen3_moe"
+        self.heads = (cfg.num_attention_heads, cfg.num_key_value_heads)
+        self.n_experts = getattr(cfg, "num_experts", 0) or 0
+        self.shapes = _our_config(self.ours, self.model_dir)
+
+    def _fits(self, name: str, value: str, where: str) -> None:
+        """A world size, EP or device the model and the machine can take (each toggle value, each option)."""
+        if name == "world_size":
+            n = int(value)
+            bad = [f"{what} {h}" for what, h in zip(("attention heads", "kv heads"), self.heads) if h % n]
+            if bad:
+                raise UsageError(f"{NAME} engine: {where} world_size={value}: the model's {' and '.join(bad)}"
+                                 f" do not split over {n} ranks; choose a world size that divides them")
+        elif name == "ep" and value == "on" and not self.moe:
+            raise UsageError(f"{NAME} engine: {where} ep=on: expert parallelism needs a qwen3_moe model, and"
+                             f" this one is dense qwen3; drop ep")
+
+    def _default_toggles(self) -> tuple[Toggle, ...]:
+        out = []
+        for name, values in OPTIONS.items():
+            if (name in CUDA_ONLY and not hf._cuda_ok()) or (name in MOE_ONLY and not self.moe):
+                continue
+            if name == "world_size":
+                values = tuple(v for v in values if all(h % int(v) == 0 for h in self.heads))
+                if len(values) < 2:
+                    continue
+            first = self.options[name] if self.options[name] in values else values[0]
+            out.append(Toggle(name, (first, *(v for v in values if v != first)), EXACT.get(name),
+                              OWNS.get(name, ()), HELP[name], key=name))
+        return tuple(out)
+
+    def settings(self, values: Mapping[str, str]) -> dict[str, str]:
+        out = dict(self.options)
+        for t in self.toggles:
+            key = t.key or t.name
+            out[key] = _check_value(key, values.get(t.name, t.default), where="toggle key")
+        return out
+
+    def parallel(self, values: Mapping[str, str]) -> Parallel:
+        """The world size, backend and plan of a run with these toggle values (and the ranks' pids once
+        this engine's group is running)."""
+        s = self.settings(values)
+        n, ep = int(s["world_size"]), s["ep"] == "on"
+        group = self._group if self._group_key == _group_key(s) else None
+        return Parallel(n, "nccl" if s["device"] == "cuda" else "gloo",
+                        "none" if n == 1 else "tp+ep" if ep else "tp", s["ep_impl"] if ep and n > 1 else None,
+                        group.pids if group is not None else ())
+
+    def describe(self, values: Mapping[str, str]) -> str:
+        p = self.parallel(values)
+        rest = [f"{t.name}={values[t.name]}" for t in self.toggles
+                if t.name in values and values[t.name] != t.default
+                and (t.key or t.name) not in ("world_size", "ep", "ep_impl")]
+        plan = {"none": [], "tp": ["tp"], "tp+ep": ["tp+ep", p.ep_impl]}[p.plan]
+        return f"{self.name} ({', '.join([f'world_size={p.world_size}', *plan, p.backend, *rest])})"
+
+    @property
+    def device_name(self) -> str:
+        import torch
+        import transformers
+
+        p = self.parallel({})
+        return (f"{p.world_size} × {self.options['device']} ranks over {p.backend} (transformers"
+                f" {transformers.__version__}, torch {torch.__version__})")
+
+    def torch_model(self, values=None):
+        raise UsageError(f"{NAME} engine: the model lives in the ranks' processes, not here")
+
+    capture = torch_model
+
+    def prefill_problem(self, reference: Engine) -> str | None:
+        return f"{self.name} cannot take another engine's KV rows (each rank holds its own heads)"
+
+    # -- the group
+    def _ensure_group(self, s: Mapping[str, str]) -> Group:
+        key = _group_key(s)
+        if self._group is not None and self._group_key == key:
+            return self._group
+        self._end_group()
+        n = int(s["world_size"])
+        cuda = s["device"] == "cuda"
+        if cuda:
+            import torch
+
+            if torch.cuda.device_count() < n:
+                raise UsageError(f"{NAME} engine: world_size={n} needs {n} CUDA devices, torch sees"
+                                 f" {torch.cuda.device_count()}; choose a smaller world size")
+        threads = _number("threads", s["threads"])
+        env = {"OMP_NUM_THREADS": str(threads)}
+        if not cuda:
+            env["CUDA_VISIBLE_DEVICES"] = ""  # the mesh goes where the ranks' tensors are: the CPU
+        for option, var in NCCL_ENV.items():
+            if s[option] != "default":
+                env[var] = s[option]
+        step_timeout = _number("timeout", s["timeout"])
+        job = RankJob(model_dir=self.model_dir, n_layers=self.n_layers,
+                      settings={k: s[k] for k in ("attn_implementation", "dtype", "device", "tf32", "deterministic")},
+                      kv=self.kv, deep=self.deep, world_size=n, ep=s["ep"] == "on", ep_impl=s["ep_impl"],
+                      threads=threads, store="",
+                      timeout_s=max(step_timeout * 4, _number("load_timeout", s["load_timeout"])))
+        group = Group(job, env, _number("load_timeout", s["load_timeout"]), step_timeout)
+        try:
+            self._layout = layout_of(group.infos, self.heads, self.kv)
+        except RankFailure:
+            group.end()
+            raise
+        self._group, self._group_key = group, key
+        return group
+
+    def _end_group(self) -> None:
+        if self._group is not None:
+            self._group.end()
+        self._group, self._group_key = None, None
+
+    def close(self) -> None:
+        self._end_group()
+        super().close()
+
+    # -- a run
+    def run(self, req: RunRequest):
+        from ..trace.rawstore import RawStore
+        from ..trace.run import Cancelled, Position, Trace
+
+        if not req.prompt:
+            raise ValueError("the prompt is empty; give at least one token")
+        s = self.settings(req.values)
+        n = int(s["world_size"])
+        if s["ep"] == "on" and n > 1 and self.n_experts % n:
+            raise UsageError(f"{NAME} engine: ep=on with world_size={n}: the model's {self.n_experts} experts do"
+                             f" not split over {n} ranks; choose a world size that divides them, or ep=off")
+        store = RawStore()
+        trace = Trace(backend=self.describe(req.values), prompt=list(req.prompt), store=store)
+        P = len(req.prompt)
+        self.findings = []
+        at = "loading"
+        with self._lock:
+            try:
+                group = self._ensure_group(s)
+
+                def step(ids: list[int], pos0: int):
+                    nonlocal at
+                    at = f"position {pos0}" if len(ids) == 1 else f"positions {pos0}-{pos0 + len(ids) - 1}"
+                    payloads = group.step(ids, pos0, req.cancel)
+                    for m, (hashes, raw, found) in enumerate(gather(payloads, pos0, len(ids), self._layout,
+                                                                      self.shapes)):
+                        self.findings += found
+                        p = Position(t=pos0 + m, token=ids[m], prompt=pos0 + m < P, hashes=hashes,
+                                     raw=store.keep(raw) if req.raw else None,
+                                     logits=np.ascontiguousarray(raw[f"t{pos0 + m}_logits"], np.float32))
+                        trace.positions.append(p)
+                        if req.on_position:
+                            req.on_position(p)
+
+                if s["prefill"] == "batched":
+                    step(list(req.prompt), 0)
+                else:
+                    for t, tok in enumerate(req.prompt):
+                        step([tok], t)
+                for i in range(req.n_tokens):
+                    if req.stop is not None and req.stop():
+                        break
+                    tok = req.forced[i] if req.forced is not None else trace.positions[-1].top1
+                    step([tok], P + i)
+            except RankFailure as f:
+                self._end_group()
+                who = f"rank {f.rank} of {n} " if f.rank is not None else ""
+                kept = len(trace.positions)
+                raise EngineFailed(f"{NAME} engine: at {at}, {who}{f.what}; all {n} rank{'s' * (n != 1)} ended,"
+                                   f" {kept} position{'s' * (kept != 1)} kept", partial=trace) from None
+            except (Cancelled, KeyboardInterrupt):
+                self._end_group()  # a rank may be mid-step: the group cannot be trusted to be in step
+                raise
+        return trace
+
+
+def _group_key(s: Mapping[str, str]) -> tuple:
+    return tuple(s[k] for k in (*RESTART, "threads", "timeout", "load_timeout"))
+
+
+def _our_config(model, model_dir: str):
+    """Our Config of the checkpoint (the field registry's shapes), or None when our loader refuses it:
+    the ranks are then only checked against each other."""
+    if model is not None:
+        return model.cfg
+    from ..model.config import load_config
+
+    try:
+        return load_config(model_dir, "f32")
+    except UsageError:
+        return None
+
+
+# ---------------------------------------------------------------------------------------------- gathering
+
+def layout_of(infos: list[dict], heads: tuple[int, int], kv: str) -> dict[str, str]:
+    """field -> HEADS | WHOLE from the styles the ranks applied; every rank must report the same plan and
+    its share of the heads, else it disagrees on shapes."""
+    n = len(infos)
+    for r, info in enumerate(infos):
+        if info["styles"] != infos[0]["styles"]:
+            raise RankFailure(r, f"disagrees on the plan: {info['styles']} where rank 0 has {infos[0]['styles']}")
+    styles = infos[0]["styles"]
+    out = {}
+    for field, module in HEAD_FIELDS.items():
+        split = styles.get(module, "") in COLWISE and not (kv == "f32" and field in ("ks", "vs"))
+        out[field] = HEADS if split else WHOLE
+    for r, info in enumerate(infos):
+        want = tuple(h // n if styles.get(f"self_attn.{p}_proj", "") in COLWISE else h
+                     for p, h in zip("qk", heads))
+        if tuple(info["heads"]) != want:
+            raise RankFailure(r, f"disagrees on shapes: it holds {info['heads']} (q, kv) heads where"
+                                 f" {want} fit {n} rank{'s' * (n != 1)}")
+    return out
+
+
+def _shape(a) -> str:
+    return "[" + ", ".join(map(str, np.shape(a))) + "]"
+
+
+def gather(payloads: list[dict], pos0: int, M: int, layout: Mapping[str, str], cfg) -> list[tuple]:
+    """The ranks' payloads of one step -> per column (hashes, raw, findings): every key gathered in rank
+    order, partial sums as KEY@r<R> and KEY@sum, and the replicated keys the ranks disagree on.
+    Raises RankFailure for a rank whose keys or shapes do not fit."""
+    from ..trace.fields import BY_NAME
+
+    n = len(payloads)
+    out = []
+    for m in range(M):
+        cols = [p["raw"][m] for p in payloads]
+        keys = list(cols[0])
+        for r in range(1, n):
+            if list(cols[r]) != keys:
+                extra = sorted(set(cols[r]) ^ set(keys))[:3]
+                raise RankFailure(r, f"disagrees on the keys of position {pos0 + m}: {', '.join(extra)}")
+        hashes, raw, found = {}, {}, []
+        for key in keys:
+            k = parse_key(key)
+            arrs = [c[key] for c in cols]
+            expect = None if cfg is None else BY_NAME[k.field].shape(cfg, k.layer)
+            if layout.get(k.field, WHOLE) == HEADS:
+                for r, a in enumerate(arrs):
+                    if a.shape != arrs[0].shape or (expect is not None and a.shape[0] * n != expect[0]):
+                        want = f"1/{n} of [{', '.join(map(str, expect))}]" if expect else _shape(arrs[0])
+                        raise RankFailure(r, f"disagrees on shapes: its shard of {key} is {_shape(a)} where"
+                                             f" {want} fits")
+                full = np.concatenate(arrs, axis=0)
+            else:
+                full = arrs[0]
+                for r, a in enumerate(arrs):
+                    if a.shape != full.shape or a.dtype != full.dtype or (expect is not None and a.shape != expect):
+                        raise RankFailure(r, f"disagrees on shapes: {key} is {_shape(a)} {a.dtype} where"
+                                             f" {_shape(expect if expect is not None else full)} fits")
+                differ = [r for r in range(1, n) if arrs[r].tobytes() != full.tobytes()]
+                if differ:
+                    found.append(f"{key}: replicated, but rank{'s' * (len(differ) > 1)}"
+                                 f" {', '.join(map(str, differ))} differ{'s' * (len(differ) == 1)} from rank 0")
+                    raw.update({rank_key(key, r): a for r, a in enumerate(arrs)})
+            raw[key] = full
+            hashes[key] = fnv1a64(full)
+        parts = [p["partial"][m] for p in payloads]
+        for key in parts[0]:
+            if any(key not in c for c in parts):
+                missing = next(r for r, c in enumerate(parts) if key not in c)
+                raise RankFailure(missing, f"sent no partial sum of {key} where rank 0 did")
+            for r, c in enumerate(parts):
+                for i, (part, _) in enumerate(c[key]):
+                    raw[rank_key(key, r) + (f".{i}" if i else "")] = part
+            reduced = parts[0][key][-1][1]
+            raw[sum_key(key)] = reduced
+            differ = [r for r in range(1, n) if parts[r][key][-1][1].tobytes() != reduced.tobytes()]
+            if differ:
+                found.append(f"{key}: the all-reduce returned other bits on rank"
+                             f"{'s' * (len(differ) > 1)} {', '.join(map(str, differ))} than on rank 0")
+        out.append((hashes, raw, found))
+    return out
