@@ -17,6 +17,7 @@ from ..base import KV_FIELDS
 from ..toggles import REGISTRY
 from .runtime import KERNEL_DIR
 
+
 def _launch_constants() -> dict[str, int]:
     """kernels/launch.cuh's #defines (each a number or an expression of earlier ones)."""
     values: dict[str, int] = {}
