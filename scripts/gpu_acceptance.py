@@ -405,7 +405,8 @@ def _attention_only(b, ctx: int, reps: int = 50) -> float:
     back on the device whatever Python's launch rate: a fast pair is ~13 us of device time, about
     what queuing its two launches from Python takes, and timing it from an idle queue read
     13.5-18.5 us for the same kernels (before commit bc63692)."""
-    from kestrel_tui.backends.cuda.launches import Launch, attention, run
+    from kestrel_tui.backends.cuda.launches import Launch, run
+    from kestrel_tui.backends.cuda.plan import attention
 
     cuda = b.rt.cuda
     with b.rt.active():
