@@ -255,11 +255,12 @@ def test_a_group_serves_runs_and_ends_on_cancel(engines, runs):
     import threading
 
     eng = engines["dense"]
-    first = runs("dense", "2")
     values = _values(eng, world_size="2")
+    forced = runs("dense", "2").generated[:N]
+    first = eng.run(RunRequest(PROMPT, N, values, forced=forced))  # the group of 2 (the last run had 1 rank)
     pids = eng.parallel(values).pids
     assert len(pids) == 2 and pids[0] in procs._groups  # the group is registered while it lives
-    again = eng.run(RunRequest(PROMPT, N, values, forced=first.generated[:N]))
+    again = eng.run(RunRequest(PROMPT, N, values, forced=forced))
     assert eng.parallel(values).pids == pids and again.hashes() == first.hashes()  # same ranks, same bits
     cancel = threading.Event()
     with pytest.raises(Cancelled):
