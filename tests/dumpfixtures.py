@@ -75,7 +75,7 @@ def write_checkpoint(kind: str, path: Path, seed: int) -> dict[str, torch.Tensor
 
 def _sum_last(a: torch.Tensor) -> torch.Tensor:
     """Σ over the last dim as a scan: each result depends on its own row only, whatever the shape."""
-    return a.cumsum(-1)[..., -1] if a.shape[-1] else a.sum(-1)
+    return (a.cumsum(-1)[..., -1] if a.shape[-1] else a.sum(-1)).contiguous()  # gloo needs contiguous
 
 
 def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

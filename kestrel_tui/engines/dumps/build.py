@@ -17,12 +17,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...backends.ops_exact import kvquant
+from ...errors import UsageError
 from ...trace.fnv import fnv1a64
 from ...trace.keys import DEEP_FIELDS, FIELDS, emb_key, key_name, logits_key
 from ...trace.rawstore import RawStore
 from ...trace.run import Cancelled, Position, Trace
 from .shards import Assembled
-from .tokens import chains, pick, segments
+from .tokens import chains, pick
 
 F32 = np.float32
 HEADS = ("qrope", "kpre", "v", "knorm")  # [heads, head_dim] per position
@@ -72,10 +73,11 @@ def _row(a: Assembled, row: int, field_name: str, hd: int | None) -> np.ndarray:
 
 def read_trace(source, *, want: list[int] | None = None, request: int = 0, n_prompt: int | None = None,
                n_positions: int | None = None, kv: str = "f32", deep: bool = True, n_layers: int | None = None,
-               name: str = "dump", raw: bool = True, on_position: Callable[[Position], None] | None = None,
+               name: str = "dump", raw: bool = True, n_heads: int | None = None, on_position: Callable[[Position], None] | None = None,
                cancel=None) -> DumpTrace:
     steps = source.index()
-    chain, notes = pick(chains(steps, want), want, request, source.label)
+    found, segs_by_step = chains(steps, want)
+    chain, notes = pick(found, want, request, source.label)
     rows_by_step: dict[int, list] = {}
     for r in chain.rows:
         if n_positions is None or r.pos < n_positions:
@@ -97,8 +99,12 @@ def read_trace(source, *, want: list[int] | None = None, request: int = 0, n_pro
         if cancel is not None and cancel.is_set():
             raise Cancelled()
         fw = source.forward(s)
-        ids, positions = steps[s]
-        segs = segments(ids, positions)
+        q = fw.keys.get(("qrope", 0))
+        if n_heads and q is not None and (hd := _head_dim(fw, 0)) and q.value.shape[-1] != n_heads * hd:
+            raise UsageError(f"{source.label}: its ranks hold {q.value.shape[-1] // hd} of the model's {n_heads}"
+                             f" query heads; a rank's folder is missing: copy every rank's folder of the run")
+        ids = steps[s][0]
+        segs = segs_by_step[s]
         layers = n_layers or 1 + max((l for (_, l) in fw.keys if l is not None), default=-1)
         for r in rows_by_step[s]:
             while t_next < r.pos:  # positions the dump never computed (a cached prefix) stay empty

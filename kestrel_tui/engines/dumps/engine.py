@@ -110,6 +110,7 @@ class DumpEngine(Engine):
         return read_trace(self.source, want=want, request=self.cfg.request, n_prompt=len(req.prompt),
                           n_positions=len(req.prompt) + req.n_tokens, kv=self.kv, deep=self.deep,
                           n_layers=self._n_layers(), name=self.describe(req.values), raw=req.raw,
+                          n_heads=self.cfg_model.n_heads if self.cfg_model is not None else None,
                           on_position=req.on_position, cancel=req.cancel)
 
 
@@ -118,3 +119,8 @@ def make_dump_engine(spec: EngineSpec, model=None, kv: str = "f32", deep: bool =
     if spec.toggles:
         raise UsageError(f"{spec.engine} engine: a recorded run has nothing to switch; remove its [[toggle]] entries")
     return DumpEngine(parse_options(spec.engine, spec.options or {}), model, kv=kv, deep=deep)
+
+
+def vllm_dump_factory(spec, model, kv="q8", deep=False, **_):
+    """The engine table's factory of vllm-dump (and sglang-dump: the spec names the engine)."""
+    return make_dump_engine(spec, model, kv=kv, deep=deep)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import pickle
 import re
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from ...errors import UsageError
 from ...readers import check_regular
 from ...text import inert
 
-_GLOBAL = re.compile(r"Unsupported global: GLOBAL ([\w.]+)")
+_GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
 _FIX = "torch.save a dict of tensors (the engine's dumper does), or remove the file"
 
 
@@ -46,13 +47,15 @@ def load_pt(path: Path | str) -> object:
     except OSError as e:
         raise refused(path, f"cannot read it ({e.strerror or e})", "point at the engine's dump folder") from None
     try:
-        try:
-            return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        except RuntimeError as e:
-            if "mmap" not in str(e):
-                raise
-            # the legacy (pre-zip) format cannot be mapped: read it whole
-            return torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch's remarks on pickle protocols would land on the TUI's terminal
+            try:
+                return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            except RuntimeError as e:
+                if "mmap" not in str(e):
+                    raise
+                # the legacy (pre-zip) format cannot be mapped: read it whole
+                return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         raise refused(path, f"refused: it holds more than tensors ({_first_line(e)}); only weights_only"
                             f" content is loaded", "regenerate it with the engine's dumper") from None

@@ -80,9 +80,8 @@ def assemble(parts: list[np.ndarray], layout: str, axis: int = -1, keep: list[in
         return Assembled(reduce_partial(parts), partial=True, per_rank=tuple(parts))
     if layout == "heads":
         chosen = [parts[r] for r in (keep or range(len(parts)))]
-        rest = {p.shape[:axis % p.ndim] + p.shape[axis % p.ndim + 1:] for p in chosen}
-        if len(rest) != 1:
-            return f"the ranks' shards disagree beside axis {axis}: {' vs '.join(str(p.shape) for p in parts)}"
+        if len({p.shape for p in parts}) != 1:  # both engines split heads and columns evenly
+            return f"the ranks' shards disagree: {' vs '.join(str(p.shape) for p in parts)}"
         return Assembled(np.concatenate(chosen, axis=axis), per_rank=tuple(parts))
     raise ValueError(f"unknown layout {layout!r}")
 

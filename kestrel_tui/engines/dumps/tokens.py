@@ -39,39 +39,45 @@ class Chain:
         return self.rows[-1].pos + 1
 
 
-def segments(ids: np.ndarray, positions: np.ndarray) -> list[tuple[int, int]]:
-    """[start, end) row ranges of consecutive positions."""
-    out, start = [], 0
-    for i in range(1, len(ids) + 1):
-        if i == len(ids) or positions[i] != positions[i - 1] + 1:
-            out.append((start, i))
-            start = i
-    return out if len(ids) else []
-
-
 def _agrees(rows: list[Row], want: list[int] | None) -> bool:
     return want is None or all(r.pos >= len(want) or want[r.pos] == r.token for r in rows)
 
 
-def chains(steps: list[tuple[np.ndarray, np.ndarray]], want: list[int] | None = None) -> list[Chain]:
-    """Every request's chain, in order of first appearance. ``steps[s]`` = (input_ids, positions)."""
+def chains(steps: list[tuple[np.ndarray, np.ndarray]], want: list[int] | None = None
+           ) -> tuple[list[Chain], dict[int, list[tuple[int, int]]]]:
+    """Every request's chain, in order of first appearance, and each forward's segments ([start, end) rows,
+    in row order: a request's logits row is its segment's index). ``steps[s]`` = (input_ids, positions).
+
+    A run of consecutive positions is one segment, except where it continues a request and the next
+    position is the one another request of the forward waits for: decode rows of two requests whose
+    positions happen to follow each other (3 of one, 4 of the next) are two requests, not one."""
     found: list[Chain] = []
+    segs: dict[int, list[tuple[int, int]]] = {}
     for s, (ids, pos) in enumerate(steps):
         taken: set[int] = set()
-        for a, b in segments(ids, pos):
-            seg = [Row(s, i, int(ids[i]), int(pos[i])) for i in range(a, b)]
-            ok = _agrees(seg, want)
-            open_ = [i for i, c in enumerate(found) if i not in taken and c.next_pos == seg[0].pos]
-            open_.sort(key=lambda i: (found[i].agrees != ok, i))
+        segs[s] = []
+        i, n = 0, len(ids)
+        while i < n:
+            first = Row(s, i, int(ids[i]), int(pos[i]))
+            ok = _agrees([first], want)
+            open_ = [c for c in range(len(found)) if c not in taken and found[c].next_pos == first.pos]
+            open_.sort(key=lambda c: (found[c].agrees != ok, c))
+            waiting = {found[c].next_pos for c in range(len(found)) if c not in taken and c not in open_[:1]}
+            j = i + 1
+            while j < n and pos[j] == pos[j - 1] + 1 and not (open_ and int(pos[j]) in waiting):
+                j += 1
+            seg = [Row(s, r, int(ids[r]), int(pos[r])) for r in range(i, j)]
             if not open_:
                 found.append(Chain())
                 open_ = [len(found) - 1]
             c = found[open_[0]]
             taken.add(open_[0])
             c.rows += seg
-            c.agrees = c.agrees and ok
-            c.ends.append(b - 1)
-    return found
+            c.agrees = c.agrees and _agrees(seg, want)
+            c.ends.append(j - 1)
+            segs[s].append((i, j))
+            i = j
+    return found, segs
 
 
 def pick(found: list[Chain], want: list[int] | None, request: int, where: str) -> tuple[Chain, list[str]]:
