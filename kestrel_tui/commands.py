@@ -248,7 +248,8 @@ def run_report(res, summary=None) -> dict:
                                       "unjudged": summary.n_unjudged}
         report["not_close"] = summary.not_close()  # why exit 1 without a far key; None otherwise
         report["key_metrics"] = {
-            k: ({**summary.metrics[k].as_dict(), "verdict": summary.verdict[k]} if k in summary.metrics else None)
+            k: ({**summary.metrics[k].as_dict(), "verdict": summary.verdict[k], "rule": summary.rule[k]}
+                if k in summary.metrics else None)
             for k, st in res.comparison.status.items() if st is Status.DIFF}
     return report
 

@@ -190,7 +190,7 @@ def test_json_fields_consistent(capsys):
     counts, km = r["counts_close_far"], r["key_metrics"]
     assert counts["unjudged"] == 0 and counts["close"] + counts["far"] == r["counts"]["DIFF"] == len(km)
     assert counts["far"] > 0 and code == 1
-    assert all(set(v) == {"nmse", "max_rel_err", "max_ulp", "verdict"} for v in km.values())
+    assert all(set(v) == {"nmse", "max_rel_err", "max_ulp", "verdict", "rule"} for v in km.values())
     far = [k for k, v in km.items() if v["verdict"] == "far"]
     close = [k for k, v in km.items() if v["verdict"] == "close"]
     assert len(far) == counts["far"] and len(close) == counts["close"]

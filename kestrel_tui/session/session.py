@@ -124,6 +124,11 @@ class ToleranceSummary:
     verdict: dict[str, str]             # DIFF key -> "close" | "far", in dataflow order
     metrics: dict[str, KeyMetrics]      # same keys
     no_raw: tuple[str, ...] = ()        # the sides ("reference", "subject") lacking an unjudged key's buffer
+    rule: dict[str, str] = field(default_factory=dict)  # judged key -> the tolerance's rule that judged it
+
+    def criteria(self, key: str) -> Tolerance:
+        """The criteria ``key`` is judged by (a per-key rule's, else the default)."""
+        return self.tolerance.for_key(key)[0]
 
     @property
     def all_close(self) -> bool:
@@ -217,6 +222,7 @@ class RunResult:
     def _judge(self, tol: Tolerance) -> ToleranceSummary:
         verdict: dict[str, str] = {}
         metrics: dict[str, KeyMetrics] = {}
+        rule: dict[str, str] = {}
         first_far, unjudged, no_raw = None, 0, set()
         for key, st in self.comparison.status.items():  # already in order_key order
             if st is not Status.DIFF:
@@ -228,13 +234,14 @@ class RunResult:
                               if trace.raw(key) is None)
                 continue
             metrics[key] = m
-            verdict[key] = CLOSE if tol.holds(m) else FAR
+            criteria, rule[key] = tol.for_key(key)
+            verdict[key] = CLOSE if criteria.holds(m) else FAR
             if verdict[key] == FAR and first_far is None:  # statuses come in dataflow order
                 first_far = key
         n_far = sum(1 for v in verdict.values() if v == FAR)
         n_missing = self.n_missing
         return ToleranceSummary(tol, first_far, len(verdict) - n_far, n_far, unjudged, n_missing, verdict, metrics,
-                                tuple(s for s in ("reference", "subject") if s in no_raw))
+                                tuple(s for s in ("reference", "subject") if s in no_raw), rule)
 
 
 @dataclass(frozen=True)

@@ -6,13 +6,16 @@ orders, and a prompt position must not hide behind a later decode step.
 """
 from __future__ import annotations
 
+import difflib
 import enum
+import fnmatch
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from .keys import order_key
+from .keys import order_key, parse_key
 
 
 class Status(enum.Enum):
@@ -206,17 +209,29 @@ class Tolerance:
     """Criteria that must all hold for a DIFF key to be close; None = not checked.
 
     The default is NMSE <= 1e-7 alone; a spec string names exactly the
-    criteria it wants (``ulp=4`` checks ULPs only).
+    criteria it wants (``ulp=4`` checks ULPs only). ``rules`` judge some keys
+    by their own criteria, as Polygraphy's per-output tolerances do: the first
+    rule whose pattern matches a key judges it (a field name, ``logits``, or a
+    glob over key names, ``t*_l3_*``), the criteria above judge the rest.
     """
     nmse: float | None = 1e-7
     ulp: int | None = None
     rel: float | None = None
+    rules: tuple[tuple[str, "Tolerance"], ...] = ()
 
     def spec(self) -> str:
         parts = [f"nmse={self.nmse:g}" if self.nmse is not None else None,
                  f"ulp={self.ulp}" if self.ulp is not None else None,
                  f"rel={self.rel:g}" if self.rel is not None else None]
-        return ",".join(p for p in parts if p)
+        own = ",".join(p for p in parts if p) or "none"
+        return " ".join([own, *(f"{pattern}:{t.spec()}" for pattern, t in self.rules)])
+
+    def for_key(self, key: str) -> tuple["Tolerance", str]:
+        """The criteria that judge ``key`` and the rule's name (its pattern, or "default")."""
+        for pattern, t in self.rules:
+            if _matches(pattern, key):
+                return t, pattern
+        return (Tolerance(self.nmse, self.ulp, self.rel) if self.rules else self), "default"
 
     def holds(self, m: "KeyMetrics") -> bool:
         if m.nonfinite:
@@ -226,11 +241,49 @@ class Tolerance:
                 and (self.rel is None or m.max_rel_err <= self.rel))
 
 
+def _matches(pattern: str, key: str) -> bool:
+    if any(c in pattern for c in "*?["):
+        return fnmatch.fnmatchcase(key, pattern)
+    return parse_key(key).field == pattern
+
+
 def parse_tolerance(spec: str) -> Tolerance:
-    """``nmse=1e-7``, ``ulp=4``, ``rel=1e-3`` or ``default``, comma-combined (all must hold)."""
+    """``nmse=1e-7``, ``ulp=4``, ``rel=1e-3`` or ``default``, comma-combined (all must hold); then,
+    space-separated, per-key rules ``PATTERN:CRITERIA`` (``logits:nmse=1e-5 emb:ulp=0``), the first
+    match judging a key. Without a group of its own the default is ``default`` (nmse=1e-7)."""
+    from ..errors import UsageError
+    from .fields import NAMES
+
+    groups = re.sub(r"\s*([=,:])\s*", r"\1", spec.strip()).split()  # "nmse = 1e-7 , ulp=4" is one group
+    if not groups:
+        raise UsageError(f"--tol {spec!r}: empty tolerance ({_TOL_HELP})")
+    base, rules = None, []
+    for group in groups:
+        pattern, colon, criteria = group.rpartition(":")
+        if not colon:
+            if base is not None:
+                raise UsageError(f"--tol {spec!r}: two default criteria ({base.spec()} and {group});"
+                                 f" give one, and PATTERN:CRITERIA for the keys judged otherwise")
+            base = _criteria(spec, group)
+            continue
+        if not pattern:
+            raise UsageError(f"--tol {spec!r}: {group!r} names no keys; write FIELD:CRITERIA or GLOB:CRITERIA,"
+                             f" e.g. logits:nmse=1e-5")
+        if not any(c in pattern for c in "*?[") and pattern not in NAMES:
+            close = difflib.get_close_matches(pattern, NAMES, n=1)
+            raise UsageError(f"--tol {spec!r}: {pattern!r} is no field" + (f" (did you mean {close[0]}?)" if close
+                             else "") + "; name a field (trace/fields.py) or a glob over key names such as t*_l3_*")
+        if any(p == pattern for p, _ in rules):
+            raise UsageError(f"--tol {spec!r}: {pattern} given twice")
+        rules.append((pattern, _criteria(spec, criteria)))
+    base = base if base is not None else Tolerance()
+    return Tolerance(base.nmse, base.ulp, base.rel, tuple(rules))
+
+
+def _criteria(spec: str, text: str) -> Tolerance:
+    """One group of comma-combined criteria: ``nmse=1e-7,ulp=4`` or ``default``."""
     from ..errors import UsageError
 
-    text = spec.strip()
     if text == "default":
         return Tolerance()
     if not text:

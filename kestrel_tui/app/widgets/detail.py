@@ -45,6 +45,7 @@ class KeyInfo:
     metrics: KeyMetrics | None = None   # NMSE, max rel. err, max ULP: a DIFF key under a tolerance
     verdict: str | None = None          # "close" | "far" under `tol`
     tol: str | None = None              # the tolerance's spec, e.g. "nmse=1e-07"
+    rule: str | None = None             # the per-key rule that judged it, "logits: nmse=1e-05" (None: no rules)
     first_far: bool = False
     q8_input: str | None = None         # a q4_0 GEMV's input key, when this key is such a GEMV's output
     q8: CodeFlips | None = None         # where that input's q8_0 codes differ (None: all equal)
@@ -61,6 +62,8 @@ def key_info(board, key: str | None, t: int) -> KeyInfo | None:
     if summary is not None and status is Status.DIFF:  # computed by the engine in a worker (workers.judge)
         info.metrics, info.verdict = summary.metrics.get(key), summary.verdict.get(key)
         info.tol, info.first_far = summary.tolerance.spec(), key == summary.first_far
+        if summary.tolerance.rules and key in summary.rule:  # the rule that judged this key, by name
+            info.rule = f"{summary.rule[key]}: {summary.criteria(key).spec()}"
     a, b = board.raw_ref(key), board.raw_sub(key)
     if a is None and b is None:
         info.raw_note = "hashes only (no raw buffers)" if not board.live else None
@@ -227,6 +230,8 @@ class DetailPanel(Widget, can_focus=False):
         if info.verdict:
             line.append(f"{info.verdict} ", style=self._s(f"detail--{info.verdict}"))
         line.append(f"nmse {m.nmse:.3g} rel {m.max_rel_err:.3g} ulp {ulp}")
+        if info.rule:
+            line.append(f"  by {info.rule}", style=self._s("detail--dim"))
         return line
 
     def _meta(self, info: KeyInfo) -> Text:
