@@ -314,6 +314,8 @@ class Batch:
     input_ids: torch.Tensor
     positions: torch.Tensor
     seq_lens: torch.Tensor
+    req_pool_indices: torch.Tensor | None = None
+    rids: list | None = None
 
 
 class Model(nn.Module):
@@ -551,20 +553,20 @@ def run_all(sd: dict, kind: str, prompts: list[list[int]], n_new: int, out: Path
     return got
 
 
-def _rank_main(rank: int, world: int, port: int, jobs: list[tuple[str, str, list, int, str]]):
+def _rank_main(rank: int, world: int, port: int, jobs: list[tuple[str, str, list, int, str]], target):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         torch.set_num_threads(1)
         for sd_path, kind, prompts, n_new, out in jobs:
-            run_all(torch.load(sd_path, weights_only=True), kind, prompts, n_new, Path(out))
+            target(torch.load(sd_path, weights_only=True), kind, prompts, n_new, Path(out))
     finally:
         dist.destroy_process_group()
 
 
-def run_tp(jobs: list[tuple[dict, str, list, int, Path]], world: int = 2) -> None:
-    """The three dumps of each job (weights, kind, prompts, new tokens, folder) in a TP=world run:
-    `world` processes over gloo on this machine, started once for all the jobs."""
+def run_tp(jobs: list[tuple[dict, str, list, int, Path]], world: int = 2, target=run_all) -> None:
+    """``target`` (run_all: the three dumps) of each job (weights, kind, prompts, new tokens, folder) in a
+    TP=world run: `world` processes over gloo on this machine, started once for all the jobs."""
     import socket
 
     import torch.multiprocessing as mp
@@ -577,6 +579,6 @@ def run_tp(jobs: list[tuple[dict, str, list, int, Path]], world: int = 2) -> Non
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.start_processes(_rank_main, args=(world, port, args), nprocs=world, start_method="spawn")
+    mp.start_processes(_rank_main, args=(world, port, args, target), nprocs=world, start_method="spawn")
     for a in args:
         Path(a[0]).unlink()
