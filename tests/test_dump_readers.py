@@ -248,11 +248,11 @@ def test_the_engine_through_a_profile(dumps, refs, tmp_path, monkeypatch):
     from kestrel_tui.engines import profile as profile_mod
     from kestrel_tui.engines import registry
     from kestrel_tui.engines.build import make_engine
-    from kestrel_tui.engines.dumps.engine import vllm_dump_factory
+    from kestrel_tui.engines.dumps.engine import dump_factory
     from kestrel_tui.trace.compare import Status, classify, compare
 
     for name in ("vllm-dump", "sglang-dump"):
-        monkeypatch.setitem(registry.ENGINE_TABLE, name, registry.EngineEntry(name, vllm_dump_factory))
+        monkeypatch.setitem(registry.ENGINE_TABLE, name, registry.EngineEntry(name, dump_factory))
     monkeypatch.setattr(profile_mod, "ENGINES", tuple(registry.ENGINE_TABLE))
     d = dumps["moe"]
     path = tmp_path / "serving.toml"

@@ -9,6 +9,7 @@ tells them apart by the folder's contents).
 """
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,6 +83,8 @@ class DumpEngine(Engine):
         self.cfg, self.name, self.kv, self.deep = cfg, cfg.name, kv, deep
         self.cfg_model = model.cfg if model is not None else None
         made = MAPPED | {"k", "ks", "vs"}
+        if cfg.engine == "vllm-dump":
+            made -= {"topk", "topw"}  # vLLM routes inside FusedMoE: no module gives them
         self.fields = frozenset(f for f in ("emb", "logits", *FIELDS, *(DEEP_FIELDS if deep else ())) if f in made)
         self.caps = Capabilities(prefill_from=False, forcing=False, isolate=False, logits=True, raw=True,
                                  formats=False)
@@ -106,7 +109,8 @@ class DumpEngine(Engine):
 
         if not req.prompt:
             raise ValueError("the prompt is empty; give at least one token")
-        want = list(req.prompt) + ([] if req.forced is None else [t for t in req.forced[:req.n_tokens] if t >= 0])
+        forced = list(itertools.takewhile(lambda t: t >= 0, req.forced[:req.n_tokens])) if req.forced else []
+        want = list(req.prompt) + forced  # a reference that reported no token (-1) is followed that far
         return read_trace(self.source, want=want, request=self.cfg.request, n_prompt=len(req.prompt),
                           n_positions=len(req.prompt) + req.n_tokens, kv=self.kv, deep=self.deep,
                           n_layers=self._n_layers(), name=self.describe(req.values), raw=req.raw,
@@ -121,6 +125,6 @@ def make_dump_engine(spec: EngineSpec, model=None, kv: str = "f32", deep: bool =
     return DumpEngine(parse_options(spec.engine, spec.options or {}), model, kv=kv, deep=deep)
 
 
-def vllm_dump_factory(spec, model, kv="q8", deep=False, **_):
-    """The engine table's factory of vllm-dump (and sglang-dump: the spec names the engine)."""
+def dump_factory(spec, model, kv="q8", deep=False, **_):
+    """The engine table's factory of vllm-dump and sglang-dump (the spec names the engine)."""
     return make_dump_engine(spec, model, kv=kv, deep=deep)
