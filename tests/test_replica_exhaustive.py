@@ -160,3 +160,23 @@ def test_bad_arguments_are_one_line(capsys):
             rx.main(argv)
         assert e.value.code == 2
         assert "error:" in capsys.readouterr().err
+
+
+def test_device_side_gets_the_numpy_bits(cref, c_evals):
+    """The --cuda path without a GPU: a stand-in device (the C replica with one NaN made canonical
+    and one bit flipped) is compared with the chunk's numpy bits under the GPU's NaN rule."""
+    import argparse
+
+    rx._init_worker(cref._name)
+    lo = 0x7FBFF000
+    args = argparse.Namespace(start=lo, stop=lo + 8192, stride=1, workers=1)
+
+    def device(fn, bits):
+        out = c_evals[fn](bits)
+        out[bits == np.uint32(lo + 1)] = 0x7FFFFFFF  # a signalling NaN in, the canonical NaN out
+        out[bits == np.uint32(lo + 2)] ^= np.uint32(1 << 30)  # a number where a NaN is due
+        return out
+    rec = rx.run_function("expf", args, None, device)
+    assert rec["inputs"] == 8192 and rec["c"]["differ"]["count"] == 0
+    assert rec["cuda"]["nan_payload"]["count"] == 1 and rec["cuda"]["nan_payload"]["first"][0][0] == lo + 1
+    assert rec["cuda"]["differ"]["count"] == 1 and rec["cuda"]["differ"]["first"][0][0] == lo + 2
