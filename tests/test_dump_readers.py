@@ -233,6 +233,10 @@ def test_bad_dumper_records_are_one_line(dumps, tmp_path):
     rec = torch.load(moe, weights_only=True)
     torch.save({**rec, "meta": {**rec["meta"], "dims": "t h[tp:partial] x"}}, moe)
     _one_line(lambda: read_folder(folder), "names 3")
+    rec2 = dict(rec, value=rec["value"][:, :5].clone(), meta={**rec["meta"], "name": "qrope"})  # 5 per row
+    torch.save(rec2, moe.with_name(moe.name.replace("name=moe", "name=qrope")))
+    moe.unlink()
+    _one_line(lambda: read_folder(folder), "does not fit qrope's [heads, 16] layout")
 
 
 def test_detects_the_engine(dumps):

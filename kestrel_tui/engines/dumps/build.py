@@ -73,7 +73,7 @@ def _row(a: Assembled, row: int, field_name: str, hd: int | None) -> np.ndarray:
 
 def read_trace(source, *, want: list[int] | None = None, request: int = 0, n_prompt: int | None = None,
                n_positions: int | None = None, kv: str = "f32", deep: bool = True, n_layers: int | None = None,
-               name: str = "dump", raw: bool = True, n_heads: int | None = None, on_position: Callable[[Position], None] | None = None,
+               name: str = "dump", raw: bool = True, n_heads: int | None = None, stop=None, on_position: Callable[[Position], None] | None = None,
                cancel=None) -> DumpTrace:
     steps = source.index()
     found, segs_by_step = chains(steps, want)
@@ -117,7 +117,12 @@ def read_trace(source, *, want: list[int] | None = None, request: int = 0, n_pro
                 if a is None:
                     missing[field_name] = missing.get(field_name, 0) + 1
                     return
-                col[key] = _row(a, r.row, field_name, hd)
+                try:
+                    col[key] = _row(a, r.row, field_name, hd)
+                except ValueError:  # a row that cannot take the key's layout (a hand-written dump call)
+                    raise UsageError(f"{source.label}: {key}: a row of shape {a.value.shape[1:]} does not fit"
+                                     f" {field_name}'s [heads, {hd}] layout; dump it as the model makes it"
+                                     ) from None
                 if a.partial:
                     trace.partial.add(key)
                 if a.per_rank is not None and raw:
@@ -151,6 +156,8 @@ def read_trace(source, *, want: list[int] | None = None, request: int = 0, n_pro
             emit(Position(r.pos, r.token, r.pos < P, hashes, store.keep(col) if raw else None,
                           col.get(logits_key(r.pos))))
             t_next = r.pos + 1
+            if stop is not None and stop():
+                return trace  # the caller has what it needs
     for f, n in sorted(missing.items()):
         trace.notes.append(f"{f}: not in the dump at {n} key{'s' * (n != 1)} ({_WHY.get(f, 'the dump has no module that gives it')})")
     return trace

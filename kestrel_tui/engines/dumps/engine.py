@@ -115,7 +115,7 @@ class DumpEngine(Engine):
                           n_positions=len(req.prompt) + req.n_tokens, kv=self.kv, deep=self.deep,
                           n_layers=self._n_layers(), name=self.describe(req.values), raw=req.raw,
                           n_heads=self.cfg_model.n_heads if self.cfg_model is not None else None,
-                          on_position=req.on_position, cancel=req.cancel)
+                          on_position=req.on_position, cancel=req.cancel, stop=req.stop)
 
 
 def make_dump_engine(spec: EngineSpec, model=None, kv: str = "f32", deep: bool = False) -> DumpEngine:
