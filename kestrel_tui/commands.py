@@ -247,6 +247,8 @@ def run_report(res, summary=None) -> dict:
         report["counts_close_far"] = {"close": summary.n_close, "far": summary.n_far,
                                       "unjudged": summary.n_unjudged}
         report["not_close"] = summary.not_close()  # why exit 1 without a far key; None otherwise
+        cause = res.cause_of(summary.first_far) if summary.first_far else None
+        report["first_far_after"] = cause.as_dict() if cause else None
         report["key_metrics"] = {
             k: ({**summary.metrics[k].as_dict(), "verdict": summary.verdict[k], "rule": summary.rule[k]}
                 if k in summary.metrics else None)
@@ -270,10 +272,37 @@ def _base_report(res) -> dict:
         "all_ok": res.all_ok,
         "failed": res.failed.as_dict() if res.failed else None,
         "counts": {st.value: n for st, n in cmp.counts.items()},
-        "top1_flips": [{"t": s.t, "ref": s.ref_top1, "sub": s.sub_top1} for s in res.tokens if s.flip],
+        "top1_flips": [{"t": s.t, "ref": s.ref_top1, "sub": s.sub_top1, "ref_margin": s.ref_margin,
+                        "near_tie": _near_tie(res, s.t)} for s in res.tokens if s.flip],
+        "events": [e.as_dict() for e in res.events[:MAX_EVENTS]],
+        "n_events": {kind: sum(1 for e in res.events if e.kind == kind) for kind in EVENT_KINDS},
         "tokens": [{"t": s.t, "prompt": s.prompt, "ref_top1": s.ref_top1, "sub_top1": s.sub_top1,
                     "n_diff": s.n_diff} for s in res.tokens],
     }
+
+
+MAX_EVENTS = 200  # of --json's events list (n_events counts them all)
+EVENT_KINDS = ("experts", "token", "q8-scale")
+
+
+def _near_tie(res, t: int) -> bool | None:
+    """Whether the top-1 flip at t is a near-tie (trace/events.py); None without both sides' logits."""
+    return next((e.near_tie for e in res.events if e.kind == "token" and e.key == f"t{t}_logits"), None)
+
+
+def print_events(res, summary=None) -> None:
+    """What the far keys follow, and the discrete events in the run (a few of each kind)."""
+    cause = res.cause_of(summary.first_far) if summary is not None and summary.first_far else None
+    if cause is not None:
+        console.print(Text.assemble("  after: ", (cause.line, "bold")))
+    counts = [(kind, [e for e in res.events if e.kind == kind]) for kind in EVENT_KINDS]
+    if not res.events:
+        return
+    console.print("discrete events: " + ", ".join(f"{len(es)} {kind}" for kind, es in counts if es))
+    for kind, es in counts:
+        if kind != "token":  # the flips line below lists the tokens
+            for e in es[:3]:
+                console.print(f"  {e.line}")
 
 
 def print_run(res, summary=None) -> None:
@@ -299,8 +328,17 @@ def print_run(res, summary=None) -> None:
                       f" first at [{st.first_index}]: {st.first_a!r} vs {st.first_b!r}")
     if summary is not None:
         print_tolerance(summary)
+    print_events(res, summary)
     flips = [s for s in res.tokens if s.flip]
-    console.print(f"top-1 flips: {len(flips)}" + "".join(f"  t{s.t}: {s.ref_top1}->{s.sub_top1}" for s in flips[:8]))
+    console.print(f"top-1 flips: {len(flips)}" + "".join(f"  t{s.t}: {s.ref_top1}->{s.sub_top1}{_margin(res, s)}"
+                                                         for s in flips[:8]))
+
+
+def _margin(res, s) -> str:
+    if s.ref_margin is None:
+        return ""
+    near = _near_tie(res, s.t)
+    return f" (margin {s.ref_margin:.3g}{', a near-tie' if near else ''})"
 
 
 def _fmt_metric(x: float) -> str:

@@ -82,6 +82,7 @@ class Board:
         self.first_mismatch: str | None = None
         self.raw_sub: RawGetter = _no_raw
         self.tolerance = None  # session.session.ToleranceSummary of the finished run, or None: plain ok/DIFF
+        self.events: list = []  # trace/events.Event of the finished run, in dataflow order
 
     def set_tolerance(self, summary) -> None:
         """DIFF keys judged close/far (a ToleranceSummary), or None for the plain DIFF view."""

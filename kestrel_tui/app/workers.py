@@ -45,6 +45,7 @@ def decode(session: Session, settings: RunSettings, run_id: int, cancel: threadi
             post(msg.ReferenceReady(run_id, ref))
             result = session.run(settings, cancel=cancel,
                                  on_position=lambda p, st: post(msg.PositionDone(run_id, p, st)))
+            result.events  # found here, off the UI thread: the status line and the panel name them
             post(msg.RunDone(run_id, result))
         except Cancelled:
             post(msg.RunCancelled(run_id))

@@ -18,7 +18,8 @@ from ..engines.build import make_engine
 from ..model.weights import Model
 from ..trace.compare import (CLOSE, FAR, Comparison, DiffStats, KeyMetrics, Status, Tolerance, compare,
                              diff_stats, key_metrics)
-from ..trace.keys import order_key
+from ..trace.events import Event, event_before, find_events, logit_margin
+from ..trace.keys import order_key, parse_key
 from ..trace.run import Position, Trace
 
 MODES = ("chain", "isolate")
@@ -105,6 +106,7 @@ class TokenSummary:
     ref_top1: int
     sub_top1: int
     n_diff: int
+    ref_margin: float | None = None  # the reference's top-1 minus top-2 logit (None: no logits)
 
     @property
     def flip(self) -> bool:
@@ -166,6 +168,7 @@ class RunResult:
     _stats: dict[str, DiffStats] = field(default_factory=dict, repr=False)
     _metrics: dict[str, KeyMetrics | None] = field(default_factory=dict, repr=False)
     _summaries: dict[Tolerance, ToleranceSummary] = field(default_factory=dict, repr=False)
+    _events: list[Event] | None = field(default=None, repr=False)
 
     @property
     def first_diff(self) -> str | None:
@@ -195,6 +198,19 @@ class RunResult:
         """Keys missing where both engines make them (the subject failed or stopped)."""
         cmp = self.comparison
         return cmp.counts[Status.MISSING_REF] + cmp.counts[Status.MISSING_SUB] - len(self.expected_missing)
+
+    @property
+    def events(self) -> list[Event]:
+        """The discrete events among the DIFF keys (trace/events.py: a flipped expert set, a top-1 flip
+        and its margin, a q8 scale a ULP off), in dataflow order; found once, then kept."""
+        if self._events is None:
+            diff = [k for k, st in self.comparison.status.items() if st is Status.DIFF]
+            self._events = find_events(diff, _raw_of(self.ref), _raw_of(self.sub))
+        return self._events
+
+    def cause_of(self, key: str) -> Event | None:
+        """The event a DIFF key follows (event_before): what the keys after an expert flip inherit."""
+        return event_before(self.events, key)
 
     def stats(self, key: str) -> DiffStats | None:
         """Element statistics for a key from both raw buffers (None when either is absent)."""
@@ -277,13 +293,26 @@ def setting_changes(old: RunSettings | None, new: RunSettings) -> tuple[str, ...
     return tuple(parts) or ("rerun",)
 
 
+def _raw_of(trace: Trace):
+    """key -> raw array; a position's logits count as its logits key's raw values."""
+    def get(key: str):
+        a = trace.raw(key)
+        if a is None and parse_key(key).field == "logits":
+            t = parse_key(key).t
+            if t < len(trace.positions):
+                a = trace.positions[t].logits
+        return a
+    return get
+
+
 def summarize(ref: Trace, sub: Trace, cmp: Comparison, failing=None) -> list[TokenSummary]:
     """Per position: both top-1s and the keys that fail there (DIFF, or missing where expected)."""
     failing = failing or (lambda k, st: st is not Status.OK)
     out = []
     for p_ref, p_sub in zip(ref.positions, sub.positions):
         n = sum(1 for k in p_ref.hashes.keys() | p_sub.hashes.keys() if failing(k, cmp.status.get(k, Status.OK)))
-        out.append(TokenSummary(p_ref.t, p_ref.prompt, p_ref.top1, p_sub.top1, n))
+        margin = logit_margin(p_ref.logits) if p_ref.logits is not None else None
+        out.append(TokenSummary(p_ref.t, p_ref.prompt, p_ref.top1, p_sub.top1, n, margin))
     return out
 
 

@@ -366,6 +366,7 @@ class MainScreen(GridNavigation, Screen):
             self.notify(" · ".join(result.notes), title=self.session.subject, severity="warning", timeout=10,
                         markup=False)
         self.result = result
+        self.board.events = result.events
         self.phase = "idle"
         status = result.comparison.status
         for p_ref in result.ref.positions:  # positions a failed subject never reached read missing, not pending
@@ -401,6 +402,9 @@ class MainScreen(GridNavigation, Screen):
                       f" (no raw values to judge)")
         elif summary is not None:
             far = summary.first_far or "— (every judged DIFF key close)"
+            cause = result.cause_of(summary.first_far) if summary.first_far else None
+            if cause is not None:
+                far += f" (after {cause.short})"
             counts = f"first far {far} at {tol.spec()} · {summary.n_close} close · {summary.n_far} far"
             if summary.n_unjudged:
                 counts += f" · {summary.n_unjudged} hash-only"

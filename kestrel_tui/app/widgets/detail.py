@@ -23,6 +23,7 @@ from textual.widget import Widget
 from ...backends.toggles import OWNERS, TOGGLES
 from ...trace.compare import NAN_ULP, DiffStats, KeyMetrics, Status, diff_stats, ulp_bin_labels, ulp_histogram
 from ...model.quant import CodeFlips, q8_0_code_flips
+from ...trace.events import event_before
 from ...trace.keys import GEMV_INPUT, key_name, parse_key
 
 BIN_LABELS = ulp_bin_labels()
@@ -46,6 +47,8 @@ class KeyInfo:
     verdict: str | None = None          # "close" | "far" under `tol`
     tol: str | None = None              # the tolerance's spec, e.g. "nmse=1e-07"
     rule: str | None = None             # the per-key rule that judged it, "logits: nmse=1e-05" (None: no rules)
+    event: str | None = None            # the discrete event at this key (an expert flip, a top-1 flip's margin)
+    after: str | None = None            # the event a DIFF key follows (trace/events.event_before)
     first_far: bool = False
     q8_input: str | None = None         # a q4_0 GEMV's input key, when this key is such a GEMV's output
     q8: CodeFlips | None = None         # where that input's q8_0 codes differ (None: all equal)
@@ -58,6 +61,11 @@ def key_info(board, key: str | None, t: int) -> KeyInfo | None:
     status = board.cell(key, t)
     a_hash, b_hash = board.hashes(key)
     info = KeyInfo(key, status, key == board.first_diff, a_hash, b_hash, board.sides)
+    if status is Status.DIFF and board.events:
+        own = next((e for e in board.events if e.key == key), None)
+        cause = event_before(board.events, key)
+        info.event = own.line if own else None
+        info.after = cause.line if cause is not None and cause is not own else None
     summary = board.tolerance
     if summary is not None and status is Status.DIFF:  # computed by the engine in a worker (workers.judge)
         info.metrics, info.verdict = summary.metrics.get(key), summary.verdict.get(key)
@@ -171,6 +179,10 @@ class DetailPanel(Widget, can_focus=False):
                               f"{_num(s.first_b, info.dtype)}"))
         if info.q8_input is not None:
             lines.append(self._q8_line(info))
+        if info.event:
+            lines.append(Text(info.event, style=self._s("detail--far")))
+        if info.after:
+            lines.append(Text.assemble(("after ", self._s("detail--dim")), info.after))
         if info.hist is not None:
             if compact:
                 # the histogram as one line of bucket:count pairs
