@@ -56,7 +56,8 @@ def write_checkpoint(kind: str, path: Path, seed: int) -> dict[str, torch.Tensor
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for _, p in model.named_parameters():
-            p.copy_(1 + 0.2 * torch.randn(p.shape, generator=g) if p.ndim == 1 else 0.25 * torch.randn(p.shape, generator=g))
+            noise = torch.randn(p.shape, generator=g)
+            p.copy_(1 + 0.2 * noise if p.ndim == 1 else 0.25 * noise)
     model.save_pretrained(path)
     sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
     if kind == "moe" and not any(".experts.0." in k for k in sd):  # transformers 5 fuses the experts
@@ -199,7 +200,8 @@ class SelfAttn(nn.Module):
         k = sd[f"{pre}.k_proj.weight"][kv0 * hd:(kv0 + self.kl) * hd]
         v = sd[f"{pre}.v_proj.weight"][kv0 * hd:(kv0 + self.kl) * hd]
         self.qkv_proj = Linear(torch.cat([q, k, v]))
-        self.o_proj = Linear(sd[f"{pre}.o_proj.weight"][:, r * self.hl * hd:(r + 1) * self.hl * hd].clone(), reduce=True)
+        cols = slice(r * self.hl * hd, (r + 1) * self.hl * hd)
+        self.o_proj = Linear(sd[f"{pre}.o_proj.weight"][:, cols].clone(), reduce=True)
         self.rotary_emb = Rotary(hd)
         self.attn = Attention(self.hl, self.kl, hd)
         self.q_norm = RMSNorm(sd[f"{pre}.q_norm.weight"])

@@ -273,3 +273,21 @@ def test_the_engine_through_a_profile(dumps, refs, tmp_path, monkeypatch):
     assert tr.partial <= set(judged)  # a partial-sum key is never ok by bits: judged by tolerance
     with pytest.raises(UsageError, match="unknown option 'fodler'"):
         make_engine(EngineSpec("vllm-dump", None, {"fodler": "x"}), d["model"])
+
+
+def test_requests_are_told_apart_by_ids_and_positions():
+    from kestrel_tui.engines.dumps.tokens import chains, pick
+
+    a = [1, 2, 3, 4, 5]
+    steps = [(np.array([1, 2, 3, 7, 8]), np.array([0, 1, 2, 0, 1])),  # two prefills in one forward
+             (np.array([9, 4]), np.array([2, 3])),   # B's decode at 2, then A's at 3: consecutive, two requests
+             (np.array([5, 6]), np.array([4, 3]))]   # rows swapped back
+    found, segs = chains(steps, a)
+    assert [[r.token for r in c.rows] for c in found] == [[1, 2, 3, 4, 5], [7, 8, 9, 6]]
+    assert segs[1] == [(0, 1), (1, 2)]
+    assert pick(found, a, 0, "dump")[0] is found[0]
+    cached = [(np.array([3, 7]), np.array([2, 0])), (np.array([4]), np.array([3]))]  # A from position 2 on
+    c, notes = pick(chains(cached, a)[0], a, 0, "dump")
+    assert [r.pos for r in c.rows] == [2, 3] and "starts this request at position 2" in notes[0]
+    with pytest.raises(UsageError, match="no dumped request has the session's tokens"):
+        pick(chains(steps, [1, 2, 9])[0], [1, 2, 9], 0, "dump")

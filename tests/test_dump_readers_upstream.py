@@ -123,8 +123,9 @@ def _same(a, b) -> bool:
     if isinstance(a, (list, tuple)):
         return isinstance(b, (list, tuple)) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
     if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and \
-            a.contiguous().view(torch.uint8).equal(b.contiguous().view(torch.uint8)) if a.numel() else a.shape == b.shape
+        if not (isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape):
+            return False
+        return a.contiguous().view(torch.uint8).equal(b.contiguous().view(torch.uint8))
     return a == b
 
 

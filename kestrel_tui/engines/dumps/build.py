@@ -73,7 +73,8 @@ def _row(a: Assembled, row: int, field_name: str, hd: int | None) -> np.ndarray:
 
 def read_trace(source, *, want: list[int] | None = None, request: int = 0, n_prompt: int | None = None,
                n_positions: int | None = None, kv: str = "f32", deep: bool = True, n_layers: int | None = None,
-               name: str = "dump", raw: bool = True, n_heads: int | None = None, stop=None, on_position: Callable[[Position], None] | None = None,
+               name: str = "dump", raw: bool = True, n_heads: int | None = None, stop=None,
+               on_position: Callable[[Position], None] | None = None,
                cancel=None) -> DumpTrace:
     steps = source.index()
     found, segs_by_step = chains(steps, want)
@@ -159,7 +160,8 @@ def read_trace(source, *, want: list[int] | None = None, request: int = 0, n_pro
             if stop is not None and stop():
                 return trace  # the caller has what it needs
     for f, n in sorted(missing.items()):
-        trace.notes.append(f"{f}: not in the dump at {n} key{'s' * (n != 1)} ({_WHY.get(f, 'the dump has no module that gives it')})")
+        why = _WHY.get(f, "the dump has no module that gives it")
+        trace.notes.append(f"{f}: not in the dump at {n} key{'s' * (n != 1)} ({why})")
     return trace
 
 

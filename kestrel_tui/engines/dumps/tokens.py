@@ -32,7 +32,6 @@ class Row:
 class Chain:
     rows: list[Row] = field(default_factory=list)
     agrees: bool = True
-    ends: list[int] = field(default_factory=list)  # per step it appears in: its last row there (logits' row)
 
     @property
     def next_pos(self) -> int:
@@ -74,7 +73,6 @@ def chains(steps: list[tuple[np.ndarray, np.ndarray]], want: list[int] | None = 
             taken.add(open_[0])
             c.rows += seg
             c.agrees = c.agrees and _agrees(seg, want)
-            c.ends.append(j - 1)
             segs[s].append((i, j))
             i = j
     return found, segs
@@ -84,8 +82,8 @@ def pick(found: list[Chain], want: list[int] | None, request: int, where: str) -
     """The reference's chain and the notes on how it was chosen; a one-line UsageError when none fits."""
     notes = []
     fit = [c for c in found if c.agrees and c.rows and (want is None or c.rows[0].pos < len(want))]
-    if want is not None:
-        fit = [c for c in fit if any(r.pos < len(want) for r in c.rows)]
+    if any(c.rows[0].pos == 0 for c in fit):  # a request computed from its first token beats a cached prefix's
+        fit = [c for c in fit if c.rows[0].pos == 0]
     if not fit:
         have = ", ".join(f"positions {c.rows[0].pos}..{c.rows[-1].pos} starting {[r.token for r in c.rows[:4]]}"
                          for c in found[:3]) or "no rows"
