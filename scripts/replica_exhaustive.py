@@ -30,9 +30,9 @@ Each difference falls in one of three classes (docs/numerics.md T1, T2):
 
 --json writes, per function and side (c, cuda): the count of each class and its first 100
 inputs as [input bits, numpy bits, other bits], plus the inputs covered, the bit ranges, the
-seconds and the workers. --merge adds partial files up (ranges must not overlap) so that a run
-too long for one sitting can be split by function or by range. Progress goes to stderr; the
-summary table to stdout.
+seconds (wall, and the workers' CPU: the rate that scales with cores) and the workers. --merge
+adds partial files up (ranges must not overlap) so that a run too long for one sitting can be
+split by function or by range. Progress goes to stderr; the summary table to stdout.
 """
 from __future__ import annotations
 
@@ -164,11 +164,11 @@ def _init_worker(lib_path: str) -> None:
 
 def _work(task):
     fn, lo, hi, stride, origin, keep_numpy = task
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     bits = bit_patterns(lo, hi, stride, origin)
     tallies, want = check_chunk(fn, bits, _C_EVAL[fn])
     return {"lo": lo, "hi": hi, "inputs": int(bits.size), "fallback_inputs": fallback_inputs(fn, bits),
-            "c": tallies, "numpy": want if keep_numpy else None, "seconds": time.perf_counter() - t0}
+            "c": tallies, "numpy": want if keep_numpy else None, "cpu_seconds": time.process_time() - t0}
 
 
 def chunks(start: int, stop: int) -> list[tuple[int, int]]:
@@ -199,9 +199,10 @@ def run_function(fn: str, args, pool, device) -> dict:
     results = pool.imap_unordered(_work, tasks) if pool else map(_work, tasks)
     t0 = time.perf_counter()
     last = t0
-    c_parts, cuda_parts, inputs, fallback = [], [], 0, 0
+    c_parts, cuda_parts, inputs, fallback, cpu = [], [], 0, 0, 0.0
     for i, r in enumerate(results, 1):
         inputs += r["inputs"]
+        cpu += r["cpu_seconds"]
         fallback += r["fallback_inputs"]
         c_parts.append(r["c"])
         if device is not None:
@@ -212,8 +213,8 @@ def run_function(fn: str, args, pool, device) -> dict:
             _progress(fn, i, len(tasks), inputs, t0)
             last = now
     record = {"inputs": inputs, "fallback_inputs": fallback, "ranges": [[args.start, args.stop]],
-              "stride": args.stride, "seconds": round(time.perf_counter() - t0, 1), "workers": args.workers,
-              "c": merge_tallies(c_parts)}
+              "stride": args.stride, "seconds": round(time.perf_counter() - t0, 1),
+              "cpu_seconds": round(cpu, 1), "workers": args.workers, "c": merge_tallies(c_parts)}
     if device is not None:
         record["cuda"] = merge_tallies(cuda_parts)
     return record
@@ -272,25 +273,28 @@ def merge_files(paths: list[str]) -> dict:
             docs.append((p, json.loads(Path(p).read_text())))
         except (OSError, ValueError) as e:
             raise UsageError(f"--merge: cannot read {p} ({e}); give the --json files of earlier runs")
-    out = {k: sorted({str(d.get(k)) for _, d in docs}) for k in ("machine", "gpu", "commit", "numpy", "date")}
+    out = {"what": f"{len(docs)} runs added up"}
+    for k in ("date", "machine", "gpu", "commit", "numpy", "python"):  # each value the parts had
+        out[k] = list(dict.fromkeys(d.get(k) for _, d in docs))
     out["functions"] = {}
     for fn in FUNCTIONS:
         parts = [(p, d["functions"][fn]) for p, d in docs if fn in d.get("functions", {})]
         if not parts:
             continue
+        strides = {r["stride"] for _, r in parts}
+        sides = {tuple(s for s in ("c", "cuda") if s in r) for _, r in parts}
+        if len(strides) > 1 or len(sides) > 1:
+            raise UsageError(f"--merge: the {fn} parts differ in --stride or --cuda; merge runs made alike")
         ranges = sorted((lo, hi, p) for p, r in parts for lo, hi in r["ranges"])
         for (a_lo, a_hi, a), (b_lo, b_hi, b) in zip(ranges, ranges[1:]):
             if b_lo < a_hi:
                 raise UsageError(f"--merge: {a} and {b} both cover {fn} [{b_lo:#x}, {min(a_hi, b_hi):#x});"
                                  " merge runs of disjoint ranges")
-        strides = {r["stride"] for _, r in parts}
-        sides = {tuple(s for s in ("c", "cuda") if s in r) for _, r in parts}
-        if len(strides) > 1 or len(sides) > 1:
-            raise UsageError(f"--merge: the {fn} parts differ in --stride or --cuda; merge runs made alike")
         rec = {"inputs": sum(r["inputs"] for _, r in parts),
                "fallback_inputs": sum(r["fallback_inputs"] for _, r in parts),
                "ranges": [[lo, hi] for lo, hi, _ in ranges], "stride": strides.pop(),
                "seconds": round(sum(r["seconds"] for _, r in parts), 1),
+               "cpu_seconds": round(sum(r["cpu_seconds"] for _, r in parts), 1),
                "workers": sorted({r["workers"] for _, r in parts})}
         for side in sides.pop():
             rec[side] = merge_tallies(r[side] for _, r in parts)
@@ -310,7 +314,7 @@ def covers_all(rec: dict) -> bool:
 def summary(doc: dict) -> tuple[str, int]:
     """The figures as a Markdown table, and the count of contract differences."""
     rows = ["| function | side | inputs covered | all 2^32 | differ | nan_payload | fallback (of inputs) "
-            "| seconds | workers |", "|---|---|---|---|---|---|---|---|---|"]
+            "| seconds | workers | M inputs per worker CPU-second |", "|---|---|---|---|---|---|---|---|---|---|"]
     bad = 0
     for fn, rec in doc["functions"].items():
         for side in ("c", "cuda"):
@@ -321,7 +325,7 @@ def summary(doc: dict) -> tuple[str, int]:
             rows.append(f"| {fn} | {side} | {rec['inputs']:,} | {'yes' if covers_all(rec) else 'no'} "
                         f"| {t['differ']['count']} | {t['nan_payload']['count']} "
                         f"| {t['fallback']['count']} (of {rec['fallback_inputs']:,}) | {rec['seconds']} "
-                        f"| {rec['workers']} |")
+                        f"| {rec['workers']} | {rec['inputs'] / max(rec['cpu_seconds'], 1e-9) / 1e6:.2f} |")
     return "\n".join(rows), bad
 
 
