@@ -51,7 +51,8 @@ def _build(kind: str, seed: int):
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():  # large weights: logits and routing far from ties
         for _, p in model.named_parameters():
-            p.copy_(1 + 0.2 * torch.randn(p.shape, generator=g) if p.ndim == 1 else 0.25 * torch.randn(p.shape, generator=g))
+            scale, shift = (0.2, 1.0) if p.ndim == 1 else (0.25, 0.0)
+            p.copy_(shift + scale * torch.randn(p.shape, generator=g))
     return model
 
 
@@ -201,13 +202,20 @@ def test_every_key_of_the_schema(runs, kind):
 def test_tp2_against_tp1(runs, engines):
     tp1, tp2 = runs("dense", "1"), runs("dense", "2")
     cmp = compare(tp1.hashes(), tp2.hashes())
-    # the embedding (a vocab-parallel lookup: one row plus zeros) and the first norm cannot differ
+    # the embedding is a vocab-parallel lookup, the row plus the other rank's zeros: exact (no weight here is
+    # -0.0, which would come back +0.0), and so is the first norm of it
     assert cmp.status["t0_emb"].value == cmp.status["t0_l0_nrm"].value == "ok"
     assert cmp.first_diff is not None and order_key(cmp.first_diff) > order_key("t0_l0_nrm")
     far = [k for k in tp1.hashes() if not Tolerance().holds(key_metrics(tp1.raw(k), tp2.raw(k)))]
     assert far == []  # the gathered shards are the TP=1 tensors, in their order, up to rounding
     assert tp1.generated == tp2.generated
     assert "world_size=1" in tp1.backend and "world_size=2, tp, gloo" in tp2.backend
+    assert tp2.parallel.as_dict()["ranks"] == [0, 1] and tp2.parallel.plan == "tp" and tp1.parallel.plan == "none"
+    for key in ("t4_l1_kraw", "t4_l1_qrope", "t4_l1_attn"):  # a column-parallel key: each rank's heads
+        shards = tp2.rank_values(key)
+        assert len(shards) == 2 and shards[0].shape[0] * 2 == tp2.raw(key).shape[0]
+        np.testing.assert_array_equal(np.concatenate(shards), tp2.raw(key))
+    assert tp2.rank_values("t4_l1_nrm") is None and tp1.rank_values("t4_l1_kraw") is None
     assert engines["dense"].findings == []  # replicated keys agreed on both ranks
     for p in tp1.positions:  # no reduction at TP=1: no per-rank entries
         assert not [k for k in p.raw if "@" in k]
@@ -219,6 +227,8 @@ def test_partial_sums_are_reduced(runs, kind, ep):
     """ores = residual + the all-reduce of the ranks' o_proj partials, x = ores + that of the FFN's: bit for
     bit, and with 2 ranks the all-reduce is the one float add of the two partials."""
     trace = runs(kind, "2", ep)
+    branches = {f"t{p.t}_l{li}_{f}" for p in trace.positions for li in range(LAYERS) for f in ("ores", "x")}
+    assert trace.partial == branches
     for p in trace.positions:
         for li in range(LAYERS):
             key = lambda f: f"t{p.t}_l{li}_{f}"  # noqa: E731
@@ -226,6 +236,7 @@ def test_partial_sums_are_reduced(runs, kind, ep):
             for field, base in (("ores", prev), ("x", p.raw[key("ores")])):
                 parts = rank_values(p.raw, key(field))
                 assert len(parts) == 2, key(field)
+                assert [a.tobytes() for a in trace.rank_values(key(field))] == [a.tobytes() for a in parts]
                 reduced = p.raw[sum_key(key(field))]
                 np.testing.assert_array_equal(_bits(parts[0] + parts[1]), _bits(reduced))
                 np.testing.assert_array_equal(_bits(base + reduced), _bits(p.raw[key(field)]))

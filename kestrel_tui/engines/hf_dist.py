@@ -17,16 +17,16 @@ order, into the same keys the hf engine makes (docs/engines-distributed.md has t
 """
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..errors import UsageError
 from ..trace.fnv import fnv1a64
 from ..trace.keys import parse_key
+from ..trace.run import Trace
 from . import hf
 from .base import Capabilities, Engine, EngineFailed, EngineSpec, RunRequest, Toggle, check_toggle_keys
 from .hf import HFEngine
@@ -83,7 +83,7 @@ def sum_key(key: str) -> str:
 
 
 def rank_values(raw: Mapping[str, np.ndarray] | None, key: str) -> list[np.ndarray] | None:
-    """Every rank's entry of ``key`` in rank order (its partials), or None when the run kept none."""
+    """The per-rank entries of ``key`` in one position's raw values, in rank order (None: there are none)."""
     if raw is None or rank_key(key, 0) not in raw:
         return None
     out, r = [], 0
@@ -109,6 +109,30 @@ class Parallel:
     def as_dict(self) -> dict:
         return {"world_size": self.world_size, "ranks": list(self.ranks), "backend": self.backend,
                 "plan": self.plan, "ep_impl": self.ep_impl, "pids": list(self.pids)}
+
+
+@dataclass
+class DistTrace(Trace):
+    """A Trace with what the ranks say beyond the values (the questions the serving-dump readers' traces
+    answer too). ``partial``: the keys reached through an all-reduce of per-rank partial sums (their value
+    is what the all-reduce gave, plus the residual). ``rank_values(key)``: each rank's share of a key, in
+    rank order: its partial sum, its heads of a column-parallel key, or its copy of a replicated key the
+    ranks disagree on. ``findings``: those disagreements, one line each."""
+    parallel: Parallel | None = None
+    partial: set[str] = field(default_factory=set)
+    findings: list[str] = field(default_factory=list)
+    layout: Mapping[str, str] = field(default_factory=dict, repr=False)
+
+    def rank_values(self, key: str) -> tuple[np.ndarray, ...] | None:
+        t = int(key[1:key.index("_")])
+        raw = self.positions[t].raw if t < len(self.positions) else None
+        own = rank_values(raw, key)
+        if own is not None:
+            return tuple(np.asarray(a) for a in own)
+        n = self.parallel.world_size if self.parallel is not None else 1
+        if raw is None or n == 1 or key not in raw or self.layout.get(parse_key(key).field) != HEADS:
+            return None
+        return tuple(np.split(np.asarray(raw[key]), n, axis=0))
 
 
 # ---------------------------------------------------------------------------------------------- options
@@ -308,7 +332,7 @@ class HFDistEngine(HFEngine):
     # -- a run
     def run(self, req: RunRequest):
         from ..trace.rawstore import RawStore
-        from ..trace.run import Cancelled, Position, Trace
+        from ..trace.run import Cancelled, Position
 
         if not req.prompt:
             raise ValueError("the prompt is empty; give at least one token")
@@ -318,13 +342,14 @@ class HFDistEngine(HFEngine):
             raise UsageError(f"{NAME} engine: ep=on with world_size={n}: the model's {self.n_experts} experts do"
                              f" not split over {n} ranks; choose a world size that divides them, or ep=off")
         store = RawStore()
-        trace = Trace(backend=self.describe(req.values), prompt=list(req.prompt), store=store)
+        trace = DistTrace(backend=self.describe(req.values), prompt=list(req.prompt), store=store)
         P = len(req.prompt)
-        self.findings = []
+        self.findings = trace.findings
         at = "loading"
         with self._lock:
             try:
                 group = self._ensure_group(s)
+                trace.parallel, trace.layout = self.parallel(req.values), self._layout
 
                 def step(ids: list[int], pos0: int):
                     nonlocal at
@@ -332,7 +357,8 @@ class HFDistEngine(HFEngine):
                     payloads = group.step(ids, pos0, req.cancel)
                     for m, (hashes, raw, found) in enumerate(gather(payloads, pos0, len(ids), self._layout,
                                                                       self.shapes)):
-                        self.findings += found
+                        trace.findings += found
+                        trace.partial.update(k for k in hashes if sum_key(k) in raw)
                         p = Position(t=pos0 + m, token=ids[m], prompt=pos0 + m < P, hashes=hashes,
                                      raw=store.keep(raw) if req.raw else None,
                                      logits=np.ascontiguousarray(raw[f"t{pos0 + m}_logits"], np.float32))

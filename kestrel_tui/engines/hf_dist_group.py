@@ -1,8 +1,9 @@
 """The hf-dist engine's ranks as one process group: started together, in lock step, ended together.
 
 N children ``python -P -m kestrel_tui.engines.hf_dist_rank``, rank 0 leading a process group of its own
-and the others joining it (setpgid, so no new session: a group can be joined only within one), registered in procs.py while they live: a cancel, a failure or the tool's
-end kills the whole group, so no rank outlives the engine. A reader thread per rank puts its pickled
+and the others joining it (setpgid, so no new session: a group can be joined only within one),
+registered in procs.py while they live: a cancel, a failure or the tool's end kills the whole group,
+so no rank outlives the engine. A reader thread per rank puts its pickled
 messages on one queue in the order they arrive; the engine sends every rank the same step and waits
 for all of them.
 

@@ -208,7 +208,8 @@ class Rank:
         heads = tuple(_local_rows(getattr(attn, p).weight) // self.capture.shape.head_dim
                       for p in ("q_proj", "k_proj"))
         p = next(self.model.parameters())
-        return {"pid": os.getpid(), "device": str(p.device), "heads": heads, "styles": plan_styles(self.model, self.job),
+        return {"pid": os.getpid(), "device": str(p.device), "heads": heads,
+                "styles": plan_styles(self.model, self.job),
                 "versions": f"transformers {transformers.__version__}, torch {torch.__version__}"}
 
     def step(self, ids: list[int], pos0: int) -> dict:

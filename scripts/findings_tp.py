@@ -1,0 +1,158 @@
+"""TP and EP findings on the CPU: the hf-dist engine against itself and against the cpu reference.
+
+Recorded in results/tp-cpu-findings.md. Each row is one reference and one subject setting, run as the
+session runs them (teacher forcing on the reference's tokens, the subject consuming the prompt itself
+token by token) and once free (each side greedy on its own): first DIFF, first far key, close / far
+counts, top-1 flips; for the rows with an all-reduce, where the reduction order shows (which fields of
+the first differing layer differ, and whether each all-reduce returned exactly the sum of the two
+ranks' partials).
+
+    python scripts/findings_tp.py [--model DIR] [--tokens 16] [--json FILE]
+
+Without --model: the embedded default (synthetic Qwen3-MoE, 48 layers, hidden 256, 8 heads / 2 kv
+heads, 16 experts top-4, vocab 2048), float32 weights, f32 KV.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kestrel_tui.engines.base import EngineSpec  # noqa: E402
+from kestrel_tui.engines.build import make_engine  # noqa: E402
+from kestrel_tui.engines.hf_dist import make_hf_dist_engine, rank_values, sum_key  # noqa: E402
+from kestrel_tui.model.hf import load_model  # noqa: E402
+from kestrel_tui.session.session import Session  # noqa: E402
+from kestrel_tui.trace.compare import Status, diff_stats, parse_tolerance  # noqa: E402
+from kestrel_tui.trace.keys import parse_key  # noqa: E402
+
+PROMPT = [1, 2, 3, 4]
+TOL = parse_tolerance("nmse=1e-7")
+BASE = {"prefill": "token", "attn_implementation": "eager", "threads": 1}
+
+
+def hf_dist(model, path, **options):
+    return make_hf_dist_engine(EngineSpec("hf-dist", path, {**BASE, **options}), model, kv="f32")
+
+
+def where_the_sums_show(res) -> dict:
+    """The first differing layer (position, layer): which of its fields differ, with their worst ULP distance."""
+    layered = [k for k, st in res.comparison.status.items() if st is Status.DIFF and parse_key(k).layer is not None]
+    if not layered:
+        return {}
+    k = parse_key(layered[0])
+    keys = [key for key in res.comparison.status if (parse_key(key).t, parse_key(key).layer) == (k.t, k.layer)]
+    return {"at": f"t{k.t}_l{k.layer}", **{parse_key(key).field: diff_stats(res.ref.raw(key), res.sub.raw(key)).max_ulp
+                                           for key in keys if res.comparison.status[key] is Status.DIFF}}
+
+
+def signed_zeros(res) -> dict:
+    """The emb keys that differ, and whether every differing element is a zero of the other sign."""
+    keys = [k for k, st in res.comparison.status.items() if st is Status.DIFF and k.endswith("_emb")]
+    elements = only_zeros = 0
+    for key in keys:
+        a, b = np.asarray(res.ref.raw(key)), np.asarray(res.sub.raw(key))
+        differ = a.view(np.uint32) != b.view(np.uint32)
+        elements += int(differ.sum())
+        only_zeros += int((differ & (a == 0) & (b == 0)).sum())
+    return {"emb_keys": len(keys), "elements": elements, "signed_zeros": only_zeros}
+
+
+def _bf16(x: np.ndarray) -> np.ndarray:
+    """f32 values rounded to bfloat16 (nearest, ties to even), kept as f32."""
+    bits = x.view(np.uint32).astype(np.uint64)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).astype(np.uint32).view(np.float32)
+
+
+def reductions(trace, dtype: str) -> dict:
+    """Every all-reduce of the run: how many returned, bit for bit, the sum of the ranks' partials in rank
+    order (each add rounded to the compute dtype, as the collective's own adds are)."""
+    n = same = 0
+    for p in trace.positions:
+        for key in p.hashes:
+            parts = rank_values(p.raw, key)
+            if parts is None:
+                continue
+            n += 1
+            total = parts[0].copy()
+            for a in parts[1:]:
+                total = total + a
+                if dtype == "bfloat16":
+                    total = _bf16(total)
+            same += total.tobytes() == np.asarray(p.raw[sum_key(key)]).tobytes()
+    return {"all_reduces": n, "rank_order_sum": same}
+
+
+def row(name: str, session: Session, picks: dict[str, str]) -> dict:
+    out = {"row": name}
+    for forcing in ("teacher", "free"):
+        s = replace(session.initial_settings(), prefill="subject", forcing=forcing)
+        for tname, value in picks.items():
+            s = s.pick(next(t for t in session.toggles if t.name == tname), value)
+        t0 = time.perf_counter()
+        res = session.run(s)
+        summary = res.tolerance(TOL)
+        flips = [(x.t, x.ref_top1, x.sub_top1) for x in res.tokens if x.flip]
+        out[forcing] = {"subject": res.sub.backend, "reference": res.ref.backend, "first_diff": res.first_diff,
+                        "first_far": summary.first_far, "n_ok": res.comparison.counts[Status.OK],
+                        "n_close": summary.n_close, "n_far": summary.n_far, "flips": flips,
+                        "generated_equal": res.ref.generated == res.sub.generated,
+                        "seconds": round(time.perf_counter() - t0, 1)}
+        if forcing == "teacher":
+            out["first_layer_diffs"] = where_the_sums_show(res)
+            dtype = session.subject_engine.settings(s.values(session.toggles))["dtype"]
+            out["reductions"] = reductions(res.sub, dtype)
+            out["emb"] = signed_zeros(res)
+            out["findings"] = list(getattr(session.subject_engine, "findings", []))
+        f = out[forcing]
+        print(f"{name:<34} {forcing:<7} first DIFF {f['first_diff'] or '-':<14} first far {f['first_far'] or '-':<14}"
+              f" close {f['n_close']:>5} far {f['n_far']:>5} flips {len(flips)}", flush=True)
+    print(f"{'':<34} first differing layer's fields (max ULP): {out['first_layer_diffs']}; {out['reductions']};"
+          f" {out['emb']}", flush=True)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", help="an HF directory (qwen3_moe for the EP rows); default: the embedded model")
+    ap.add_argument("--tokens", type=int, default=16)
+    ap.add_argument("--json", metavar="FILE")
+    cli = ap.parse_args()
+    model = load_model(cli.model, "f32")
+    path = cli.model
+    engines = []
+
+    def session(reference, subject):
+        engines.extend((reference, subject))
+        return Session(model, PROMPT, cli.tokens, reference=reference, subject=subject, kv="f32")
+
+    rows = []
+    tp = session(hf_dist(model, path, world_size="1"), hf_dist(model, path))
+    rows.append(row("TP=2 vs TP=1", tp, {"world_size": "2"}))
+    rows.append(row("TP=2 + EP=2 (all_reduce) vs TP=1", tp, {"world_size": "2", "ep": "on"}))
+    rows.append(row("TP=2 + EP=2 (all_to_all) vs TP=1", tp, {"world_size": "2", "ep": "on", "ep_impl": "all_to_all"}))
+    ep = session(hf_dist(model, path, world_size="2"), hf_dist(model, path))
+    rows.append(row("TP=2 + EP=2 vs TP=2", ep, {"ep": "on"}))
+    bf16 = session(hf_dist(model, path, world_size="1", dtype="bfloat16"), hf_dist(model, path, dtype="bfloat16"))
+    rows.append(row("bfloat16: TP=2 vs TP=1", bf16, {"world_size": "2"}))
+    threads = session(hf_dist(model, path, world_size="1"), hf_dist(model, path, world_size="1", threads=2))
+    rows.append(row("TP=1, 2 threads vs 1 thread", threads, {}))
+    cpu = session(make_engine("cpu", model, kv="f32"), hf_dist(model, path))
+    rows.append(row("cpu reference vs TP=1", cpu, {"world_size": "1"}))
+    rows.append(row("cpu reference vs TP=2", cpu, {"world_size": "2"}))
+    for e in engines:
+        e.close()
+    if cli.json:
+        Path(cli.json).write_text(json.dumps({"tolerance": TOL.spec(), "tokens": cli.tokens, "rows": rows},
+                                             indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
