@@ -107,6 +107,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a toggle's value at the start (repeatable), e.g. --toggle dtype=bfloat16")
     p.add_argument("--json", action="store_true")
 
+    p = sub.add_parser("graft", help="the cause test: graft the reference's values at the first far key, rerun,"
+                       " and name every source in order; exit 0 when all are found, 1 when the limit left one")
+    _model_args(p)
+    p.add_argument("--subject", help="sim (default) or hf; a profile names any engine that takes a graft")
+    p.add_argument("--tol", metavar="SPEC", help="the tolerance a source is far by (default nmse=1e-7; the"
+                   " profile's); --target ok follows DIFF keys instead")
+    p.add_argument("--target", choices=("far", "ok"), default="far",
+                   help="far: graft far keys until every key is ok or close (default); ok: until all keys agree")
+    p.add_argument("--key", metavar="KEY", help="the first key to graft (default: the first far, or first DIFF)")
+    p.add_argument("--limit", type=int, default=8, help="sources grafted at most (default 8)")
+    p.add_argument("--exact", help="the subject's toggles switched to exact, as for run")
+    p.add_argument("--toggle", action="append", default=[], metavar="NAME=VALUE", help="as for run")
+    p.add_argument("--json", action="store_true")
+
     p = sub.add_parser("iso", help="batch-verify (M columns) vs M=1 decode, full logits byte by byte")
     _model_args(p)
     p.add_argument("--subject", help="sim (default) or cuda")

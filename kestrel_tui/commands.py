@@ -188,7 +188,9 @@ def _settings(args: argparse.Namespace, session):
 
     exact = (session.initial_settings().exact if args.exact is None
              else parse_exact(args.exact, session.binary_toggles))
-    settings = RunSettings(exact, getattr(args, "mode", "chain"), args.prefill, args.forcing)
+    # graft has no --prefill/--forcing: its subject takes the reference's prefill and tokens
+    settings = RunSettings(exact, getattr(args, "mode", "chain"), getattr(args, "prefill", "reference"),
+                           getattr(args, "forcing", "teacher"))
     for item in getattr(args, "toggle", None) or []:
         settings = _set_toggle(settings, session, item)
     return settings
@@ -434,6 +436,43 @@ def cmd_bisect(args: argparse.Namespace, config: RunConfig) -> int:
     else:
         console.print(Text(_bisect_not_reached(session, last, tol), "bold red"))
     return 0 if result.all_ok else 1
+
+
+def cmd_graft(args: argparse.Namespace, config: RunConfig) -> int:
+    from .session.graft import graft
+    from .session.session import SideFailed
+    from .trace.compare import Tolerance
+
+    _check_subject(args, config)
+    far = args.target == "far"
+    if args.tol is not None and not far:
+        raise UsageError(f"--tol {args.tol!r}: --target ok follows DIFF keys, which need no tolerance; drop one")
+    tol = (config.tolerance or Tolerance()) if far else None
+    session = _session(config)
+    if not session.subject_engine.caps.graft:
+        raise UsageError(f"graft: the subject {session.subject_engine.name} cannot take the reference's values at a"
+                         f" key; graft on sim or hf (docs/engines-hf.md)")
+    settings = _settings(args, session)
+
+    def on_source(src) -> None:
+        if not args.json:
+            after = f"another source at {src.next_key}" if src.next_key else "every key after it ok" + (
+                " or close" if far else "")
+            console.print(Text.assemble("grafted ", (src.label, "bold"), f" (first at {src.key}): {after}"))
+    try:
+        with console.status("grafting"):
+            result = graft(session, settings, tol=tol, limit=args.limit, start=args.key, on_source=on_source)
+    except SideFailed as e:
+        return _engine_failed(args, e.failure)
+    report = {"target": result.target, "tolerance": tol.spec() if tol else None, "start": result.start,
+              "sources": [{"field": s.site[0], "layer": s.site[1], "key": s.key, "next": s.next_key}
+                          for s in result.sources],
+              "remaining": result.remaining, "line": result.line()}
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        console.print(Text(result.line(), "bold green" if result.remaining is None else "bold red"))
+    return 0 if result.remaining is None else 1
 
 
 def _bisect_not_reached(session, last, tol) -> str:

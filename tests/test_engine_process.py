@@ -511,6 +511,7 @@ env = {{ KESTREL_TEST_FLAG = "1" }}
     code, _, err = run_cli(capsys, "run", "--profile", prof)
     assert code != 0 and marker.exists()
     lines = [ln for ln in err.splitlines() if ln.strip()]
-    want = f"process engine python: running KESTREL_TEST_FLAG=1 {sys.executable} -c"
+    name = os.path.basename(sys.executable)  # the engine is named after its program: python or python3
+    want = f"process engine {name}: running KESTREL_TEST_FLAG=1 {sys.executable} -c"
     assert any(ln.startswith(want) and "{dump}" in ln for ln in lines), err
     assert lines.index(next(ln for ln in lines if ln.startswith(want))) < len(lines) - 1  # before its failure

@@ -67,8 +67,9 @@ class NumpyBackend(Backend):
         def emit(field_name, layer, data):
             bufs[field_name, layer] = data
 
-        def from_feed(field_name, layer):  # feed: per column, key -> reference buffer
-            return np.stack([feed[m][key_of(pos0 + m, field_name, layer)] for m in range(len(tokens))])
+        def from_feed(field_name, layer):  # feed: per column, key -> reference buffer; None: not fed
+            cols = [feed[m].get(key_of(pos0 + m, field_name, layer)) for m in range(len(tokens))]
+            return None if any(c is None for c in cols) else np.stack(cols)
 
         feed_fn = from_feed if feed is not None else None
         logits = step(self.model, self.cache, np.asarray(tokens), pos0, self.ops, emit, feed_fn, self.deep)

@@ -81,7 +81,9 @@ def step(model: Model, cache: KVCache, tokens: np.ndarray, pos0: int, ops: Ops =
     emit = emit or (lambda *a: None)
     pos = np.arange(pos0, pos0 + M)
     expf = ops.expf
-    own = (lambda field, layer, value: value) if feed is None else (lambda field, layer, value: feed(field, layer))
+    def own(field, layer, value):  # the fed value where the feed has one (isolate: all; a graft: its sites)
+        fed = None if feed is None else feed(field, layer)
+        return value if fed is None else fed.reshape(value.shape)
 
     x = model.embed_tokens.rows(np.asarray(tokens))  # [M, hidden]
     emit("emb", None, x)
@@ -109,8 +111,8 @@ def step(model: Model, cache: KVCache, tokens: np.ndarray, pos0: int, ops: Ops =
         qrope = ops.rope(qn, cos, sin)  # [M, n_heads, hd]
         vrow = vraw.reshape(M, cfg.n_kv_heads, cfg.head_dim)
         if cache.kv == "q8":
-            if feed is not None:
-                kpre = feed("kpre", li) if deep else kpre
+            if deep:
+                kpre = own("kpre", li, kpre)
             k, ks = ops.kvquant(kpre)
             v, vs = ops.kvquant(vrow)
         else:
@@ -118,8 +120,8 @@ def step(model: Model, cache: KVCache, tokens: np.ndarray, pos0: int, ops: Ops =
         rows = dict(k=k, ks=ks, v=v, vs=vs)
         for name, data in rows.items():
             emit(name, li, data)
-        if feed is not None:  # isolate: the cache holds the reference's rows
-            rows = {name: feed(name, li).reshape(data.shape) for name, data in rows.items()}
+        if feed is not None:  # isolate (or a graft of k or v): the cache holds the reference's rows
+            rows = {name: own(name, li, data) for name, data in rows.items()}
         cache.write(li, pos0, rows)
         emit("qrope", li, qrope)
         qrope = own("qrope", li, qrope).reshape(M, cfg.n_heads, cfg.head_dim)

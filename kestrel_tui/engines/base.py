@@ -97,6 +97,20 @@ class Capabilities:
     logits: bool = True         # reports logits (top-1 per position, token flips)
     raw: bool = True            # reports raw buffers (tolerance: close/far)
     formats: bool = True        # runs the session's weight and KV formats (a process runs its own)
+    graft: bool = False         # takes the reference's values at chosen keys in place of its own (Graft)
+
+
+@dataclass(frozen=True)
+class Graft:
+    """The cause test's change to a run: at these sites (field, layer; layer None for emb and logits),
+    at every position, the engine carries on from the reference's value instead of its own. The
+    key itself still reports the engine's own value: it is the source, the keys after it the test."""
+    reference: object                                  # the reference Trace (with raw buffers)
+    sites: frozenset[tuple[str, int | None]]
+
+    def keys(self, t: int) -> list[str]:
+        return [f"t{t}_{f}" if layer is None else f"t{t}_l{layer}_{f}" for f, layer in sorted(
+            self.sites, key=lambda s: (s[1] is None, s[1] or 0, s[0]))]
 
 
 @dataclass(frozen=True)
@@ -112,6 +126,7 @@ class RunRequest:
     on_position: OnPosition | None = None
     cancel: threading.Event | None = None
     stop: Callable[[], bool] | None = None   # checked between positions (bisection ends early)
+    graft: Graft | None = None               # the cause test (session/graft.py); engines with caps.graft
 
 
 class Engine:

@@ -9,17 +9,19 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Callable
 
 import numpy as np
 
 from ..backends.base import Backend
-from .decoders import cpu_impl, make_backend
 from ..backends.toggles import OWNERS, TOGGLES, describe
+from ..errors import UsageError
 from ..model.weights import Model
 from ..trace.rawstore import RawStore
 from ..trace.run import Cancelled, Position, Trace
-from .base import Capabilities, Engine, RunRequest, fast_exact
+from .base import Capabilities, Engine, Graft, RunRequest, fast_exact
+from .decoders import cpu_impl, make_backend
 
 
 def _owned_fields(op: str) -> tuple[str, ...]:
@@ -31,7 +33,7 @@ OP_TOGGLES = tuple(fast_exact(op, owns=_owned_fields(op), help=f"switch {op} bet
 
 
 class BuiltinEngine(Engine):
-    caps = Capabilities(prefill_from=True, forcing=True, isolate=True, logits=True, raw=True)
+    _caps = Capabilities(prefill_from=True, forcing=True, isolate=True, logits=True, raw=True)
 
     def __init__(self, kind: str, model: Model, kv: str = "q8", deep: bool = False, impl: str = "auto",
                  cuda_options=None):
@@ -60,23 +62,33 @@ class BuiltinEngine(Engine):
     def describe(self, values: Mapping[str, str]) -> str:
         return self.name if not self.toggles else f"{self.name} ({describe(self.exact_ops(values))})"
 
+    @property
+    def caps(self) -> Capabilities:
+        # a graft feeds the numpy decoder single buffers: the sim takes them; the cuda kernels read either
+        # all their own buffers or, in isolate mode, all the reference's, and the cpu is never a subject
+        return replace(self._caps, graft=self.name == "sim")
+
     def run(self, req: RunRequest):
+        if req.graft is not None and not self.caps.graft:
+            raise UsageError(f"{self.name} subject: no graft (its kernels take every buffer of a step from one"
+                             f" place: their own, or in isolate mode the reference's); graft on sim or hf")
         return run_decode(self.backend(req.values), req.prompt, req.n_tokens, forced=req.forced, raw=req.raw,
                           prefill_from=req.prefill_from, feed_from=req.feed_from, on_position=req.on_position,
-                          cancel=req.cancel, stop=req.stop)
+                          cancel=req.cancel, stop=req.stop, graft=req.graft)
 
 
 def run_decode(backend: Backend, prompt: list[int], n_tokens: int, *, forced: list[int] | None = None,
                raw: bool = True, prefill_from: Trace | None = None, feed_from: Trace | None = None,
                on_position: Callable[[Position], None] | None = None,
                cancel: threading.Event | None = None, stop: Callable[[], bool] | None = None,
-               store: RawStore | None = None) -> Trace:
+               store: RawStore | None = None, graft: Graft | None = None) -> Trace:
     """Run the prompt and n_tokens decode positions.
 
     forced: the tokens to consume after the prompt (teacher forcing), else greedy.
     prefill_from: a trace whose prompt positions (hashes, raw buffers and KV rows)
     stand in for this backend's own prefill. feed_from: isolate mode — every op
-    takes the reference trace's buffers as inputs.
+    takes the reference trace's buffers as inputs. graft: at its sites only, the reference's buffers
+    stand in for the backend's own (the cause test).
     """
     if not prompt:
         raise ValueError("the prompt is empty; give at least one token")
@@ -90,7 +102,13 @@ def run_decode(backend: Backend, prompt: list[int], n_tokens: int, *, forced: li
             raise Cancelled()
 
     def feed(pos0: int, m: int):
-        return None if feed_from is None else [feed_from.positions[pos0 + i].raw for i in range(m)]
+        if feed_from is not None:
+            return [feed_from.positions[pos0 + i].raw for i in range(m)]
+        if graft is not None:
+            ref = graft.reference.positions
+            return [{k: ref[t].raw[k] for k in graft.keys(t) if k in ref[t].raw}
+                    for t in range(pos0, pos0 + m)]
+        return None
 
     def record(out, pos0: int, tokens: list[int]):
         for m, tok in enumerate(tokens):

@@ -110,7 +110,8 @@ class HFEngine(Engine):
         self.ours = model
         self.fields = frozenset(("emb", "logits", *FIELDS, *(DEEP_FIELDS if deep else ())))
         # K/V rows of another engine go into HF's cache only as they are: f32 rows
-        self.caps = Capabilities(prefill_from=kv == "f32", forcing=True, isolate=True, logits=True, raw=True)
+        self.caps = Capabilities(prefill_from=kv == "f32", forcing=True, isolate=True, logits=True, raw=True,
+                                 graft=True)
         self._tmp = None
         self.model_dir = self._resolve(model_dir)
         self._check_config()
@@ -243,7 +244,10 @@ class HFEngine(Engine):
         from transformers import DynamicCache
 
         with _torch_flags(s), _quiet():
-            cap.begin(req.feed_from)
+            try:
+                cap.begin(req.feed_from, graft=req.graft)
+            except ValueError as e:
+                raise UsageError(f"hf engine: {e} (docs/engines-hf.md: where a graft goes)") from None
             try:
                 cache = DynamicCache(config=model.config)
                 check()

@@ -41,6 +41,15 @@ CAPTURED = {
     "topk": "L.mlp.gate output 2", "moe": "L.mlp output", "x": "L[l+1].input_layernorm / model.norm input",
     "logits": "the forward's logits"}
 KV_MADE = {"k": "kpre", "ks": "kpre", "vs": "v"}  # kvquant of the row under q8; kpre itself and ones under f32
+# where a graft (session/graft.py) puts the reference's value: a hook returning it in place of the module's
+# output or input; the attention rows take the reference's rows of every position, as isolate does
+GRAFTED = {
+    "emb": "model.embed_tokens output", "nrm": "L.input_layernorm output", "kraw": "L.self_attn.k_norm input",
+    "knorm": "L.self_attn.k_norm output", "qrope": "attention query", "kpre": "attention key rows",
+    "k": "attention key rows", "ks": "attention key rows", "v": "attention value rows",
+    "vs": "attention value rows", "attn": "L.self_attn.o_proj input", "pnrm": "L.post_attention_layernorm output",
+    "router": "L.mlp.gate output", "topk": "L.mlp.gate output", "topw": "L.mlp.gate output",
+    "moe": "L.mlp output", "x": "L output"}
 
 # attention module -> the capture that owns it (the attention registry is global, the captures are not)
 _OWNER: dict[int, "Capture"] = {}
@@ -113,6 +122,7 @@ class Capture:
         self._base, self._extra = [], []
         self.bufs: dict[tuple[str, int | None], torch.Tensor] = {}
         self._feed = None
+        self._graft, self._graft_cols = None, None  # a graft's reference Trace and sites; this step's columns
         # transformers 5 renamed forward's past_key_values to cache (the old name still warns)
         self._cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         self._install()
@@ -191,6 +201,8 @@ class Capture:
     def on_attention(self, li: int, query, key, value):
         b = self.bufs
         b["qrope", li], b["kpre", li], b["v", li] = (query, _heads), (key, _new_rows), (value, _new_rows)
+        if self._graft is not None:
+            return self._grafted_attention(li, query, key, value)
         if self._feed is None:
             return query, key, value
         # isolate: the reference's Q, and its K/V rows for every position (what its cache holds)
@@ -206,11 +218,11 @@ class Capture:
         a = np.stack([np.asarray(c[name.format(pos0 + m)]) for m, c in enumerate(cols)])
         return torch.from_numpy(np.ascontiguousarray(a)).to(self._device, self._dtype)
 
-    def _ref_rows(self, li: int, T: int):
+    def _ref_rows(self, li: int, T: int, trace=None):
         """K/V [1, n_kv, T, hd] from the reference trace (q8 rows dequantized), grown as the run goes."""
         have_k, have_v = self._rows.get(li, ([], []))
         for t in range(len(have_k), T):
-            raw = self._trace.positions[t].raw
+            raw = (trace or self._trace).positions[t].raw
             k, v = (np.asarray(raw[f"t{t}_l{li}_{f}"], F32) for f in ("k", "v"))
             if self.kv == "q8":
                 k = k * np.asarray(raw[f"t{t}_l{li}_ks"])[..., None]
@@ -272,19 +284,96 @@ class Capture:
             lambda mod, args: (self._ref(*last).reshape(args[0].shape), *args[1:])))
         return hooks
 
-    def begin(self, isolate_from=None):
-        """Start a run; ``isolate_from`` (a reference Trace) feeds every op the reference's buffers."""
+    # -- graft: the reference's value at chosen sites, the subject's own everywhere else
+    def _graft_columns(self, field: str, layer: int | None) -> torch.Tensor:
+        """The reference's buffer for this step's columns, [M, ...]."""
+        pos0, cols = self._graft_cols
+        name = f"t{{}}_{field}" if layer is None else f"t{{}}_l{layer}_{field}"
+        return torch.from_numpy(np.ascontiguousarray(np.stack([np.asarray(c[name.format(pos0 + m)])
+                                                               for m, c in enumerate(cols)])))
+
+    def _graft_ref(self, field: str, layer: int | None, like: torch.Tensor) -> torch.Tensor:
+        return self._graft_columns(field, layer).to(like.device, like.dtype).reshape(like.shape)
+
+    def _grafted_attention(self, li: int, query, key, value):
+        sites = self._graft[1]
+        if ("qrope", li) in sites:  # [M, H, hd] -> the call's [1, H, M, hd]
+            query = self._graft_columns("qrope", li).transpose(0, 1)[None].to(query.device, query.dtype)
+        rows = [f for f in ("kpre", "k", "ks", "v", "vs") if (f, li) in sites]
+        if rows:
+            k, v = self._ref_rows(li, key.shape[2], self._graft[0])
+            if set(rows) & {"kpre", "k", "ks"}:
+                key = k.to(key.dtype)
+            if set(rows) & {"v", "vs"}:
+                value = v.to(value.dtype)
+        return query, key, value
+
+    def _graft_hooks(self, sites) -> list:
+        unknown = sorted({f for f, _ in sites} - set(GRAFTED))
+        if unknown:
+            raise ValueError(f"no graft at {', '.join(unknown)}")
+        m = self.model
+        hooks = []
+
+        def out_hook(field, layer):
+            def hook(mod, args, out):
+                if isinstance(out, tuple):  # a decoder layer, or a gate's (logits, weights, ids)
+                    return (self._graft_ref(field, layer, out[0]), *out[1:])
+                return self._graft_ref(field, layer, out)
+            return hook
+
+        def in_hook(field, layer):
+            return lambda mod, args: (self._graft_ref(field, layer, args[0]), *args[1:])
+
+        def gate_hook(layer):
+            def hook(mod, args, out):
+                logits, weights, idx = out
+                return (self._graft_ref("router", layer, logits), self._graft_ref("topw", layer, weights),
+                        self._graft_ref("topk", layer, idx.to(torch.int32)).to(idx.dtype))
+            return hook
+
+        gated = set()
+        for field, li in sorted(sites, key=lambda s: (s[1] is None, s[1] or 0, s[0])):
+            L = m.model.layers[li] if li is not None else None
+            if field == "emb":
+                hooks.append(m.model.embed_tokens.register_forward_hook(out_hook("emb", None)))
+            elif field == "nrm":
+                hooks.append(L.input_layernorm.register_forward_hook(out_hook(field, li)))
+            elif field == "knorm":
+                hooks.append(L.self_attn.k_norm.register_forward_hook(out_hook(field, li)))
+            elif field == "kraw":
+                hooks.append(L.self_attn.k_norm.register_forward_pre_hook(in_hook(field, li)))
+            elif field == "attn":
+                hooks.append(L.self_attn.o_proj.register_forward_pre_hook(in_hook(field, li)))
+            elif field == "pnrm":
+                hooks.append(L.post_attention_layernorm.register_forward_hook(out_hook(field, li)))
+            elif field == "moe":
+                hooks.append(L.mlp.register_forward_hook(out_hook(field, li)))
+            elif field == "x":
+                hooks.append(L.register_forward_hook(out_hook(field, li)))
+            elif field in ("router", "topk", "topw") and hasattr(L.mlp, "gate") and li not in gated:
+                gated.add(li)  # router, topk and topw are one site: the gate's output
+                hooks.append(L.mlp.gate.register_forward_hook(gate_hook(li)))
+        return hooks
+
+    def begin(self, isolate_from=None, graft=None):
+        """Start a run; ``isolate_from`` (a reference Trace) feeds every op the reference's buffers;
+        ``graft`` (engines/base.Graft) feeds them only at its sites."""
         p = next(self.model.parameters())
         self._device, self._dtype = p.device, p.dtype
         self._trace, self._rows = isolate_from, {}
         for h in self._extra:
             h.remove()
         self._extra = self._isolate_hooks() if isolate_from is not None else []
+        if graft is not None:
+            self._graft = (graft.reference, frozenset(graft.sites))
+            self._extra += self._graft_hooks(graft.sites)
 
     def end(self):
         for h in self._extra:
             h.remove()
         self._extra, self._trace, self._rows, self._feed = [], None, {}, None
+        self._graft, self._graft_cols = None, None
 
     # -- one forward
     def step(self, ids: Sequence[int], pos0: int, cache, raw: bool = True) -> StepOut:
@@ -292,6 +381,8 @@ class Capture:
         self.bufs = {}
         self._feed = None if self._trace is None else (
             pos0, [self._trace.positions[pos0 + m].raw for m in range(M)])
+        if self._graft is not None:
+            self._graft_cols = (pos0, [self._graft[0].positions[pos0 + m].raw for m in range(M)])
         try:
             with torch.inference_mode():
                 out = self.model(input_ids=torch.tensor([list(ids)], device=self._device), use_cache=True,

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from ..backends.toggles import TOGGLES
-from ..engines.base import Engine, EngineFailed, RunRequest, Toggle
+from ..engines.base import Engine, EngineFailed, Graft, RunRequest, Toggle
 from ..engines.build import make_engine
 from ..model.weights import Model
 from ..trace.compare import (CLOSE, FAR, Comparison, DiffStats, KeyMetrics, Status, Tolerance, compare,
@@ -407,12 +407,14 @@ class Session:
         return notes
 
     def run(self, settings: RunSettings, on_position: Callable[[Position, dict[str, Status]], None] | None = None,
-            cancel: threading.Event | None = None, record: bool = True, stop_at_first_diff: bool = False) -> RunResult:
+            cancel: threading.Event | None = None, record: bool = True, stop_at_first_diff: bool = False,
+            graft: frozenset[tuple[str, int | None]] | None = None) -> RunResult:
         """Run the subject with these settings against the cached reference.
 
         on_position(pos, statuses) is called as each subject position completes,
         with that position's per-key status. stop_at_first_diff ends the run at
-        the first position holding a DIFF (bisection only needs where it is).
+        the first position holding a DIFF (bisection only needs where it is). graft: sites whose
+        values the subject takes from the reference (the cause test, session/graft.py).
         A subject that fails midway (EngineFailed) still gives a result: the
         positions it finished, the rest missing, the failure in ``failed`` (and
         ``notes``). One that finished nothing, or a failing reference, raises
@@ -444,7 +446,7 @@ class Session:
 
         req = RunRequest(self.prompt, self.n_tokens, settings.values(eng.toggles), forced=forced,
                          prefill_from=prefill_from, feed_from=ref if isolate else None, on_position=watch,
-                         cancel=cancel, stop=stop.is_set)
+                         cancel=cancel, stop=stop.is_set, graft=Graft(ref, graft) if graft else None)
         failed = None
         try:
             sub = eng.run(req)

@@ -1,0 +1,136 @@
+"""The cause test (session/graft.py): graft the reference's values at the first far key, rerun, and
+name every source in order. Planted bugs in tiny transformers checkpoints made here (the hf subject
+through forward hooks), and the built-in sim through fed steps."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from kestrel_tui.backends.toggles import OWNERS, TOGGLES
+from kestrel_tui.engines.base import EngineSpec
+from kestrel_tui.engines.build import make_engine
+from kestrel_tui.errors import UsageError
+from kestrel_tui.session.graft import graft, site_of
+from kestrel_tui.session.inputs import default_prompt
+from kestrel_tui.session.session import RunSettings, Session
+from kestrel_tui.trace.compare import Status, Tolerance
+from kestrel_tui.trace.keys import order_key
+
+from clitools import one_line_error, run_cli as run
+
+PROMPT, N = [5, 77, 190, 33], 4
+
+
+def test_sim_graft_ends_at_the_next_op_the_sim_changes(small_model):
+    """Every op exact but norm: each source is a field the norm op owns, each after the one before, and
+    the first is the plain run's first DIFF."""
+    session = Session(small_model, default_prompt(small_model.cfg.vocab), 3, subject="sim")
+    settings = RunSettings(exact=frozenset(TOGGLES) - {"norm"})
+    plain = session.run(settings, record=False)
+    result = graft(session, settings, limit=4)
+    assert result.start == plain.first_diff and len(result.sources) == 4
+    keys = [s.key for s in result.sources]
+    assert keys == sorted(keys, key=order_key) and len(set(keys)) == 4
+    for s in result.sources:
+        assert "norm" in OWNERS[s.site[0]], s
+    for before, after in zip(result.sources, result.sources[1:]):
+        assert before.next_key == after.key
+    # what the last run says, checked here: its first DIFF outside the grafted sites is the one left
+    grafted = {site_of(k) for k in keys}
+    left = next(k for k, st in result.last.comparison.status.items()
+                if st is Status.DIFF and site_of(k) not in grafted)
+    assert result.remaining == left
+
+
+def test_a_subject_that_cannot_graft_says_so(small_model):
+    session = Session(small_model, [1, 2], 2, subject=make_engine("cpu", small_model))
+    with pytest.raises(UsageError, match="cannot take the reference's values"):
+        graft(session, RunSettings())
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory):
+    """A tiny dense Qwen3 saved clean, with layer 1's v_proj perturbed ("one"), and with its down_proj too
+    ("two"); profiles comparing the cpu reference on the clean weights with hf on each."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from safetensors.torch import load_file, save_file
+
+    root = tmp_path_factory.mktemp("planted")
+    cfg = transformers.Qwen3Config(vocab_size=256, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+                                   num_key_value_heads=2, head_dim=16, rope_theta=1e6, rms_norm_eps=1e-6,
+                                   max_position_embeddings=128, tie_word_embeddings=False, intermediate_size=96)
+    torch.manual_seed(2)
+    model = transformers.Qwen3ForCausalLM(cfg).eval()
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for _, p in model.named_parameters():
+            p.copy_(1 + 0.2 * torch.randn(p.shape, generator=g) if p.ndim == 1 else 0.25 * torch.randn(p.shape, generator=g))
+    model.save_pretrained(root / "clean")
+    bugs = {"one": ["model.layers.1.self_attn.v_proj.weight"],
+            "two": ["model.layers.1.self_attn.v_proj.weight", "model.layers.1.mlp.down_proj.weight"]}
+    for name, weights in bugs.items():
+        shutil.copytree(root / "clean", root / name)
+        sd = load_file(root / name / "model.safetensors")
+        for w in weights:
+            sd[w] = sd[w] * 1.01
+        save_file(sd, root / name / "model.safetensors", metadata={"format": "pt"})
+        (root / f"{name}.toml").write_text(
+            f'model = "clean"\nweights = "f32"\nkv = "f32"\ntokens = {N}\nprompt_ids = {PROMPT}\n'
+            f'[reference]\nengine = "cpu"\n[subject]\nengine = "hf"\nmodel = "{name}"\n'
+            f'options = {{ dtype = "float32" }}\n')
+    return root
+
+
+def _session(planted, name: str, deep: bool = False) -> Session:
+    from kestrel_tui.model.hf import load_model
+
+    clean = load_model(str(planted / "clean"), "f32")
+    sub = make_engine(EngineSpec("hf", str(planted / name), {"dtype": "float32"}), clean, kv="f32", deep=deep)
+    return Session(clean, PROMPT, N, reference=make_engine("cpu", clean, kv="f32", deep=deep), subject=sub,
+                   kv="f32", deep=deep)
+
+
+def _far_outside(result, tol, grafted) -> list[str]:
+    summary = result.tolerance(tol)
+    return [k for k, v in summary.verdict.items() if v == "far" and site_of(k) not in grafted]
+
+
+def test_one_planted_bug_is_the_only_source(planted):
+    session = _session(planted, "one")
+    tol = Tolerance()
+    result = graft(session, RunSettings(), tol=tol)
+    assert [s.site for s in result.sources] == [("v", 1)] and result.remaining is None
+    assert result.line() == "the only source: v l1"
+    assert _far_outside(result.last, tol, {("v", 1), ("vs", 1)}) == []
+    after = [k for k, st in result.last.comparison.status.items() if order_key(k) > order_key(result.start)]
+    assert after and all(result.last.comparison.status[k] is Status.OK or
+                         result.last.tolerance(tol).verdict.get(k) == "close" or site_of(k) == ("v", 1)
+                         for k in after)
+
+
+@pytest.mark.parametrize("deep, second", [(False, ("x", 1)), (True, ("moe", 1))])
+def test_two_planted_bugs_are_two_sources_in_order(planted, deep, second):
+    """v_proj shows first at the attention's value; grafted, the down_proj's error is left, at the MLP's
+    output (a deep key) or else at the layer's output."""
+    session = _session(planted, "two", deep=deep)
+    tol = Tolerance()
+    plain = session.run(RunSettings(), record=False)
+    result = graft(session, RunSettings(), tol=tol)
+    assert result.start == plain.tolerance(tol).first_far and site_of(result.start) == ("v", 1)
+    assert [s.site for s in result.sources] == [("v", 1), second] and result.remaining is None
+    assert _far_outside(result.last, tol, {("v", 1), ("vs", 1), second}) == []
+
+
+def test_graft_command(capsys, planted):
+    code, out, err = run(capsys, "graft", "--profile", planted / "two.toml", "--json", "--no-cache")
+    r = json.loads(out)
+    assert code == 0 and [(s["field"], s["layer"]) for s in r["sources"]] == [("v", 1), ("x", 1)]
+    assert r["remaining"] is None and r["line"] == "2 sources, in order: v l1, x l1" and r["tolerance"] == "nmse=1e-07"
+    code, out, _ = run(capsys, "graft", "--profile", planted / "two.toml", "--limit", "1", "--no-cache")
+    assert code == 1 and "the limit left another at t4_l1_x" in out
+    code, _, err = run(capsys, "graft", "--profile", planted / "two.toml", "--key", "t4_l9_v", "--no-cache")
+    assert code == 2 and "no such key" in one_line_error(err)
