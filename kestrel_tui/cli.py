@@ -71,9 +71,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("generate", help="greedy-decode with the reference and print the tokens")
     _model_args(p)
 
-    p = sub.add_parser("diff", help="compare two dump files; exit 0 identical, 1 DIFF, 2 bad input")
-    p.add_argument("a", metavar="A")
+    p = sub.add_parser("diff", help="compare two dump files (or serving engines' dump folders); exit 0 identical,"
+                       " 1 DIFF, 2 bad input")
+    p.add_argument("a", metavar="A", help="a dump file, or a vLLM / SGLang dump folder (docs/engines-serving-dumps.md)")
     p.add_argument("b", metavar="B")
+    p.add_argument("--tol", metavar="SPEC", help="two dump folders: judge the DIFF keys with their raw values, as"
+                   " for run; exit 0 when every one is close")
     p.add_argument("--tui", action="store_true", help="open the grid over the two files")
 
     p = sub.add_parser("run", help="reference vs subject, headless; exit 0 all ok, 1 DIFF, 2 bad input,"

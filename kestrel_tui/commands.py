@@ -112,11 +112,30 @@ def cmd_generate(args: argparse.Namespace, config: RunConfig) -> int:
     return 0
 
 
-def cmd_diff(args: argparse.Namespace, config: None = None) -> int:
-    from .trace.compare import Status, compare
+def _diff_side(path: str, other=None):
+    """(key -> hash, the Trace or None): a dump file, or a serving engine's dump folder (engines/dumps/),
+    whose request is the one that consumed the other side's tokens when the other side has them."""
+    from pathlib import Path
+
     from .trace.dump import read_dump
 
-    a, b = read_dump(args.a), read_dump(args.b)
+    if Path(path).is_dir():
+        from .engines.dumps import read_folder
+
+        tokens = [p.token for p in other.positions] if other is not None else None
+        trace = read_folder(path, tokens=tokens)
+        for note in trace.notes:
+            err_console.print(f"note: {path}: {note}", markup=False, highlight=False)
+        return trace.hashes(), trace
+    return read_dump(path), None
+
+
+def cmd_diff(args: argparse.Namespace, config: None = None) -> int:
+    from .trace.compare import Status, compare, parse_tolerance
+
+    tol = parse_tolerance(args.tol) if args.tol is not None else None
+    a, trace_a = _diff_side(args.a)
+    b, trace_b = _diff_side(args.b, trace_a)
     if args.tui:
         from .app.main import run_diff_app
 
@@ -133,7 +152,37 @@ def cmd_diff(args: argparse.Namespace, config: None = None) -> int:
                                     f"  {a[cmp.first_diff]:016x} != {b[cmp.first_diff]:016x}"))
     if first != cmp.first_diff:
         console.print(Text.assemble("first missing: ", (first, "yellow"), f" ({cmp.status[first].value})"))
-    return 1
+    diff = [k for k, st in cmp.status.items() if st is Status.DIFF]
+    partial = sorted(set(diff) & (getattr(trace_a, "partial", set()) | getattr(trace_b, "partial", set())))
+    if partial:  # a sum over ranks is never its engine's own reduction bit for bit
+        console.print(f"{len(partial)} DIFF keys are partial sums added over ranks (first {partial[0]}): their"
+                      f" bits say nothing; --tol judges them")
+    if tol is None:
+        return 1
+    if trace_a is None or trace_b is None:
+        raise UsageError(f"--tol {args.tol!r}: a dump file holds hashes only; a tolerance judges raw values, which"
+                         f" only a serving engine's dump folder has on both sides")
+    return _diff_tolerance(diff, trace_a, trace_b, tol)
+
+
+def _diff_tolerance(diff: list[str], trace_a, trace_b, tol) -> int:
+    """Judge the DIFF keys of two dump folders: the first far key, and how many are close / far."""
+    from .trace.compare import key_metrics
+
+    far, close, unjudged = [], 0, 0
+    for key in diff:
+        ra, rb = trace_a.raw(key), trace_b.raw(key)
+        if ra is None or rb is None or ra.shape != rb.shape:
+            unjudged += 1
+            continue
+        if tol.for_key(key)[0].holds(key_metrics(ra, rb)):
+            close += 1
+        else:
+            far.append(key)
+    console.print(Text.assemble("first far: ", (far[0] if far else "none", "bold magenta" if far else "bold green"),
+                                f"  (tolerance {tol.spec()}: {close} close, {len(far)} far"
+                                + (f", {unjudged} not judged" if unjudged else "") + ")"))
+    return 1 if far or unjudged else 0
 
 
 def counts_table(counts) -> Table:

@@ -291,3 +291,19 @@ def test_requests_are_told_apart_by_ids_and_positions():
     assert [r.pos for r in c.rows] == [2, 3] and "starts this request at position 2" in notes[0]
     with pytest.raises(UsageError, match="no dumped request has the session's tokens"):
         pick(chains(steps, [1, 2, 9])[0], [1, 2, 9], 0, "dump")
+
+
+def test_diff_reads_two_dump_folders_and_judges_them(dumps, capsys):
+    """`diff` on TP=1 and TP=2 dumps: the bits part after the first all-reduce, the partial sums are named
+    as such, and --tol judges every DIFF key close (exit 0)."""
+    from clitools import run_cli
+
+    one, two = dumps["moe"]["tp1"] / "dumper", dumps["moe"]["tp2"] / "dumper"
+    code, out, err = run_cli(capsys, "diff", one, two)
+    assert code == 1 and "first DIFF: " in out and "partial sums added over ranks" in out, out + err
+    code, out, err = run_cli(capsys, "diff", one, two, "--tol", "nmse=1e-10")
+    assert code == 0 and "first far: none" in out and " 0 far" in out, out + err
+    code, out, err = run_cli(capsys, "diff", one, two, "--tol", "ulp=0")  # the bits: every DIFF key far
+    assert code == 1 and "first far: t" in out, out + err
+    code, _, err = run_cli(capsys, "diff", one, one.parent.parent / "nothing-here")
+    assert code == 2 and "Traceback" not in err and err.count("\n") == 1, err

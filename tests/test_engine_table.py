@@ -28,7 +28,7 @@ FLAG_SUBJECTS = names(flag_subject=True)
 
 def test_the_table_in_its_order():
     # every message and doc lists the engines in this order
-    assert ENGINES == ("cpu", "sim", "cuda", "hf", "process", "llama.cpp")
+    assert ENGINES == ("cpu", "sim", "cuda", "hf", "process", "llama.cpp", "vllm-dump", "sglang-dump")
     assert BUILTIN == BACKENDS  # the built-ins are exactly the backends that decoders.make_backend builds
     # the refusal of options says "its toggles are the op families": true of built-ins only
     assert set(names(options=False)) <= set(BUILTIN)
@@ -41,7 +41,7 @@ def test_make_engine_builds_through_the_table(small_model):
     for name in BUILTIN:
         if name != "cuda":  # a cuda engine is built without a device too, but needs PyCUDA's import
             assert isinstance(make_engine(name, small_model), BuiltinEngine)
-    with pytest.raises(UsageError, match=r"^unknown engine 'cdua'; choose from cpu, sim, cuda, hf, process, llama\.cpp$"):
+    with pytest.raises(UsageError, match=r"^unknown engine 'cdua'; choose from cpu, sim, cuda, hf, process, llama\.cpp, vllm-dump, sglang-dump$"):
         make_engine("cdua", small_model)
     for name in names(options=False):
         with pytest.raises(UsageError, match=rf"^engine {name}: takes no options \(got x\); its toggles are"):
@@ -161,9 +161,9 @@ def test_docs_profiles_lists_name_the_table():
     doc = (ROOT / "docs" / "profiles.md").read_text()
     checked = set()
 
-    comments = re.findall(r"# (cpu(?: \| [\w.]+)+)\n", doc)
+    comments = re.findall(r"# (cpu(?: \| [\w.-]+)+)\n", doc)
     assert comments == [" | ".join(ENGINES)], comments
-    messages = re.findall(r"(?:choose from|one of) (cpu(?:, [\w.]+)+)", doc)
+    messages = re.findall(r"(?:choose from|one of) (cpu(?:, [\w.-]+)+)", doc)
     assert messages and set(messages) == {", ".join(ENGINES)}, messages
 
     row = next(line for line in doc.splitlines() if line.startswith("| `engine` |"))

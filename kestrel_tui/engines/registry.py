@@ -73,6 +73,12 @@ def _llamacpp(spec, model, kv, deep, impl, cuda=None):
                                    replace(spec, model=inner.path), inner.ours.cfg, kv, deep))
 
 
+def _dump(spec, model, kv, deep, impl, cuda=None):
+    from .dumps.engine import dump_factory
+
+    return dump_factory(spec, model, kv=kv, deep=deep)
+
+
 # The order is the order every message and the docs list them in.
 ENGINE_TABLE: dict[str, EngineEntry] = {e.name: e for e in (
     EngineEntry("cpu", _builtin, builtin=True, options=False, bench=True),
@@ -81,6 +87,8 @@ ENGINE_TABLE: dict[str, EngineEntry] = {e.name: e for e in (
     EngineEntry("hf", _hf, flag_subject=True),
     EngineEntry("process", _process),  # its command comes from a profile
     EngineEntry("llama.cpp", _llamacpp, out_of_process=True),
+    EngineEntry("vllm-dump", _dump),    # a recorded run: its folder comes from a profile
+    EngineEntry("sglang-dump", _dump),
 )}
 
 ENGINES = tuple(ENGINE_TABLE)
