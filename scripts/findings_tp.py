@@ -7,18 +7,20 @@ counts, top-1 flips; for the rows with an all-reduce, where the reduction order 
 the first differing layer differ, and whether each all-reduce returned exactly the sum of the two
 ranks' partials).
 
-    python scripts/findings_tp.py [--model DIR] [--tokens 16] [--json FILE]
+    python scripts/findings_tp.py [--model DIR] [--tokens 16] [--part moe|dense|all] [--json FILE]
 
-Without --model: the embedded default (synthetic Qwen3-MoE, 48 layers, hidden 256, 8 heads / 2 kv
-heads, 16 experts top-4, vocab 2048), float32 weights, f32 KV.
+moe: without --model the embedded default (synthetic Qwen3-MoE, 48 layers, hidden 256, 8 heads / 2 kv
+heads, 16 experts top-4, vocab 2048); dense: a synthetic dense Qwen3 of the same dims with 4 kv heads
+(so 4 ranks split them) and a 512-wide MLP. Float32 weights, f32 KV.
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import time
-from dataclasses import replace
+from dataclasses import replace as with_fields
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kestrel_tui.engines.base import EngineSpec  # noqa: E402
 from kestrel_tui.engines.build import make_engine  # noqa: E402
 from kestrel_tui.engines.hf_dist import make_hf_dist_engine, rank_values, sum_key  # noqa: E402
+from kestrel_tui.model.config import default_config  # noqa: E402
 from kestrel_tui.model.hf import load_model  # noqa: E402
+from kestrel_tui.model.weights import synthetic_model  # noqa: E402
 from kestrel_tui.session.session import Session  # noqa: E402
 from kestrel_tui.trace.compare import Status, diff_stats, parse_tolerance  # noqa: E402
 from kestrel_tui.trace.keys import parse_key  # noqa: E402
@@ -90,10 +94,44 @@ def reductions(trace, dtype: str) -> dict:
     return {"all_reduces": n, "rank_order_sum": same}
 
 
+def chunk_orders(trace) -> list[list[str]] | None:
+    """With more than 2 ranks: for each of N equal chunks of the reduced vectors, the left-to-right orders
+    of the ranks' partials whose float sum the all-reduce returned bit for bit in every reduction."""
+    fits: dict[int, set[tuple[int, ...]]] | None = None
+    for p in trace.positions:
+        for key in p.hashes:
+            parts = rank_values(p.raw, key)
+            if parts is None or len(parts) < 3:
+                continue
+            n = len(parts)
+            reduced = np.asarray(p.raw[sum_key(key)]).view(np.uint32)
+            width = reduced.size // n
+            fits = fits or {c: set(itertools.permutations(range(n))) for c in range(n)}
+            for c in range(n):
+                part = slice(c * width, (c + 1) * width)
+                for order in list(fits[c]):
+                    total = parts[order[0]][part].copy()
+                    for r in order[1:]:
+                        total = total + parts[r][part]
+                    if (total.view(np.uint32) != reduced[part]).any():
+                        fits[c].discard(order)
+    if fits is None:
+        return None
+    return [sorted({_fold(o) for o in fits[c]}) for c in sorted(fits)]
+
+
+def _fold(order: tuple[int, ...]) -> str:
+    """((r2+r3)+r1)+r0 for (2, 3, 1, 0); the first add's two sides in rank order (an add commutes)."""
+    text = "+".join(f"r{r}" for r in sorted(order[:2]))
+    for r in order[2:]:
+        text = f"({text})+r{r}"
+    return text
+
+
 def row(name: str, session: Session, picks: dict[str, str]) -> dict:
     out = {"row": name}
     for forcing in ("teacher", "free"):
-        s = replace(session.initial_settings(), prefill="subject", forcing=forcing)
+        s = with_fields(session.initial_settings(), prefill="subject", forcing=forcing)
         for tname, value in picks.items():
             s = s.pick(next(t for t in session.toggles if t.name == tname), value)
         t0 = time.perf_counter()
@@ -110,43 +148,61 @@ def row(name: str, session: Session, picks: dict[str, str]) -> dict:
             dtype = session.subject_engine.settings(s.values(session.toggles))["dtype"]
             out["reductions"] = reductions(res.sub, dtype)
             out["emb"] = signed_zeros(res)
+            out["chunk_orders"] = chunk_orders(res.sub)
             out["findings"] = list(getattr(session.subject_engine, "findings", []))
         f = out[forcing]
         print(f"{name:<34} {forcing:<7} first DIFF {f['first_diff'] or '-':<14} first far {f['first_far'] or '-':<14}"
               f" close {f['n_close']:>5} far {f['n_far']:>5} flips {len(flips)}", flush=True)
     print(f"{'':<34} first differing layer's fields (max ULP): {out['first_layer_diffs']}; {out['reductions']};"
-          f" {out['emb']}", flush=True)
+          f" {out['emb']}" + (f"; each chunk's order: {out['chunk_orders']}" if out["chunk_orders"] else ""),
+          flush=True)
     return out
+
+
+def dense_model():
+    cfg = with_fields(default_config(), arch="qwen3", n_experts=0, top_k=0, moe_intermediate=0, intermediate=512,
+                      n_kv_heads=4)
+    return synthetic_model(cfg.validate("f32"), "f32")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", help="an HF directory (qwen3_moe for the EP rows); default: the embedded model")
+    ap.add_argument("--model", help="an HF qwen3_moe directory for the moe part; default: the embedded model")
     ap.add_argument("--tokens", type=int, default=16)
+    ap.add_argument("--part", choices=("moe", "dense", "all"), default="all")
     ap.add_argument("--json", metavar="FILE")
     cli = ap.parse_args()
-    model = load_model(cli.model, "f32")
-    path = cli.model
-    engines = []
+    engines, rows = [], []
 
-    def session(reference, subject):
+    def session(model, reference, subject):
         engines.extend((reference, subject))
         return Session(model, PROMPT, cli.tokens, reference=reference, subject=subject, kv="f32")
 
-    rows = []
-    tp = session(hf_dist(model, path, world_size="1"), hf_dist(model, path))
-    rows.append(row("TP=2 vs TP=1", tp, {"world_size": "2"}))
-    rows.append(row("TP=2 + EP=2 (all_reduce) vs TP=1", tp, {"world_size": "2", "ep": "on"}))
-    rows.append(row("TP=2 + EP=2 (all_to_all) vs TP=1", tp, {"world_size": "2", "ep": "on", "ep_impl": "all_to_all"}))
-    ep = session(hf_dist(model, path, world_size="2"), hf_dist(model, path))
-    rows.append(row("TP=2 + EP=2 vs TP=2", ep, {"ep": "on"}))
-    bf16 = session(hf_dist(model, path, world_size="1", dtype="bfloat16"), hf_dist(model, path, dtype="bfloat16"))
-    rows.append(row("bfloat16: TP=2 vs TP=1", bf16, {"world_size": "2"}))
-    threads = session(hf_dist(model, path, world_size="1"), hf_dist(model, path, world_size="1", threads=2))
-    rows.append(row("TP=1, 2 threads vs 1 thread", threads, {}))
-    cpu = session(make_engine("cpu", model, kv="f32"), hf_dist(model, path))
-    rows.append(row("cpu reference vs TP=1", cpu, {"world_size": "1"}))
-    rows.append(row("cpu reference vs TP=2", cpu, {"world_size": "2"}))
+    if cli.part in ("moe", "all"):
+        model, path = load_model(cli.model, "f32"), cli.model
+        tp = session(model, hf_dist(model, path, world_size="1"), hf_dist(model, path))
+        rows.append(row("TP=2 vs TP=1", tp, {"world_size": "2"}))
+        rows.append(row("TP=2 + EP=2 (all_reduce) vs TP=1", tp, {"world_size": "2", "ep": "on"}))
+        rows.append(row("TP=2 + EP=2 (all_to_all) vs TP=1", tp,
+                        {"world_size": "2", "ep": "on", "ep_impl": "all_to_all"}))
+        ep = session(model, hf_dist(model, path, world_size="2"), hf_dist(model, path))
+        rows.append(row("TP=2 + EP=2 vs TP=2", ep, {"ep": "on"}))
+        bf16 = session(model, hf_dist(model, path, world_size="1", dtype="bfloat16"),
+                       hf_dist(model, path, dtype="bfloat16"))
+        rows.append(row("bfloat16: TP=2 vs TP=1", bf16, {"world_size": "2"}))
+        threads = session(model, hf_dist(model, path, world_size="1"),
+                          hf_dist(model, path, world_size="1", threads=2))
+        rows.append(row("TP=1, 2 threads vs 1 thread", threads, {}))
+        cpu = session(model, make_engine("cpu", model, kv="f32"), hf_dist(model, path))
+        rows.append(row("cpu reference vs TP=1", cpu, {"world_size": "1"}))
+        rows.append(row("cpu reference vs TP=2", cpu, {"world_size": "2"}))
+    if cli.part in ("dense", "all"):
+        model = dense_model()
+        dense = session(model, hf_dist(model, None, world_size="1"), hf_dist(model, None))
+        rows.append(row("dense: TP=2 vs TP=1", dense, {"world_size": "2"}))
+        rows.append(row("dense: TP=4 vs TP=1", dense, {"world_size": "4"}))
+        four = session(model, hf_dist(model, None, world_size="2"), hf_dist(model, None))
+        rows.append(row("dense: TP=4 vs TP=2", four, {"world_size": "4"}))
     for e in engines:
         e.close()
     if cli.json:
