@@ -134,3 +134,21 @@ def test_graft_command(capsys, planted):
     assert code == 1 and "the limit left another at t4_l1_x" in out
     code, _, err = run(capsys, "graft", "--profile", planted / "two.toml", "--key", "t4_l9_v", "--no-cache")
     assert code == 2 and "no such key" in one_line_error(err)
+
+
+@pytest.mark.anyio
+async def test_the_app_grafts_on_g(small_model, tmp_path, make_app, settle):
+    """g in the app: the same sources as graft() on an independent session, named on the status line."""
+    settings = RunSettings(exact=frozenset(TOGGLES) - {"norm"})
+    want = graft(Session(small_model, default_prompt(small_model.cfg.vocab), 2, subject="sim"), settings)
+    session = Session(small_model, default_prompt(small_model.cfg.vocab), 2, subject="sim")
+    app = make_app(session, tmp_path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        main = app.main
+        main.settings = settings
+        await pilot.press("g")
+        await settle(pilot)
+        assert main.status.text.startswith(f"graft: {want.line()}"), main.status.text
+        assert main.result is not None and main.phase == "idle"
+        assert main.result.comparison.status == want.last.comparison.status  # the grid: every source grafted

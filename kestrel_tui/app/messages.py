@@ -9,6 +9,7 @@ from __future__ import annotations
 from textual.message import Message
 
 from ..session.bisect import BisectResult
+from ..session.graft import GraftResult, Source
 from ..trace.run import Position, Trace
 from ..session.session import HistoryEntry, RunResult, ToleranceSummary
 from ..trace.compare import Status, Tolerance
@@ -85,6 +86,18 @@ class BisectDone(RunMessage):
         super().__init__(run_id)
         self.outcome = outcome
         self.result = result
+
+
+class GraftSource(RunMessage):
+    def __init__(self, run_id: int, source: Source) -> None:
+        super().__init__(run_id)
+        self.source = source
+
+
+class GraftDone(RunMessage):
+    def __init__(self, run_id: int, outcome: GraftResult) -> None:
+        super().__init__(run_id)
+        self.outcome = outcome
 
 
 class ToleranceReady(RunMessage):

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..session.bisect import bisect
+from ..session.graft import graft
 from ..trace.run import Cancelled
 from ..session.session import RunResult, RunSettings, Session
 from ..engines.base import EngineFailed
@@ -71,6 +72,22 @@ def bisection(session: Session, start: RunSettings, run_id: int, cancel: threadi
         except Cancelled:
             post(msg.RunCancelled(run_id))
         except Exception as e:  # noqa: BLE001
+            post(msg.RunFailed(run_id, e))
+
+
+def grafting(session: Session, settings: RunSettings, tol: Tolerance | None, run_id: int, cancel: threading.Event,
+             lock: threading.Lock, post: Post) -> None:
+    """The cause test from the first far key (the first DIFF without a tolerance); each source is posted."""
+    with lock:
+        try:
+            if cancel.is_set():
+                raise Cancelled()
+            outcome = graft(session, settings, tol=tol, on_source=lambda s: post(msg.GraftSource(run_id, s)),
+                            cancel=cancel)
+            post(msg.GraftDone(run_id, outcome))
+        except Cancelled:
+            post(msg.RunCancelled(run_id))
+        except Exception as e:  # noqa: BLE001 - a subject that cannot graft, a failed trial: shown in the app
             post(msg.RunFailed(run_id, e))
 
 

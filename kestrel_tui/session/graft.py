@@ -83,7 +83,8 @@ def first_source(result: RunResult, tol: Tolerance | None, grafted: frozenset[Si
 
 
 def graft(session: Session, settings: RunSettings, tol: Tolerance | None = None, limit: int = DEFAULT_LIMIT,
-          start: str | None = None, on_source: Callable[[Source], None] | None = None) -> GraftResult:
+          start: str | None = None, on_source: Callable[[Source], None] | None = None,
+          cancel=None) -> GraftResult:
     """Graft sources one by one from ``start`` (default: the first far key, or the first DIFF without a
     tolerance) until no far key is left or ``limit`` sources are grafted."""
     if not session.subject_engine.caps.graft:
@@ -91,7 +92,7 @@ def graft(session: Session, settings: RunSettings, tol: Tolerance | None = None,
                          f" (engines that can: sim, hf)")
     if limit < 1:
         raise UsageError(f"--limit {limit}: graft at least one source")
-    first = session.run(settings, record=False)
+    first = session.run(settings, record=False, cancel=cancel)
     out = GraftResult("far" if tol is not None else "ok", start or first_source(first, tol, frozenset()), last=first)
     if out.start is not None and out.start not in first.comparison.status:
         raise UsageError(f"--key {out.start}: the run has no such key; name one of its DIFF keys")
@@ -99,7 +100,7 @@ def graft(session: Session, settings: RunSettings, tol: Tolerance | None = None,
     key = out.start
     while key is not None and len(out.sources) < limit:
         grafted |= sites_of(site_of(key))
-        out.last = session.run(settings, record=False, graft=grafted)
+        out.last = session.run(settings, record=False, graft=grafted, cancel=cancel)
         nxt = first_source(out.last, tol, grafted)
         source = Source(site_of(key), key, nxt)
         out.sources.append(source)

@@ -84,6 +84,8 @@ class MainScreen(GridNavigation, Screen):
         Binding("r", "rerun", "rerun", tooltip="rerun the subject with the current settings"),
         Binding("b", "bisect", "bisect", tooltip="bisect: switch owners of the first DIFF to exact until all ok"),
         Binding("i", "iso", "iso", tooltip="iso view: batch-verify (M columns) vs M=1 decode, logits byte by byte"),
+        Binding("g", "graft", "graft", show=False, tooltip="the cause test: graft the reference's values at the"
+                " first far key (first DIFF without a tolerance), rerun, and name every source in order"),
         Binding("T", "tolerance", "tolerance", show=False,
                 tooltip="cycle the tolerance: off, nmse<=1e-7, nmse<=1e-4, max ULP<=4; DIFF keys read close/far"),
         Binding("x", "export", "export", tooltip="export a snapshot: both dumps, report.json, SVG, in a new folder"),
@@ -174,7 +176,8 @@ class MainScreen(GridNavigation, Screen):
     @property
     def busy(self) -> bool:
         """A worker is loading, running or bisecting (tests and the benchmark wait on this)."""
-        return self.phase in ("loading", "reference", "running", "bisecting") or self._exporting or bool(self._judging)
+        return self.phase in ("loading", "reference", "running", "bisecting", "grafting") or self._exporting \
+            or bool(self._judging)
 
     # ---- diff mode -------------------------------------------------------
 
@@ -493,6 +496,8 @@ class MainScreen(GridNavigation, Screen):
         if self.phase == "bisecting":
             self._end_bisect()
             self.status.set_text("bisection cancelled · the grid shows the run before it · b restarts", "")
+        elif self.phase == "grafting":
+            self.status.set_text("graft cancelled · the grid shows the run before it · g restarts", "")
         else:
             done = sum(self.board.arrived) if self.board else 0
             self.status.set_text(f"cancelled after {done} positions · r reruns", "")
@@ -556,6 +561,43 @@ class MainScreen(GridNavigation, Screen):
             text = "DIFFs remain with every op exact: not an op the toggles control"
         self.notify(text, title="bisect", severity="information" if out.all_ok else "warning", markup=False)
 
+    def action_graft(self) -> None:
+        session = self.session
+        if session is None:
+            self._no_model()
+            return
+        if not session.subject_engine.caps.graft:
+            self.notify(f"{session.subject_engine.name} cannot take the reference's values at a key: graft on sim"
+                        f" or hf", title="graft", severity="warning", markup=False)
+            return
+        run_id, cancel = self._begin("grafting")
+        what = f"far keys at {self.tolerance.spec()}" if self.tolerance is not None else "DIFF keys"
+        self.query_one("#grid-box").border_title = "hash grid · the run before grafting (grafting…)"
+        self.status.set_text(f"grafting: following the {what}…", "busy")
+        self.run_worker(partial(workers.grafting, session, self.settings, self.tolerance, run_id, cancel,
+                                self._run_lock, self.post_message), thread=True, group="run", name="graft",
+                        description="graft the sources", exit_on_error=False)
+
+    def on_graft_source(self, m: msg.GraftSource) -> None:
+        if not self._current(m):
+            return
+        s = m.source
+        after = f"another source at {s.next_key}" if s.next_key else "every key after it agrees"
+        self.status.set_text(f"grafting: {s.label} (first at {s.key}) · {after}", "busy")
+
+    def on_graft_done(self, m: msg.GraftDone) -> None:
+        """The grid shows the run with every source grafted; the status and a note name the sources."""
+        if not self._current(m):
+            return
+        out = m.outcome
+        if out.last is not None:
+            self._load_result(out.last)
+            self._finish(out.last)
+        done = out.remaining is None
+        self.status.set_text(f"graft: {out.line()}" + (" · the grid shows the run with them grafted"
+                                                       if out.sources else ""), "ok" if done else "diff")
+        self.notify(out.line(), title="graft", severity="information" if done else "warning", markup=False)
+
     def _end_bisect(self) -> None:
         """A bisection stopped short: the toggles go back to what the grid shows."""
         if self._bisect_start is not None:
@@ -616,7 +658,7 @@ class MainScreen(GridNavigation, Screen):
         self.start_run()
 
     def action_cancel(self) -> None:
-        if self.phase in ("reference", "running", "bisecting") and self._cancel is not None:
+        if self.phase in ("reference", "running", "bisecting", "grafting") and self._cancel is not None:
             self._cancel.set()
             self.status.set_text("cancelling…", "busy")
 
