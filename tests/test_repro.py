@@ -265,7 +265,7 @@ def test_a_dense_layer_has_no_router_to_bundle(q4_deep, tmp_path):
 
 @pytest.fixture(scope="session")
 def numpy_only(tmp_path_factory):
-    """A fresh virtual environment whose site-packages hold numpy and nothing else (no pip: numpy is
+    """A fresh virtual environment whose packages are numpy and nothing else (no pip: numpy is
     linked from this one's); `python -I` keeps the environment's variables out too."""
     root = tmp_path_factory.mktemp("numpy-only")
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root / "venv")], check=True)
