@@ -59,7 +59,9 @@ async def test_tolerance_cycle(small_model, tmp_path, make_app, settle):
             assert set(texts.values()) <= {CLOSE, FAR}
             assert {k for k, v in texts.items() if v == FAR} == {k for k, v in want.verdict.items() if v == FAR}
             assert sum(v == CLOSE for v in texts.values()) == want.n_close
-            assert main.status.text.startswith(f"first DIFF {engine.first_diff} · first far {want.first_far}"
+            cause = engine.cause_of(want.first_far)  # the event the first far key follows, named with it
+            after = f" (after {cause.short})" if cause is not None else ""
+            assert main.status.text.startswith(f"first DIFF {engine.first_diff} · first far {want.first_far}{after}"
                                                f" at {tol.spec()} · {want.n_close} close · {want.n_far} far ·")
             far = detail_text(main, want.first_far)
             m = want.metrics[want.first_far]

@@ -83,6 +83,9 @@ class Board:
         self.raw_sub: RawGetter = _no_raw
         self.tolerance = None  # session.session.ToleranceSummary of the finished run, or None: plain ok/DIFF
         self.events: list = []  # trace/events.Event of the finished run, in dataflow order
+        self.traces = None  # (reference, subject) Traces of the finished run: their ranks (trace/ranks.py)
+        self.rank: int | None = None  # the grid's rank filter: a sharded key's cell shows this rank's share
+        self.rank_status: dict[str, Status] = {}  # key -> that share's status, for the keys that have shares
 
     def set_tolerance(self, summary) -> None:
         """DIFF keys judged close/far (a ToleranceSummary), or None for the plain DIFF view."""
@@ -168,7 +171,8 @@ class Board:
         """A key's status (i: its slot); None when the key is not part of this comparison at all."""
         if key is None:
             return None
-        s = self.status.get(key)
+        s = self.rank_status.get(key) if self.rank is not None else None
+        s = s if s is not None else self.status.get(key)
         if s is not None:
             return s
         if not self.arrived[i]:

@@ -27,6 +27,7 @@ from ...trace.run import Position, Trace
 from ...session.session import RunResult, RunSettings, Session, ToleranceSummary
 from ...trace.compare import Status, Tolerance, compare
 from ...trace.keys import layer_fields, parse_key
+from ...trace.ranks import compare_shares, world_size
 from .. import messages as msg
 from .. import workers
 from ..export import final_name, new_export_dir
@@ -84,12 +85,14 @@ class MainScreen(GridNavigation, Screen):
         Binding("r", "rerun", "rerun", tooltip="rerun the subject with the current settings"),
         Binding("b", "bisect", "bisect", tooltip="bisect: switch owners of the first DIFF to exact until all ok"),
         Binding("i", "iso", "iso", tooltip="iso view: batch-verify (M columns) vs M=1 decode, logits byte by byte"),
-        Binding("g", "graft", "graft", show=False, tooltip="the cause test: graft the reference's values at the"
-                " first far key (first DIFF without a tolerance), rerun, and name every source in order"),
         Binding("T", "tolerance", "tolerance", show=False,
                 tooltip="cycle the tolerance: off, nmse<=1e-7, nmse<=1e-4, max ULP<=4; DIFF keys read close/far"),
         Binding("x", "export", "export", tooltip="export a snapshot: both dumps, report.json, SVG, in a new folder"),
         Binding("a", "all_exact", "all exact", show=False, tooltip="switch every op to exact"),
+        Binding("R", "rank", "rank", show=False, tooltip="rank filter: a sharded key's cell shows one rank's"
+                " share (all ranks → rank 0 → rank 1 …); the detail panel lists every rank's"),
+        Binding("g", "graft", "graft", show=False, tooltip="the cause test: graft the reference's values at the"
+                " first far key (first DIFF without a tolerance), rerun, and name every source in order"),
         Binding("0", "all_fast", "all fast", show=False, tooltip="switch every op to fast"),
         *[Binding(key, f"switch('{name}')", f"{name}", show=False, tooltip=f"switch {name}: {' / '.join(vals)}")
           for key, name, vals in SWITCHES],
@@ -271,6 +274,11 @@ class MainScreen(GridNavigation, Screen):
         ref = f"{s.reference_engine.name} (cached)" if s.reference_cached else s.reference_engine.name
         parts = [("", f"{ref} vs {s.subject}"), ("model", info.model_label), ("device", info.device),
                  ("positions", f"{len(s.prompt)} prompt + {s.n_tokens}")]
+        if self.result is not None:  # a parallel run: how many ranks each side had
+            sizes = [(side, world_size(t)) for side, t in (("ref", self.result.ref), ("sub", self.result.sub))]
+            ranks = " · ".join(f"{side} {n}" for side, n in sizes if n)
+            if ranks:
+                parts.insert(1, ("ranks", ranks))
         self.query_one(InfoHeader).show(parts, info.note)
 
     def _raw_sub(self, key: str):
@@ -370,6 +378,9 @@ class MainScreen(GridNavigation, Screen):
                         markup=False)
         self.result = result
         self.board.events = result.events
+        self.board.traces = (result.ref, result.sub)
+        if world_size(result.sub) or world_size(result.ref):
+            self._header()  # the world size the run had (a toggle may change it)
         self.phase = "idle"
         status = result.comparison.status
         for p_ref in result.ref.positions:  # positions a failed subject never reached read missing, not pending
@@ -560,6 +571,22 @@ class MainScreen(GridNavigation, Screen):
         else:
             text = "DIFFs remain with every op exact: not an op the toggles control"
         self.notify(text, title="bisect", severity="information" if out.all_ok else "warning", markup=False)
+
+    def action_rank(self) -> None:
+        board, result = self.board, self.result
+        n = max(world_size(result.sub) or 0, world_size(result.ref) or 0) if result is not None else 0
+        if board is None or not n:
+            self.notify("no ranks: this run is not tensor- or expert-parallel (hf-dist, a serving engine's dump)",
+                        markup=False)
+            return
+        board.rank = None if board.rank is not None and board.rank + 1 >= n else (
+            0 if board.rank is None else board.rank + 1)
+        board.rank_status = {} if board.rank is None else rank_statuses(result, board.rank)
+        board.version += 1
+        shown = "all ranks" if board.rank is None else f"rank {board.rank} of {n}"
+        self.query_one("#grid-box").border_title = f"hash grid · {shown}"
+        self.status.set_text(f"rank filter: {shown} ({len(board.rank_status)} sharded keys)", "")
+        self._refresh_all()
 
     def action_graft(self) -> None:
         session = self.session
@@ -800,11 +827,23 @@ class MainScreen(GridNavigation, Screen):
         key = board.key(c.t, c.row, c.col)
         # recompute only when the key or what is known about it changed (stats are the costly part)
         stamp = (self._run_id, key, board.cell(key, c.t), board.first_diff, self._ref is not None,
-                 id(board.tolerance))
+                 id(board.tolerance), id(board.traces))
         if stamp == self._detail_key:
             return
         self._detail_key = stamp
         self.query_one(DetailPanel).show(key_info(board, key, c.t))
+
+
+def rank_statuses(result: RunResult, rank: int) -> dict[str, Status]:
+    """Each sharded DIFF or ok key's status for one rank's share (a partial sum's share: its key's)."""
+    out = {}
+    for key, st in result.comparison.status.items():
+        if st not in (Status.DIFF, Status.OK):
+            continue
+        report = compare_shares(result.ref, result.sub, key)
+        if report and rank < len(report) and report[rank].status in ("ok", "DIFF"):
+            out[key] = Status.OK if report[rank].status == "ok" else Status.DIFF
+    return out
 
 
 def quiet_gc(on: bool) -> None:

@@ -24,6 +24,7 @@ from ...backends.toggles import OWNERS, TOGGLES
 from ...trace.compare import NAN_ULP, DiffStats, KeyMetrics, Status, diff_stats, ulp_bin_labels, ulp_histogram
 from ...model.quant import CodeFlips, q8_0_code_flips
 from ...trace.events import event_before
+from ...trace.ranks import compare_shares, line as rank_line
 from ...trace.keys import GEMV_INPUT, key_name, parse_key
 
 BIN_LABELS = ulp_bin_labels()
@@ -49,6 +50,7 @@ class KeyInfo:
     rule: str | None = None             # the per-key rule that judged it, "logits: nmse=1e-05" (None: no rules)
     event: str | None = None            # the discrete event at this key (an expert flip, a top-1 flip's margin)
     after: str | None = None            # the event a DIFF key follows (trace/events.event_before)
+    ranks: str | None = None            # each rank's share held against the reference (trace/ranks.py)
     first_far: bool = False
     q8_input: str | None = None         # a q4_0 GEMV's input key, when this key is such a GEMV's output
     q8: CodeFlips | None = None         # where that input's q8_0 codes differ (None: all equal)
@@ -66,6 +68,9 @@ def key_info(board, key: str | None, t: int) -> KeyInfo | None:
         cause = event_before(board.events, key)
         info.event = own.line if own else None
         info.after = cause.line if cause is not None and cause is not own else None
+    if board.traces is not None and status in (Status.DIFF, Status.OK):
+        report = compare_shares(*board.traces, key)
+        info.ranks = rank_line(report) if report else None
     summary = board.tolerance
     if summary is not None and status is Status.DIFF:  # computed by the engine in a worker (workers.judge)
         info.metrics, info.verdict = summary.metrics.get(key), summary.verdict.get(key)
@@ -179,6 +184,8 @@ class DetailPanel(Widget, can_focus=False):
                               f"{_num(s.first_b, info.dtype)}"))
         if info.q8_input is not None:
             lines.append(self._q8_line(info))
+        if info.ranks:
+            lines.append(Text(info.ranks))
         if info.event:
             lines.append(Text(info.event, style=self._s("detail--far")))
         if info.after:

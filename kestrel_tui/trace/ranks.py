@@ -1,0 +1,86 @@
+"""Which rank's share of a key differs: the per-rank view of a tensor- or expert-parallel run.
+
+A trace that ran on several ranks (the hf-dist engine) or was read from a serving engine's
+per-rank dump answers `rank_values(key)`: each rank's share in rank order — its heads of a
+column-parallel key, its partial sum before an all-reduce, or its copy of a replicated key the
+ranks disagree on — and `partial`, the keys reached through such a sum. Another trace is
+compared with it share by share: the same rank of a run with the same world size; else the
+matching slice of a whole tensor, for shares that are slices of it. A partial sum is never
+compared bit for bit with a whole tensor: the key it adds up to is judged instead
+(docs/engines-distributed.md).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .compare import key_metrics
+
+
+@dataclass(frozen=True)
+class RankShare:
+    rank: int
+    status: str            # ok | DIFF | partial (a sum's share, judged through the key) | ? (nothing to hold it to)
+    nmse: float | None = None
+
+
+def shares(trace, key: str) -> tuple[np.ndarray, ...] | None:
+    """Each rank's share of ``key`` in rank order; None for a trace of one rank, or a key not split."""
+    get = getattr(trace, "rank_values", None)
+    return get(key) if get is not None else None
+
+
+def is_partial(trace, key: str) -> bool:
+    return key in getattr(trace, "partial", ())
+
+
+def world_size(trace) -> int | None:
+    """The ranks a trace ran on, where it says (hf-dist: its Parallel)."""
+    parallel = getattr(trace, "parallel", None)
+    return getattr(parallel, "world_size", None)
+
+
+def compare_shares(ref, sub, key: str) -> list[RankShare] | None:
+    """The subject's shares of ``key`` held against the reference's (None: the subject has none)."""
+    mine = shares(sub, key)
+    if not mine:
+        return None
+    theirs = shares(ref, key)
+    if is_partial(sub, key) and (theirs is None or len(theirs) != len(mine)):
+        return [RankShare(r, "partial") for r in range(len(mine))]
+    if theirs is None or len(theirs) != len(mine):
+        whole = ref.raw(key)
+        theirs = _slices(whole, mine) if whole is not None else None
+    if theirs is None:
+        return [RankShare(r, "?") for r in range(len(mine))]
+    out = []
+    for r, (a, b) in enumerate(zip(theirs, mine)):
+        a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
+        if a.shape != b.shape or a.dtype != b.dtype:
+            out.append(RankShare(r, "?"))
+        elif np.array_equal(a.view(np.uint8), b.view(np.uint8)):
+            out.append(RankShare(r, "ok"))
+        else:
+            out.append(RankShare(r, "DIFF", key_metrics(a, b).nmse if a.dtype == np.float32 else None))
+    return out
+
+
+def _slices(whole: np.ndarray, parts: tuple[np.ndarray, ...]) -> list[np.ndarray] | None:
+    """``whole`` cut along its first axis as the shares are (a column-parallel key's heads), or a copy
+    for each rank of a replicated key; None when neither fits."""
+    whole = np.asarray(whole)
+    if all(np.shape(p) == whole.shape for p in parts):
+        return [whole] * len(parts)
+    sizes = [np.shape(p)[0] if np.ndim(p) else 0 for p in parts]
+    if whole.ndim == 0 or sum(sizes) != whole.shape[0] or any(np.shape(p)[1:] != whole.shape[1:] for p in parts):
+        return None
+    return np.split(whole, np.cumsum(sizes)[:-1], axis=0)
+
+
+def line(report: list[RankShare]) -> str:
+    """One line for the detail panel: each rank's verdict, the differing ones with their NMSE."""
+    parts = []
+    for s in report:
+        parts.append(f"r{s.rank} {s.status}" + (f" ({s.nmse:.2g})" if s.nmse is not None else ""))
+    return "ranks: " + " · ".join(parts)
