@@ -289,6 +289,12 @@ def cmd_run(args: argparse.Namespace, config: RunConfig) -> int:
     return 0 if res.all_ok else 1
 
 
+def _parallel(trace) -> dict | None:
+    """The world size and ranks a side ran on (a tensor- or expert-parallel engine's); None: one process."""
+    parallel = getattr(trace, "parallel", None)
+    return parallel.as_dict() if parallel is not None and hasattr(parallel, "as_dict") else None
+
+
 def run_report(res, summary=None) -> dict:
     """The `run --json` object; a ToleranceSummary adds tolerance, first_far, counts_close_far, key_metrics."""
     report = _base_report(res)
@@ -315,6 +321,7 @@ def _base_report(res) -> dict:
                      "picks": dict(res.settings.picks)},
         "reference": res.ref.backend,
         "subject": res.sub.backend,
+        "parallel": {side: _parallel(trace) for side, trace in (("reference", res.ref), ("subject", res.sub))},
         "notes": list(res.notes),
         "missing": res.n_missing,
         "one_side_only": len(res.expected_missing),
