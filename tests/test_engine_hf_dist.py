@@ -335,6 +335,26 @@ def test_a_rank_that_disagrees_on_shapes_ends_the_group(ckpt, monkeypatch):
     assert len(err.partial.positions) == 5
 
 
+@pytest.mark.slow
+def test_a_checkpoint_the_ranks_cannot_load(ckpt, tmp_path):
+    import shutil
+
+    bad = tmp_path / "truncated"
+    shutil.copytree(ckpt["dense"], bad)
+    weights = bad / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:4096])  # config.json is whole: the engine builds, the ranks fail
+    eng = make_hf_dist_engine(EngineSpec("hf-dist", str(bad), {"timeout": 60}), None)
+    groups = set(procs._groups)
+    try:
+        with pytest.raises(EngineFailed, match=r"^hf-dist engine: while loading the model, rank [01] of 2 raised"
+                                               r" .*; all 2 ranks ended, 0 positions kept$") as e:
+            eng.run(RunRequest(PROMPT, N, _values(eng)))
+    finally:
+        eng.close()
+    assert "\n" not in str(e.value) and e.value.partial.positions == []
+    assert set(procs._groups) == groups
+
+
 # ---------------------------------------------------------------- profiles and the command line
 
 def _table(monkeypatch):

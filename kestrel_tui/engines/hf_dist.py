@@ -345,7 +345,7 @@ class HFDistEngine(HFEngine):
         trace = DistTrace(backend=self.describe(req.values), prompt=list(req.prompt), store=store)
         P = len(req.prompt)
         self.findings = trace.findings
-        at = "loading"
+        at = "while loading the model"
         with self._lock:
             try:
                 group = self._ensure_group(s)
@@ -353,7 +353,7 @@ class HFDistEngine(HFEngine):
 
                 def step(ids: list[int], pos0: int):
                     nonlocal at
-                    at = f"position {pos0}" if len(ids) == 1 else f"positions {pos0}-{pos0 + len(ids) - 1}"
+                    at = f"at position {pos0}" if len(ids) == 1 else f"at positions {pos0}-{pos0 + len(ids) - 1}"
                     payloads = group.step(ids, pos0, req.cancel)
                     for m, (hashes, raw, found) in enumerate(gather(payloads, pos0, len(ids), self._layout,
                                                                       self.shapes)):
@@ -380,7 +380,7 @@ class HFDistEngine(HFEngine):
                 self._end_group()
                 who = f"rank {f.rank} of {n} " if f.rank is not None else ""
                 kept = len(trace.positions)
-                raise EngineFailed(f"{NAME} engine: at {at}, {who}{f.what}; all {n} rank{'s' * (n != 1)} ended,"
+                raise EngineFailed(f"{NAME} engine: {at}, {who}{f.what}; all {n} rank{'s' * (n != 1)} ended,"
                                    f" {kept} position{'s' * (kept != 1)} kept", partial=trace) from None
             except (Cancelled, KeyboardInterrupt):
                 self._end_group()  # a rank may be mid-step: the group cannot be trusted to be in step

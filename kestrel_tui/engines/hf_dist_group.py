@@ -160,15 +160,8 @@ class Group:
 
     # -- the end
     def end(self) -> None:
-        """Kill the whole group (also after a clean quit: nothing a rank started outlives it), reap every
-        rank, remove the folder. Safe to call twice."""
-        for r, proc in enumerate(self.procs):
-            if proc.poll() is None and proc.stdin and not proc.stdin.closed:
-                try:
-                    pickle.dump(("quit",), proc.stdin)
-                    proc.stdin.close()
-                except (BrokenPipeError, OSError, ValueError):
-                    pass
+        """Kill the whole group (a rank holds nothing that needs a goodbye: its store is in our folder),
+        reap every rank, remove the folder. Safe to call twice."""
         if self.procs:
             procs.signal_group(self.procs[0].pid, signal.SIGKILL)
         for proc in self.procs:
