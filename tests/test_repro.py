@@ -421,6 +421,10 @@ def test_never_overwrites_and_leaves_nothing_half_written(norm_fast, tmp_path, m
     with pytest.raises(UsageError, match="already exists; kestrel-tui never overwrites"):
         write_bundle(session, result, tmp_path / "taken")
     assert list((tmp_path / "taken").iterdir()) == []
+    first = write_bundle(session, result, repro.free_folder(tmp_path, result.first_diff))
+    second = repro.free_folder(tmp_path, result.first_diff)
+    assert first.path.name == f"repro-{result.first_diff}" and second.name == f"repro-{result.first_diff}-2"
+    shutil.rmtree(first.path)
 
     def broken(*a, **k):
         raise OSError(28, "No space left on device")

@@ -308,6 +308,16 @@ def default_key(result: RunResult, tol: Tolerance | None) -> str:
     return key
 
 
+def free_folder(parent: str | os.PathLike, key: str) -> Path:
+    """A bundle folder name under ``parent`` that is not taken: repro-KEY, else repro-KEY-2, -3, ..."""
+    base = Path(parent) / f"repro-{key}"
+    for n in range(1, 10_000):
+        cand = base if n == 1 else base.with_name(f"{base.name}-{n}")
+        if not cand.exists():
+            return cand
+    raise UsageError(f"{parent}: every repro-{key} name is taken; choose a folder")
+
+
 def _raw(trace, key: str) -> np.ndarray | None:
     a = trace.raw(key)
     if a is None and parse_key(key).field == "logits":
