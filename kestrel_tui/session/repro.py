@@ -20,7 +20,6 @@ import math
 import os
 import platform
 import secrets
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,8 +75,12 @@ class Bundle:
     inputs_note: str = ""
 
     def line(self) -> str:
-        return (f"{self.path}: {self.key} ({self.op}), {self.verdict}, {self.nbytes / MB:.1f} MB;"
+        return (f"{self.path}: {self.key} ({self.op}), {self.verdict}, {size(self.nbytes)};"
                 f" run `python {self.path / 'replay.py'}`")
+
+
+def size(n: int) -> str:
+    return f"{n / MB:.1f} MB" if n >= MB // 10 else f"{n / 1024:.0f} KB"
 
 
 @dataclass(frozen=True)
@@ -341,6 +344,7 @@ def _fed(session: Session, result: RunResult) -> bool:
     """The subject ran isolated: every op consumed the reference's inputs (its own recorded inputs are not
     what it used)."""
     eng = session.subject_engine
+    # the test Session.run applies before it feeds (an engine that cannot be fed ran chained)
     return result.settings.mode == "isolate" and eng.caps.isolate and session._can_feed()
 
 
@@ -577,7 +581,7 @@ computes otherwise on its own inputs, `close` or `ok` when it agrees within the 
 only its inputs drifted, if the run's line says far). Exit 0 for ok and close, 1 for far, 2 when
 the bundle cannot be replayed.
 
-## Files ({nbytes / MB:.1f} MB)
+## Files ({size(nbytes)})
 
 * `case.json` — what this is: model and fingerprint, prompt and consumed tokens, position, layer,
   field, op and contract rules, both engines, settings and toggles, versions, environment,
