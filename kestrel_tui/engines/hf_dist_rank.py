@@ -178,10 +178,15 @@ class Rank:
 
         self.job, self.rank = job, rank
         cuda = job.settings["device"] == "cuda"
-        if not cuda:
+        device = None
+        if cuda:  # bound before the group is made, so NCCL's communicator is this rank's device's
+            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
+            torch.cuda.set_device(device)
+        else:
             torch.set_num_threads(job.threads)
         dist.init_process_group("nccl" if cuda else "gloo", init_method=f"file://{job.store}", rank=rank,
-                                world_size=job.world_size, timeout=datetime.timedelta(seconds=job.timeout_s))
+                                world_size=job.world_size, timeout=datetime.timedelta(seconds=job.timeout_s),
+                                device_id=device)
         kwargs = dict(dtype=getattr(torch, job.settings["dtype"]),
                       attn_implementation=job.settings["attn_implementation"], num_hidden_layers=job.n_layers)
         if job.world_size > 1:
@@ -193,7 +198,7 @@ class Rank:
         with _quiet():
             model = AutoModelForCausalLM.from_pretrained(job.model_dir, **kwargs)
         if job.world_size == 1:
-            model = model.to(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if cuda else "cpu")
+            model = model.to(device if cuda else "cpu")
         self.model = model.eval()
         model.set_attn_implementation(attention_name(model, job.settings["attn_implementation"]))
         self.capture = Capture(model, job.kv, job.deep)
@@ -255,10 +260,7 @@ def serve() -> None:
         r = Rank(job, rank)
         send("ready", r.info())
         while True:
-            msg = pickle.load(commands)
-            if msg[0] == "quit":
-                return
-            _, ids, pos0 = msg
+            _, ids, pos0 = pickle.load(commands)  # ("step", ids, pos0); the engine ends a rank by its group
             planted = [f for f in faults if f.due(rank, pos0, len(ids))]
             for f in planted:
                 f.before()
@@ -268,7 +270,7 @@ def serve() -> None:
                 f.after(payload, pos0)
             send("out", pos0, payload)
     except EOFError:
-        return  # the engine is gone: nothing to tell
+        return  # the engine closed our stdin: nothing to tell
     except Exception as e:
         send("failed", _line(e))
         sys.exit(1)
