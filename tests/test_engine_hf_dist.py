@@ -396,4 +396,7 @@ def test_run_json_through_a_profile(monkeypatch, ckpt, capsys):
     assert report["reference"].startswith("hf-dist (world_size=1")
     assert report["subject"].startswith("hf-dist (world_size=2, tp, gloo")
     assert report["first_diff"] is not None and report["first_far"] is None, report
+    sides = report["parallel"]
+    assert (sides["reference"]["world_size"], sides["subject"]["world_size"]) == (1, 2)
+    assert sides["subject"]["ranks"] == [0, 1] and sides["subject"]["backend"] == "gloo"
     assert code == 0, err
