@@ -124,6 +124,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--toggle", action="append", default=[], metavar="NAME=VALUE", help="as for run")
     p.add_argument("--json", action="store_true")
 
+    p = sub.add_parser("repro", help="a repro bundle of one key: the op's inputs and outputs from both sides,"
+                       " case.json and a numpy-only replay.py that prints the same verdict (docs/repro.md)")
+    _model_args(p)
+    p.add_argument("out", metavar="FOLDER", help="the bundle folder to create (never overwritten)")
+    p.add_argument("--subject", help="sim (default), cuda or hf; a profile names any engine")
+    p.add_argument("--key", metavar="KEY", help="the key (default: the first far key, the first DIFF without --tol)")
+    p.add_argument("--tol", metavar="SPEC", help="the verdict's tolerance, as for run (default: the profile's, else"
+                   " the bits)")
+    p.add_argument("--max-mb", type=float, default=64.0, metavar="MB", help="refuse a bundle larger than this"
+                   " (default 64; a q4_0 lm_head at Qwen3-30B-A3B's vocab is ~168)")
+    p.add_argument("--mode", choices=("chain", "isolate"), default="chain")
+    p.add_argument("--exact", help="the subject's toggles switched to exact, as for run")
+    p.add_argument("--toggle", action="append", default=[], metavar="NAME=VALUE", help="as for run")
+    p.add_argument("--json", action="store_true")
+
     p = sub.add_parser("iso", help="batch-verify (M columns) vs M=1 decode, full logits byte by byte")
     _model_args(p)
     p.add_argument("--subject", help="sim (default) or cuda")

@@ -531,6 +531,33 @@ def cmd_graft(args: argparse.Namespace, config: RunConfig) -> int:
     return 0 if result.remaining is None else 1
 
 
+def cmd_repro(args: argparse.Namespace, config: RunConfig) -> int:
+    from .session.repro import write_bundle
+    from .session.session import SideFailed
+
+    _check_subject(args, config)
+    check_new_path(args.out, "bundle folder")  # before the slow part; write_bundle checks again
+    session = _session(config)
+    settings = _settings(args, session)
+    try:
+        with console.status(f"reference + {session.subject} ({session.label(settings)})"):
+            result = session.run(settings, record=False)
+    except SideFailed as e:
+        return _engine_failed(args, e.failure)
+    if result.failed is not None:
+        return _engine_failed(args, result.failed)
+    with console.status("writing the bundle"):
+        bundle = write_bundle(session, result, args.out, key=args.key, tol=config.tolerance, max_mb=args.max_mb)
+    if args.json:
+        print(json.dumps({"path": str(bundle.path), "key": bundle.key, "op": bundle.op, "bytes": bundle.nbytes,
+                          "verdict": bundle.verdict, "inputs_note": bundle.inputs_note or None}, indent=2))
+    else:
+        console.print(bundle.line())
+        if bundle.inputs_note:
+            console.print(f"note: {bundle.inputs_note}")
+    return 0
+
+
 def _bisect_not_reached(session, last, tol) -> str:
     """Why bisection ended short of its target, from its last run (a DIFF left with every op exact,
     or no DIFF but keys missing: then the set is named, every op need not be exact)."""

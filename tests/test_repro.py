@@ -458,3 +458,40 @@ def test_bad_keys_are_one_line(norm_fast, tmp_path):
     with pytest.raises(UsageError, match="no DIFF key; name the key"):
         write_bundle(clean, ok, tmp_path / "b")
     assert write_bundle(clean, ok, tmp_path / "b", key=f"t{T}_l0_nrm").verdict == "ok"
+
+
+def test_the_repro_command_and_its_json(capsys, tmp_path):
+    """`kestrel-tui repro`: the bundle of the first DIFF (every op exact but norm), its JSON, and a folder
+    that exists refused in one line."""
+    from clitools import one_line_error, run_cli
+
+    out = tmp_path / "bundle"
+    args = ["repro", out, "--exact", "all", "--toggle", "norm=fast", "--tokens", "2", "--no-cache", "--json"]
+    code, stdout, err = run_cli(capsys, *args)
+    r = json.loads(stdout)
+    assert code == 0 and r["key"] == "t16_l0_nrm" and r["verdict"] == "far" and (out / "replay.py").is_file(), err
+    arrays = sum(f.stat().st_size for f in out.rglob("*.npy"))  # the arrays' data and the replay, as counted
+    assert arrays - 4096 < r["bytes"] <= sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+    code, _, err = run_cli(capsys, *args)
+    assert code == 2 and "never overwrites" in one_line_error(err)
+
+
+@pytest.mark.anyio
+async def test_the_app_writes_a_bundle_on_w(small_model, tmp_path, make_app, settle):
+    from kestrel_tui.backends.toggles import TOGGLES
+    from kestrel_tui.session.inputs import default_prompt
+    from kestrel_tui.session.session import RunSettings, Session
+
+    session = Session(small_model, default_prompt(small_model.cfg.vocab), 2, subject="sim")
+    app = make_app(session, tmp_path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        main = app.main
+        main.settings = RunSettings(exact=frozenset(TOGGLES) - {"norm"})
+        main.start_run()
+        await settle(pilot)
+        await pilot.press("w")
+        await settle(pilot)
+        folder = tmp_path / "exports" / f"repro-{main.result.first_diff}"  # the cursor follows the first DIFF
+        assert main.status.text.startswith(f"repro bundle {folder}: {main.result.first_diff}"), main.status.text
+        assert (folder / "case.json").is_file() and (folder / "replay.py").is_file()

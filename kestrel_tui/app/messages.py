@@ -100,6 +100,13 @@ class GraftDone(RunMessage):
         self.outcome = outcome
 
 
+class BundleWritten(Message):
+    """A repro bundle was written (line: what and where), or could not be (error)."""
+    def __init__(self, line: str | None, error: Exception | None = None) -> None:
+        super().__init__()
+        self.line, self.error = line, error
+
+
 class ToleranceReady(RunMessage):
     """A finished run's DIFF keys judged against one tolerance (the screen drops it if either changed)."""
     def __init__(self, run_id: int, tol: Tolerance, summary: ToleranceSummary | None,

@@ -91,6 +91,19 @@ def grafting(session: Session, settings: RunSettings, tol: Tolerance | None, run
             post(msg.RunFailed(run_id, e))
 
 
+def repro(session: Session, result: RunResult, folder: Path, key: str | None, tol: Tolerance | None,
+          post: Post) -> None:
+    """A repro bundle of ``key`` (None: the first far key, else the first DIFF) under ``folder``."""
+    from ..session.repro import free_folder, write_bundle
+
+    try:
+        folder.mkdir(parents=True, exist_ok=True)  # the export folder, as an export makes it
+        bundle = write_bundle(session, result, free_folder(folder, key or "first"), key=key, tol=tol)
+        post(msg.BundleWritten(bundle.line()))
+    except Exception as e:  # noqa: BLE001 - a bundle too large, a key without raw values: a message
+        post(msg.BundleWritten(None, e))
+
+
 def judge(result: RunResult, tol: Tolerance, run_id: int, post: Post) -> None:
     """Judge a finished run's DIFF keys against a tolerance (NMSE/ULP/rel. err over every DIFF key's
     raw buffers: ~0.4 s on the default model's 32 positions the first time, cached per key after)."""

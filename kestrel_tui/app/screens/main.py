@@ -91,6 +91,8 @@ class MainScreen(GridNavigation, Screen):
         Binding("a", "all_exact", "all exact", show=False, tooltip="switch every op to exact"),
         Binding("R", "rank", "rank", show=False, tooltip="rank filter: a sharded key's cell shows one rank's"
                 " share (all ranks → rank 0 → rank 1 …); the detail panel lists every rank's"),
+        Binding("w", "repro", "repro", show=False, tooltip="write a repro bundle of the key under the cursor"
+                " (a DIFF; else the first far key): inputs, outputs, case.json, a numpy-only replay.py"),
         Binding("g", "graft", "graft", show=False, tooltip="the cause test: graft the reference's values at the"
                 " first far key (first DIFF without a tolerance), rerun, and name every source in order"),
         Binding("0", "all_fast", "all fast", show=False, tooltip="switch every op to fast"),
@@ -587,6 +589,26 @@ class MainScreen(GridNavigation, Screen):
         self.query_one("#grid-box").border_title = f"hash grid · {shown}"
         self.status.set_text(f"rank filter: {shown} ({len(board.rank_status)} sharded keys)", "")
         self._refresh_all()
+
+    def action_repro(self) -> None:
+        if self.session is None or self.result is None or self.phase != "idle":
+            self.notify("a repro bundle needs a finished run", severity="warning", markup=False)
+            return
+        key = self.board.key(self.cursor.t, self.cursor.row, self.cursor.col)
+        key = key if key is not None and self.result.comparison.status.get(key) is Status.DIFF else None
+        self.status.set_text(f"writing the repro bundle of {key or 'the first far key'}…", "busy")
+        self.run_worker(partial(workers.repro, self.session, self.result, self.export_dir, key, self.tolerance,
+                                self.post_message), thread=True, group="repro", name="repro",
+                        description="write a repro bundle", exit_on_error=False)
+
+    def on_bundle_written(self, m: msg.BundleWritten) -> None:
+        if m.error is not None:
+            text = _one_line(m.error)
+            self.status.set_text(f"no repro bundle: {text}", "error")
+            self.notify(text, title="repro", severity="error", markup=False)
+            return
+        self.status.set_text(f"repro bundle {m.line}", "ok")
+        self.notify(m.line, title="repro", markup=False)
 
     def action_graft(self) -> None:
         session = self.session
