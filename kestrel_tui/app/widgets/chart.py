@@ -123,12 +123,9 @@ def chart_lines(points: Sequence[Point], rows: int) -> list[list[tuple[str, str]
         lines.append(line)
     axis = [(f"{'0':>{AXIS_W - 2}} ┼", "axis")]
     for p in points:
-        if p.y is None:
-            axis += [("─" * ((width - 2) // 2), "axis"), (MISSING, "missing"), ("─" * (width - 1 - (width - 2) // 2), "axis")]
-        elif p.y == 0:
-            axis += [("─" * ((width - 2) // 2), "axis"), (ZERO, "zero"), ("─" * (width - 1 - (width - 2) // 2), "axis")]
-        else:
-            axis.append(("─" * width, "axis"))
+        sym, kind = (MISSING, "missing") if p.y is None else (ZERO, "zero") if p.y == 0 else ("─", "axis")
+        before = (width - 2) // 2
+        axis += [("─" * before, "axis"), (sym, kind), ("─" * (width - 1 - before), "axis")]
     lines.append(axis)
     lines.append([(" " * AXIS_W, "")] + [(s.center(width - 1) + " ", "mark" if p.marked else "")
                                          for s, p in zip(labels, points)])
