@@ -96,7 +96,7 @@ def test_unknown_engine_in_a_profile(capsys, tmp_path, gguf):
     f = write(tmp_path, text)
     for ln in bad(capsys, tmp_path, f):
         assert f"{f}:{line_of(text, 'bogus')}: subject.engine: unknown engine 'bogus'" in ln
-        assert "choose from cpu, sim, cuda, hf, process" in ln
+        assert "choose from cpu, sim, cuda, hf, hf-dist, process" in ln
 
 
 def test_unknown_engine_on_the_command_line(capsys):

@@ -28,7 +28,8 @@ FLAG_SUBJECTS = names(flag_subject=True)
 
 def test_the_table_in_its_order():
     # every message and doc lists the engines in this order
-    assert ENGINES == ("cpu", "sim", "cuda", "hf", "process", "llama.cpp", "vllm-dump", "sglang-dump")
+    assert ENGINES == ("cpu", "sim", "cuda", "hf", "hf-dist", "process", "llama.cpp", "vllm-dump",
+                       "sglang-dump")
     assert BUILTIN == BACKENDS  # the built-ins are exactly the backends that decoders.make_backend builds
     # the refusal of options says "its toggles are the op families": true of built-ins only
     assert set(names(options=False)) <= set(BUILTIN)
@@ -41,7 +42,8 @@ def test_make_engine_builds_through_the_table(small_model):
     for name in BUILTIN:
         if name != "cuda":  # a cuda engine is built without a device too, but needs PyCUDA's import
             assert isinstance(make_engine(name, small_model), BuiltinEngine)
-    with pytest.raises(UsageError, match=r"^unknown engine 'cdua'; choose from cpu, sim, cuda, hf, process, llama\.cpp, vllm-dump, sglang-dump$"):
+    with pytest.raises(UsageError, match=r"^unknown engine 'cdua'; choose from cpu, sim, cuda, hf, hf-dist, process,"
+                                         r" llama\.cpp, vllm-dump, sglang-dump$"):
         make_engine("cdua", small_model)
     for name in names(options=False):
         with pytest.raises(UsageError, match=rf"^engine {name}: takes no options \(got x\); its toggles are"):

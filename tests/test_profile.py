@@ -53,8 +53,8 @@ def test_every_shipped_profile_is_covered():
     assert sorted(p.stem for p in PROFILES.glob("*.toml")) == sorted(EXAMPLES)
 
 
-EXAMPLES = ["cpu-vs-cuda", "cpu-vs-hf", "cpu-vs-hf-cuda", "cpu-vs-llamacpp", "hf-eager-vs-sdpa", "llamacpp-cpu-vs-cuda",
-            "seed-process"]
+EXAMPLES = ["cpu-vs-cuda", "cpu-vs-hf", "cpu-vs-hf-cuda", "cpu-vs-hf-tp2", "cpu-vs-llamacpp", "hf-ep2-moe",
+            "hf-eager-vs-sdpa", "hf-tp1-vs-tp2", "llamacpp-cpu-vs-cuda", "seed-process"]
 
 
 @pytest.mark.parametrize("name", EXAMPLES)
@@ -299,7 +299,7 @@ def test_missing_engine(tmp_path):
 
 def test_unknown_engine_lists_engines(tmp_path):
     at(tmp_path, '[reference]\nengine = "cpu"\n[subject]\nengine = "cdua"\n', 4, "subject.engine",
-       "unknown engine 'cdua'", "did you mean 'cuda'?", "cpu, sim, cuda, hf, process")
+       "unknown engine 'cdua'", "did you mean 'cuda'?", "cpu, sim, cuda, hf, hf-dist, process")
 
 
 def test_builtin_engines_take_no_options_or_toggles(tmp_path):

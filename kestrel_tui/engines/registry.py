@@ -55,6 +55,12 @@ def _hf(spec, model, kv, deep, impl, cuda=None):
     return make_hf_engine(spec, model, kv=kv, deep=deep)
 
 
+def _hf_dist(spec, model, kv, deep, impl, cuda=None):
+    from .hf_dist import make_hf_dist_engine
+
+    return make_hf_dist_engine(spec, model, kv=kv, deep=deep)
+
+
 def _process(spec, model, kv, deep, impl, cuda=None):
     from .process import make_process_engine
 
@@ -85,6 +91,7 @@ ENGINE_TABLE: dict[str, EngineEntry] = {e.name: e for e in (
     EngineEntry("sim", _builtin, builtin=True, options=False, flag_subject=True),
     EngineEntry("cuda", _cuda, builtin=True, flag_subject=True, bench=True),
     EngineEntry("hf", _hf, flag_subject=True),
+    EngineEntry("hf-dist", _hf_dist, flag_subject=True),  # N ranks, its own process group (not engines/child.py)
     EngineEntry("process", _process),  # its command comes from a profile
     EngineEntry("llama.cpp", _llamacpp, out_of_process=True),
     EngineEntry("vllm-dump", _dump),    # a recorded run: its folder comes from a profile
