@@ -139,6 +139,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--toggle", action="append", default=[], metavar="NAME=VALUE", help="as for run")
     p.add_argument("--json", action="store_true")
 
+    p = sub.add_parser("sweep", help="one setting over its values: per value the first DIFF, first far, far count,"
+                       " logits NMSE and flips, marking where the answer changes (docs/sweep.md); exit 1 if it does")
+    _model_args(p)
+    p.add_argument("--subject", help="sim (default), cuda or hf; a profile names any engine")
+    p.add_argument("--what", required=True, metavar="SETTING", help="toggle:NAME (a subject toggle), m (the"
+                   " batch-verify width), prompt (the prompt length) or batch (hf: the prompt among N others)")
+    p.add_argument("--values", metavar="LIST", help="comma-separated, ranges A..B (1..8); default: the setting's own")
+    p.add_argument("--tol", metavar="SPEC", help="the tolerance far is judged by, as for run (default nmse=1e-7;"
+                   " the profile's)")
+    p.add_argument("--exact", help="the subject's other toggles switched to exact, as for run")
+    p.add_argument("--toggle", action="append", default=[], metavar="NAME=VALUE", help="as for run")
+    p.add_argument("--json", action="store_true")
+
     p = sub.add_parser("iso", help="batch-verify (M columns) vs M=1 decode, full logits byte by byte")
     _model_args(p)
     p.add_argument("--subject", help="sim (default) or cuda")

@@ -558,6 +558,37 @@ def cmd_repro(args: argparse.Namespace, config: RunConfig) -> int:
     return 0
 
 
+def cmd_sweep(args: argparse.Namespace, config: RunConfig) -> int:
+    from .engines.base import EngineFailed
+    from .session.session import Failure, SideFailed
+    from .session.sweep import COLUMNS, parse_values, sweep
+    from .trace.compare import Tolerance
+
+    _check_subject(args, config)
+    session = _session(config)
+    settings = _settings(args, session)
+    values = parse_values(args.what, args.values) if args.values else None
+    try:
+        with console.status(f"sweep {args.what}") as status:
+            result = sweep(session, args.what, values, config.tolerance or Tolerance(), settings,
+                           on_row=lambda row: status.update(f"sweep {args.what}: {row.value} done"))
+    except SideFailed as e:
+        return _engine_failed(args, e.failure)
+    except EngineFailed as e:  # the M=1 decode a batch-verify sweep compares with
+        return _engine_failed(args, Failure("subject", session.subject_engine.name, str(e)))
+    if args.json:
+        print(json.dumps(result.as_dict(), indent=2))
+    else:
+        rows = [[Text(c, "bold red") if i == len(COLUMNS) - 1 and c else c for i, c in enumerate(r.cells())]
+                for r in result.rows]
+        console.print(whole_columns_table(f"sweep {result.what} against {result.baseline} ({result.settings})",
+                                          [(c, True) for c in COLUMNS], rows))
+        console.print(Text(result.line(), "bold red" if result.changes else "bold green"))
+        for note in result.notes:
+            err_console.print(f"note: {note}", markup=False, highlight=False)
+    return 1 if result.changes else 0
+
+
 def _bisect_not_reached(session, last, tol) -> str:
     """Why bisection ended short of its target, from its last run (a DIFF left with every op exact,
     or no DIFF but keys missing: then the set is named, every op need not be exact)."""

@@ -294,3 +294,35 @@ def test_batched_row_is_the_targets(hf_ckpt, kind):
     assert list(padded.hashes()) == list(alone.hashes())
     far = [k for k in alone.hashes() if not Tolerance().holds(key_metrics(alone.raw(k), padded.raw(k)))]
     assert far == []
+
+
+def test_the_sweep_command(capsys):
+    """`kestrel-tui sweep --what m`: the rows the library gives, exit 1 where the answer changes."""
+    from clitools import run_cli
+
+    code, out, err = run_cli(capsys, "sweep", "--what", "m", "--values", "1..3", "--exact", "none", "--tokens", "2",
+                             "--no-cache", "--json")
+    r = json.loads(out)
+    assert [row["value"] for row in r["rows"]] == [1, 2, 3] and r["what"] == "m"
+    assert code == (1 if r["changes"] else 0), err
+    code, out, _ = run_cli(capsys, "sweep", "--what", "m", "--values", "1..2", "--exact", "all", "--tokens", "2",
+                           "--no-cache")
+    assert code == 0 and "the same answer for every value" in out
+
+
+@pytest.mark.anyio
+async def test_s_opens_the_sweep_screen(small_model, tmp_path, make_app, settle):
+    from kestrel_tui.app.screens.sweep import SweepScreen
+    from kestrel_tui.session.inputs import default_prompt
+    from kestrel_tui.session.session import Session
+
+    app = make_app(Session(small_model, default_prompt(small_model.cfg.vocab), 2, subject="sim"), tmp_path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        await pilot.press("s")
+        await pilot.pause()
+        assert isinstance(app.screen, SweepScreen)
+        await settle(pilot)
+        await pilot.press("escape")
+        await pilot.pause()
+        assert app.screen is app.main

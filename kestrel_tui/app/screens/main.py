@@ -91,6 +91,8 @@ class MainScreen(GridNavigation, Screen):
         Binding("a", "all_exact", "all exact", show=False, tooltip="switch every op to exact"),
         Binding("R", "rank", "rank", show=False, tooltip="rank filter: a sharded key's cell shows one rank's"
                 " share (all ranks → rank 0 → rank 1 …); the detail panel lists every rank's"),
+        Binding("s", "sweep", "sweep", show=False, tooltip="sweep one setting over its values (a toggle, M, the"
+                " prompt length, hf batch composition): where the answer changes, with a chart"),
         Binding("w", "repro", "repro", show=False, tooltip="write a repro bundle of the key under the cursor"
                 " (a DIFF; else the first far key): inputs, outputs, case.json, a numpy-only replay.py"),
         Binding("g", "graft", "graft", show=False, tooltip="the cause test: graft the reference's values at the"
@@ -589,6 +591,18 @@ class MainScreen(GridNavigation, Screen):
         self.query_one("#grid-box").border_title = f"hash grid · {shown}"
         self.status.set_text(f"rank filter: {shown} ({len(board.rank_status)} sharded keys)", "")
         self._refresh_all()
+
+    def action_sweep(self) -> None:
+        from .sweep import SweepScreen
+
+        if self.session is None:
+            self._no_model()
+            return
+        if self.busy:
+            self.notify("a sweep waits for the run in flight: escape cancels it", severity="warning", markup=False)
+            return
+        self.app.push_screen(SweepScreen(self.session, self.settings, tol=self.tolerance or Tolerance(),
+                                         lock=self._run_lock))
 
     def action_repro(self) -> None:
         if self.session is None or self.result is None or self.phase != "idle":
