@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from kestrel_tui.app.state import Cursor
+from kestrel_tui.engines.build import make_engine
 from kestrel_tui.session.inputs import default_prompt
 from kestrel_tui.session.session import RunSettings, Session
 from kestrel_tui.trace.compare import Status, Tolerance
@@ -129,3 +130,76 @@ async def test_the_detail_panel_says_what_a_key_follows(default_model, deep_run,
             main._set_cursor(Cursor(c.t, c.row, c.col))
             await pilot.pause()
             assert text in str(main.query_one("#detail").render()).replace("\n", " "), key
+
+
+def test_a_planted_router_bias_is_named_as_the_routing_flip(tmp_path):
+    """A tiny transformers Qwen3-MoE whose layer-1 gate is nudged so that, at one decode position, the
+    expert ranked k+1 by the reference overtakes the k-th (the nudge computed here from the reference's
+    own pnrm and router logits): the run names exactly that expert flip, and the far keys follow it."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from safetensors.torch import load_file, save_file
+
+    from kestrel_tui.engines.base import EngineSpec
+    from kestrel_tui.model.hf import load_model
+
+    cfg = transformers.Qwen3MoeConfig(vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, head_dim=16, rope_theta=1e6, rms_norm_eps=1e-6,
+                                      max_position_embeddings=128, tie_word_embeddings=False, num_experts=8,
+                                      num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True)
+    torch.manual_seed(3)
+    model = transformers.Qwen3MoeForCausalLM(cfg).eval()
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for _, p in model.named_parameters():
+            p.copy_(1 + 0.2 * torch.randn(p.shape, generator=g) if p.ndim == 1 else 0.25 * torch.randn(p.shape, generator=g))
+    model.save_pretrained(tmp_path / "clean")
+    clean = load_model(str(tmp_path / "clean"), "f32")
+    prompt, n, layer, k = [5, 77, 190, 33], 6, 1, 2
+    ref = Session(clean, prompt, n, reference=make_engine("cpu", clean, kv="f32", deep=True), subject="sim",
+                  kv="f32", deep=True).reference()
+
+    def sets(add):  # the reference's top-k sets at every decode position with ``add`` [E] per position
+        out = {}
+        for t in range(len(prompt), len(prompt) + n):
+            r = ref.raw(f"t{t}_l{layer}_router").astype(np.float64) + add(t)
+            out[t] = set(np.argsort(-r, kind="stable")[:k].tolist())
+        return out
+
+    base = sets(lambda t: 0.0)
+    chosen = None
+    for t in sorted(base, key=lambda t: np.diff(np.sort(ref.raw(f"t{t}_l{layer}_router"))[::-1][k - 1:k + 1])[0]
+                    * -1):
+        r = ref.raw(f"t{t}_l{layer}_router").astype(np.float64)
+        order = np.argsort(-r, kind="stable")
+        e_in, margin = int(order[k]), float(r[order[k - 1]] - r[order[k]])
+        h = ref.raw(f"t{t}_l{layer}_pnrm").astype(np.float64)
+        alpha = 1.5 * margin + 1e-3
+        bump = {u: np.eye(8)[e_in] * alpha * float(ref.raw(f"t{u}_l{layer}_pnrm").astype(np.float64) @ h) / (h @ h)
+                for u in base}
+        after = sets(lambda u: bump[u])
+        if [u for u in base if after[u] != base[u]] == [t]:
+            chosen = (t, e_in, alpha * h / (h @ h))
+            break
+    assert chosen is not None, "no position's flip stays alone at these weights"
+    t_flip, e_in, delta = chosen
+    (tmp_path / "bias").mkdir()
+    for f in (tmp_path / "clean").iterdir():
+        (tmp_path / "bias" / f.name).write_bytes(f.read_bytes())
+    sd = load_file(tmp_path / "bias" / "model.safetensors")
+    w = sd[f"model.layers.{layer}.mlp.gate.weight"].clone()
+    w[e_in] += torch.from_numpy(delta.astype(np.float32))
+    sd[f"model.layers.{layer}.mlp.gate.weight"] = w
+    save_file(sd, tmp_path / "bias" / "model.safetensors", metadata={"format": "pt"})
+
+    sub = make_engine(EngineSpec("hf", str(tmp_path / "bias"), {"dtype": "float32"}), clean, kv="f32", deep=True)
+    res = Session(clean, prompt, n, reference=make_engine("cpu", clean, kv="f32", deep=True), subject=sub, kv="f32",
+                  deep=True).run(RunSettings())
+    flips = [e for e in res.events if e.kind == "experts"]
+    assert [e.key for e in flips] == [f"t{t_flip}_l{layer}_topk"], [e.line for e in flips]
+    assert f"t{t_flip} l{layer}: the expert set flipped" in flips[0].line
+    # the nudge moves every position's router logits a little (far topw keys before it too); the far keys
+    # from the flip on follow it
+    verdict = res.tolerance(Tolerance()).verdict
+    after = [k for k, v in verdict.items() if v == "far" and order_key(k) > order_key(flips[0].key)]
+    assert after and all(res.cause_of(k) == flips[0] for k in after)
