@@ -137,23 +137,14 @@ def test_a_planted_router_bias_is_named_as_the_routing_flip(tmp_path):
     expert ranked k+1 by the reference overtakes the k-th (the nudge computed here from the reference's
     own pnrm and router logits): the run names exactly that expert flip, and the far keys follow it."""
     torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("transformers")
+    from hfmodels import tiny
     from safetensors.torch import load_file, save_file
 
     from kestrel_tui.engines.base import EngineSpec
     from kestrel_tui.model.hf import load_model
 
-    cfg = transformers.Qwen3MoeConfig(vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                      num_key_value_heads=2, head_dim=16, rope_theta=1e6, rms_norm_eps=1e-6,
-                                      max_position_embeddings=128, tie_word_embeddings=False, num_experts=8,
-                                      num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True)
-    torch.manual_seed(3)
-    model = transformers.Qwen3MoeForCausalLM(cfg).eval()
-    g = torch.Generator().manual_seed(3)
-    with torch.no_grad():
-        for _, p in model.named_parameters():
-            p.copy_(1 + 0.2 * torch.randn(p.shape, generator=g) if p.ndim == 1 else 0.25 * torch.randn(p.shape, generator=g))
-    model.save_pretrained(tmp_path / "clean")
+    tiny("moe", seed=3).save_pretrained(tmp_path / "clean")
     clean = load_model(str(tmp_path / "clean"), "f32")
     prompt, n, layer, k = [5, 77, 190, 33], 6, 1, 2
     ref = Session(clean, prompt, n, reference=make_engine("cpu", clean, kv="f32", deep=True), subject="sim",

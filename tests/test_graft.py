@@ -4,7 +4,6 @@ through forward hooks), and the built-in sim through fed steps."""
 from __future__ import annotations
 
 import json
-import shutil
 
 import numpy as np
 import pytest
@@ -55,29 +54,16 @@ def test_a_subject_that_cannot_graft_says_so(small_model):
 def planted(tmp_path_factory):
     """A tiny dense Qwen3 saved clean, with layer 1's v_proj perturbed ("one"), and with its down_proj too
     ("two"); profiles comparing the cpu reference on the clean weights with hf on each."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    from safetensors.torch import load_file, save_file
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from hfmodels import plant, tiny
 
     root = tmp_path_factory.mktemp("planted")
-    cfg = transformers.Qwen3Config(vocab_size=256, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
-                                   num_key_value_heads=2, head_dim=16, rope_theta=1e6, rms_norm_eps=1e-6,
-                                   max_position_embeddings=128, tie_word_embeddings=False, intermediate_size=96)
-    torch.manual_seed(2)
-    model = transformers.Qwen3ForCausalLM(cfg).eval()
-    g = torch.Generator().manual_seed(2)
-    with torch.no_grad():
-        for _, p in model.named_parameters():
-            p.copy_(1 + 0.2 * torch.randn(p.shape, generator=g) if p.ndim == 1 else 0.25 * torch.randn(p.shape, generator=g))
-    model.save_pretrained(root / "clean")
+    tiny("dense", seed=2, n_layers=3).save_pretrained(root / "clean")
     bugs = {"one": ["model.layers.1.self_attn.v_proj.weight"],
             "two": ["model.layers.1.self_attn.v_proj.weight", "model.layers.1.mlp.down_proj.weight"]}
     for name, weights in bugs.items():
-        shutil.copytree(root / "clean", root / name)
-        sd = load_file(root / name / "model.safetensors")
-        for w in weights:
-            sd[w] = sd[w] * 1.01
-        save_file(sd, root / name / "model.safetensors", metadata={"format": "pt"})
+        plant(root / "clean", root / name, {w: 1.01 for w in weights})
         (root / f"{name}.toml").write_text(
             f'model = "clean"\nweights = "f32"\nkv = "f32"\ntokens = {N}\nprompt_ids = {PROMPT}\n'
             f'[reference]\nengine = "cpu"\n[subject]\nengine = "hf"\nmodel = "{name}"\n'

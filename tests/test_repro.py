@@ -345,29 +345,17 @@ HF_PROMPT, HF_N = [5, 77, 190, 33], 2
 def planted(tmp_path_factory):
     """A tiny dense Qwen3 saved clean and with layer 1's v_proj scaled by 1.01; the cpu reference on the
     clean weights against hf on the perturbed copy (f32 weights and cache)."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    from safetensors.torch import load_file, save_file
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from hfmodels import plant, tiny
 
     from kestrel_tui.engines.base import EngineSpec
     from kestrel_tui.engines.build import make_engine
     from kestrel_tui.model.hf import load_model
 
     root = tmp_path_factory.mktemp("planted")
-    cfg = transformers.Qwen3Config(vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                   num_key_value_heads=2, head_dim=16, rope_theta=1e6, rms_norm_eps=1e-6,
-                                   max_position_embeddings=128, tie_word_embeddings=False, intermediate_size=96)
-    torch.manual_seed(2)
-    model = transformers.Qwen3ForCausalLM(cfg).eval()
-    g = torch.Generator().manual_seed(2)
-    with torch.no_grad():
-        for _, p in model.named_parameters():
-            p.copy_(1 + 0.2 * torch.randn(p.shape, generator=g) if p.ndim == 1 else 0.25 * torch.randn(p.shape, generator=g))
-    model.save_pretrained(root / "clean")
-    shutil.copytree(root / "clean", root / "bug")
-    sd = load_file(root / "bug" / "model.safetensors")
-    sd["model.layers.1.self_attn.v_proj.weight"] = sd["model.layers.1.self_attn.v_proj.weight"] * 1.01
-    save_file(sd, root / "bug" / "model.safetensors", metadata={"format": "pt"})
+    tiny("dense", seed=2).save_pretrained(root / "clean")
+    plant(root / "clean", root / "bug", {"model.layers.1.self_attn.v_proj.weight": 1.01})
     clean = load_model(str(root / "clean"), "f32")
     sub = make_engine(EngineSpec("hf", str(root / "bug"), {"dtype": "float32"}), clean, kv="f32")
     session = Session(clean, HF_PROMPT, HF_N, reference=make_engine("cpu", clean, kv="f32"), subject=sub, kv="f32")

@@ -173,33 +173,20 @@ def test_parse_values():
 
 
 VOCAB, HF_PROMPT, HF_N = 256, [5, 77, 190, 33], 3
-COMMON = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-              head_dim=16, rope_theta=1e6, rms_norm_eps=1e-6, max_position_embeddings=128, tie_word_embeddings=False)
 
 
 @pytest.fixture(scope="module")
 def hf_ckpt(tmp_path_factory):
     """kind -> (a tiny f32 Qwen3 checkpoint, our f32 Model of it)."""
-    transformers = pytest.importorskip("transformers")
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    pytest.importorskip("torch")
+    from hfmodels import tiny
+
     from kestrel_tui.model.hf import load_model
 
     out = {}
     for kind, seed in (("dense", 3), ("moe", 4)):
-        if kind == "moe":
-            cfg = transformers.Qwen3MoeConfig(**COMMON, num_experts=8, num_experts_per_tok=2,
-                                              moe_intermediate_size=32, norm_topk_prob=True)
-            cls = transformers.Qwen3MoeForCausalLM
-        else:
-            cfg = transformers.Qwen3Config(**COMMON, intermediate_size=96)
-            cls = transformers.Qwen3ForCausalLM
-        torch.manual_seed(seed)
-        model = cls(cfg).eval()
-        g = torch.Generator().manual_seed(seed)
-        with torch.no_grad():  # large weights: logits and routing far from ties
-            for _, p in model.named_parameters():
-                p.copy_(1 + 0.2 * torch.randn(p.shape, generator=g) if p.ndim == 1
-                        else 0.25 * torch.randn(p.shape, generator=g))
+        model = tiny(kind, seed)
         path = tmp_path_factory.mktemp("sweep_hf") / kind
         model.save_pretrained(path)
         out[kind] = (str(path), load_model(str(path), "f32"))

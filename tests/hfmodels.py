@@ -1,0 +1,44 @@
+"""Tiny checkpoints made with transformers' own Qwen3 / Qwen3-MoE classes, shared by the tests, and
+planted bugs: a saved copy with chosen weights scaled. Import only where torch and transformers are."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import torch
+import transformers
+
+VOCAB = 256
+COMMON = dict(vocab_size=VOCAB, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+              rope_theta=1e6, rms_norm_eps=1e-6, max_position_embeddings=128, tie_word_embeddings=False)
+MOE = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True)
+
+
+def tiny(kind: str = "dense", seed: int = 2, n_layers: int = 2, **over):
+    """A transformers Qwen3 ("dense") or Qwen3-MoE ("moe") with large random weights, so that logits and
+    routing sit far from ties; ``over`` changes config fields."""
+    if kind == "moe":
+        cfg, cls = transformers.Qwen3MoeConfig(**{**COMMON, **MOE, "num_hidden_layers": n_layers, **over}), \
+            transformers.Qwen3MoeForCausalLM
+    else:
+        cfg, cls = transformers.Qwen3Config(**{**COMMON, "intermediate_size": 96, "num_hidden_layers": n_layers,
+                                               **over}), transformers.Qwen3ForCausalLM
+    torch.manual_seed(seed)
+    model = cls(cfg).eval()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, p in model.named_parameters():
+            p.copy_(1 + 0.2 * torch.randn(p.shape, generator=g) if p.ndim == 1 else 0.25 * torch.randn(p.shape, generator=g))
+    return model
+
+
+def plant(clean: Path, out: Path, scales: dict[str, float]) -> Path:
+    """A copy of the checkpoint folder ``clean`` at ``out`` with each named weight scaled."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(clean, out)
+    sd = load_file(out / "model.safetensors")
+    for name, scale in scales.items():
+        sd[name] = sd[name] * scale
+    save_file(sd, out / "model.safetensors", metadata={"format": "pt"})
+    return out
