@@ -14,8 +14,13 @@ wrapped in this process: inside ``o_proj`` (the attention branch) and ``mlp`` (t
 all-reduce's input is copied before it is reduced, as that rank's partial sum of the branch output.
 
 Messages to the engine are pickles on the real stdout (fd 1 goes to stderr, so nothing a library
-prints mixes in); commands come as pickles on stdin. ``KESTREL_DIST_FAULT=RANK:KIND:POSITION[,...]``
-plants faults for the failure tests and for trying the failure paths by hand (``Fault``).
+prints mixes in); commands come as pickles on stdin.
+
+``KESTREL_DIST_FAULT`` is a test hook: ``RANK:KIND:POSITION[,...]`` plants failures for the failure
+tests and for trying those paths by hand (``Fault``), and ``RANK:KIND:LAYER.MODULE`` plants a bug that
+exists only under parallelism, in one rank's shard of a weight once transformers has sharded it
+(``ShardFault``), so the planted-bug tests can check that the tool names the layer, the field and the
+rank.
 """
 from __future__ import annotations
 
@@ -27,7 +32,9 @@ from dataclasses import dataclass
 
 FAULT_ENV = "KESTREL_DIST_FAULT"
 FAULT_KINDS = ("exit", "raise", "hang", "shape", "replica")
+SHARD_FAULTS = ("scale_shard", "swap_shards", "ep_misplace")
 EXIT_CODE = 3  # the planted exit's code: the engine's message shows it
+SHARD_SCALE = 1.01  # scale_shard's factor: far above rounding (NMSE 1e-4 on the shard), small enough to look real
 
 # modules whose plan style decides a key's layout, as transformers' plans name them (hf_dist.LAYOUT reads
 # the styles back); the router (mlp.gate), the norms and the embedding's output are replicated
@@ -85,19 +92,73 @@ class Fault:
             raw[key] = a
 
 
-def faults_from(text: str | None) -> tuple[Fault, ...]:
-    """``RANK:KIND:POSITION[,RANK:KIND:POSITION...]`` -> the planted faults."""
+@dataclass(frozen=True)
+class ShardFault:
+    """A planted bug in this rank's shards, made once the model is loaded and sharded (one rank holds no
+    shard, so a run of world size 1 is untouched): ``scale_shard``, rank ``rank``'s shard of the module's
+    weight times SHARD_SCALE; ``swap_shards`` (rank ``*``: every rank takes part in the exchange), ranks 0
+    and 1 hold each other's shard; ``ep_misplace`` (under EP), rank ``rank``'s experts of the layer one
+    place off: its i-th local expert holds the weights of its (i+1)-th, its last those of its first."""
+    rank: int | None
+    kind: str
+    layer: int
+    module: str
+
+    def plant(self, model, rank: int, world_size: int) -> None:
+        import torch
+        import torch.distributed as dist
+
+        if world_size == 1:
+            return
+        layers = model.model.layers
+        if self.layer >= len(layers):
+            raise RuntimeError(f"{FAULT_ENV}: layer {self.layer}: the model has {len(layers)}")
+        module = layers[self.layer].get_submodule(self.module)
+        with torch.no_grad():
+            if self.kind == "scale_shard" and rank == self.rank:
+                _local(module.weight).mul_(SHARD_SCALE)
+            elif self.kind == "swap_shards":
+                w = _local(module.weight)
+                shards = [torch.empty_like(w) for _ in range(world_size)]
+                dist.all_gather(shards, w.contiguous())
+                if rank < 2:
+                    w.copy_(shards[1 - rank])
+            elif self.kind == "ep_misplace" and rank == self.rank:
+                if not getattr(module, "_is_expert_parallel", False):
+                    raise RuntimeError(f"{FAULT_ENV}: ep_misplace needs ep=on (the experts are not split whole)")
+                for p in (module.gate_up_proj, module.down_proj):
+                    w = _local(p)
+                    w.copy_(torch.roll(w, -1, dims=0))
+
+
+def _local(p):
+    """The storage of this rank's shard (a DTensor's local tensor, written in place)."""
+    return p.to_local() if hasattr(p, "to_local") else p
+
+
+def faults_from(text: str | None) -> tuple[Fault | ShardFault, ...]:
+    """``RANK:KIND:POSITION`` and ``RANK:KIND:L<layer>.<module>`` items, comma-separated -> the planted
+    faults (``ep_misplace`` needs only ``L<layer>``: its module is the layer's experts)."""
     out = []
     for item in (text or "").split(","):
         if not item.strip():
             continue
         try:
-            rank, kind, position = item.split(":")
-            out.append(Fault(int(rank), kind, int(position)))
+            rank, kind, where = item.split(":")
+            if kind in SHARD_FAULTS:
+                layer, _, module = where.partition(".")
+                if not layer.startswith("L") or (kind == "swap_shards") != (rank == "*"):
+                    raise ValueError
+                out.append(ShardFault(None if rank == "*" else int(rank), kind, int(layer[1:]),
+                                      module or "mlp.experts"))
+            else:
+                out.append(Fault(int(rank), kind, int(where)))
         except ValueError:
-            raise SystemExit(f"{FAULT_ENV}={text!r}: want RANK:KIND:POSITION, e.g. 1:exit:5") from None
-        if kind not in FAULT_KINDS:
-            raise SystemExit(f"{FAULT_ENV}: kind {kind!r}: choose from {', '.join(FAULT_KINDS)}")
+            raise SystemExit(f"{FAULT_ENV}={text!r}: want RANK:KIND:POSITION (e.g. 1:exit:5) or RANK:KIND:L<layer>."
+                             f"<module> (e.g. 1:scale_shard:L1.self_attn.k_proj, *:swap_shards:L1.mlp.down_proj,"
+                             f" 1:ep_misplace:L1)") from None
+        if kind not in FAULT_KINDS + SHARD_FAULTS:
+            raise SystemExit(f"{FAULT_ENV}: kind {kind!r}: choose from {', '.join(FAULT_KINDS + SHARD_FAULTS)}")
     return tuple(out)
 
 
@@ -258,10 +319,13 @@ def serve() -> None:
         faults = faults_from(os.environ.get(FAULT_ENV))
         job: RankJob = pickle.load(commands)
         r = Rank(job, rank)
+        for f in faults:
+            if isinstance(f, ShardFault):
+                f.plant(r.model, rank, job.world_size)
         send("ready", r.info())
         while True:
             _, ids, pos0 = pickle.load(commands)  # ("step", ids, pos0); the engine ends a rank by its group
-            planted = [f for f in faults if f.due(rank, pos0, len(ids))]
+            planted = [f for f in faults if isinstance(f, Fault) and f.due(rank, pos0, len(ids))]
             for f in planted:
                 f.before()
             send("started", pos0)
