@@ -15,8 +15,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from kestrel_tui import procs  # noqa: E402
-from kestrel_tui.engines import profile, registry  # noqa: E402
-from kestrel_tui.engines.base import EngineFailed, EngineSpec, RunRequest  # noqa: E402
+from kestrel_tui.engines import hf, hf_dist, profile, registry  # noqa: E402
+from kestrel_tui.engines.base import EngineFailed, EngineSpec, RunRequest, Toggle  # noqa: E402
 from kestrel_tui.engines.hf_dist import (  # noqa: E402
     HEADS, WHOLE, gather, layout_of, make_hf_dist_engine, rank_key, rank_values, sum_key)
 from kestrel_tui.engines.hf_dist_group import RankFailure  # noqa: E402
@@ -28,7 +28,7 @@ from kestrel_tui.trace.compare import Tolerance, compare, key_metrics  # noqa: E
 from kestrel_tui.trace.keys import order_key, parse_key, token_keys  # noqa: E402
 from kestrel_tui.trace.run import Cancelled  # noqa: E402
 
-from clitools import run_cli  # noqa: E402
+from clitools import one_line_error, run_cli  # noqa: E402
 from toytools import gone  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -181,6 +181,55 @@ def test_toggles_fit_the_model(ckpt):
     assert moe.describe(_values(moe, ep="on")) == "hf-dist (world_size=2, tp+ep, all_reduce, gloo)"
     assert dense.parallel(_values(dense, world_size="1")).as_dict() == {
         "world_size": 1, "ranks": [0], "backend": "gloo", "plan": "none", "ep_impl": None, "pids": []}
+
+
+def test_a_world_size_beyond_the_cores(ckpt, monkeypatch):
+    """At most 2 CPU threads a core (ranks × threads): above it one line naming the sum and the fix; above
+    one a core, a note; the default toggles offer only world sizes that fit."""
+    monkeypatch.setattr(hf_dist, "cpu_cores", lambda: 1)
+    with pytest.raises(UsageError) as e:
+        make_hf_dist_engine(EngineSpec("hf-dist", ckpt["dense"], {"world_size": "4"}), None)
+    assert str(e.value) == ("hf-dist engine: option world_size=4 × threads=1 is 4 CPU threads, and this machine"
+                            " gives 1 core (2 threads a core at most); choose world_size=2")
+    with pytest.raises(UsageError, match=r"world_size=2 × threads=2 is 4 CPU threads.*choose world_size=1 or fewer"
+                                         r" threads$"):
+        make_hf_dist_engine(EngineSpec("hf-dist", ckpt["dense"], {"threads": 2}), None)
+    with pytest.raises(UsageError, match=r"^hf-dist engine: toggle world_size world_size=4 × threads=1"):
+        make_hf_dist_engine(EngineSpec("hf-dist", ckpt["dense"], {}, toggles=(
+            Toggle("world_size", ("2", "4"), "2", (), "", key="world_size"),)), None)
+    one = make_hf_dist_engine(EngineSpec("hf-dist", ckpt["dense"]), None)
+    assert one.toggle("world_size").values == ("2", "1")  # 4 would not fit this machine
+    assert one.notes == ("hf-dist: world_size=2 × threads=1 runs 2 CPU threads on 1 core: they take turns, so"
+                         " each step is slower (the bits are the same)",)
+    monkeypatch.setattr(hf_dist, "cpu_cores", lambda: 2)
+    assert make_hf_dist_engine(EngineSpec("hf-dist", ckpt["dense"]), None).notes == ()
+    four = make_hf_dist_engine(EngineSpec("hf-dist", ckpt["dense"], {"world_size": "4"}), None)
+    assert "runs 4 CPU threads on 2 cores" in four.notes[0] and four.toggle("world_size").values == ("4", "2", "1")
+
+
+def test_a_world_size_beyond_the_cuda_devices(ckpt, monkeypatch):
+    monkeypatch.setattr(hf, "_cuda_ok", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(UsageError) as e:
+        make_hf_dist_engine(EngineSpec("hf-dist", ckpt["dense"], {"device": "cuda"}), None)
+    assert str(e.value) == ("hf-dist engine: option world_size=2 needs 2 CUDA devices (one a rank), and torch sees"
+                            " 1; choose a world size up to 1")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    eng = make_hf_dist_engine(EngineSpec("hf-dist", ckpt["dense"], {"device": "cuda"}), None)
+    assert eng.toggle("world_size").values == ("2", "1")  # 4 would need 4 devices
+
+
+def test_the_command_line_refuses_a_world_size_beyond_the_cores(ckpt, monkeypatch, capsys, tmp_path):
+    _table(monkeypatch)
+    monkeypatch.setattr(hf_dist, "cpu_cores", lambda: 1)
+    prof = tmp_path / "tp4.toml"
+    prof.write_text('weights = "f32"\nkv = "f32"\n[reference]\nengine = "cpu"\n[subject]\nengine = "hf-dist"\n'
+                    '[subject.options]\nworld_size = "4"\n')
+    code, out, err = run_cli(capsys, "run", "--profile", prof, "--model", ckpt["dense"], "--tokens", "2", "--json")
+    assert code == 2 and out == ""
+    assert one_line_error(err) == (f"kestrel-tui run: error: {prof}:8: subject.options.world_size: hf-dist engine:"
+                                   " option world_size=4 × threads=1 is 4 CPU threads, and this machine gives 1"
+                                   " core (2 threads a core at most); choose world_size=2")
 
 
 # ---------------------------------------------------------------- TP=2 against TP=1

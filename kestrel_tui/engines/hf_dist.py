@@ -17,6 +17,7 @@ order, into the same keys the hf engine makes (docs/engines-distributed.md has t
 """
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -69,6 +70,10 @@ HEAD_FIELDS = {"kraw": "self_attn.k_proj", "knorm": "self_attn.k_proj", "kpre": 
                "k": "self_attn.k_proj", "ks": "self_attn.k_proj", "v": "self_attn.v_proj",
                "vs": "self_attn.v_proj", "qrope": "self_attn.q_proj", "attn": "self_attn.q_proj"}
 COLWISE = ("colwise",)
+# The most CPU threads (ranks × threads) a core is given. On a 2-core VM a decode step took 3× as long at
+# 4 ranks × 1 thread, 5× at 2 × 2, 9× at 4 × 2 as at 2 × 1 (results/hf-dist-bench.md): past 2 a core a
+# run crawls and its steps run into the timeout, where they read as a hang.
+THREADS_PER_CORE = 2
 
 
 def rank_key(key: str, rank: int) -> str:
@@ -171,6 +176,37 @@ def parse_options(options: Mapping[str, object]) -> dict[str, str]:
     return out
 
 
+def cpu_cores() -> int:
+    """The cores this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def machine_problem(world_size: int, device: str, threads: int) -> str | None:
+    """Why this machine cannot take ``world_size`` ranks (None: it can): on CUDA a device per rank, on the
+    CPU at most THREADS_PER_CORE threads a core in all."""
+    if world_size == 1:
+        return None
+    if device == "cuda":
+        import torch
+
+        have = torch.cuda.device_count()
+        if world_size > have:
+            return (f"world_size={world_size} needs {world_size} CUDA devices (one a rank), and torch sees {have};"
+                    f" choose a world size up to {have}")
+        return None
+    cores = cpu_cores()
+    most = THREADS_PER_CORE * cores
+    if world_size * threads > most:
+        fits = [n for n in map(int, WORLD_SIZES) if n == 1 or n * threads <= most]
+        return (f"world_size={world_size} × threads={threads} is {world_size * threads} CPU threads, and this"
+                f" machine gives {cores} core{'s' * (cores != 1)} ({THREADS_PER_CORE} threads a core at most);"
+                f" choose world_size={max(fits)}" + (" or fewer threads" if threads > 1 else ""))
+    return None
+
+
 def make_hf_dist_engine(spec: EngineSpec, model=None, kv: str = "q8", deep: bool = False) -> "HFDistEngine":
     """The engine table's factory (registry.py)."""
     hf._imports()
@@ -201,6 +237,7 @@ class HFDistEngine(HFEngine):
                 self._fits(t.key or t.name, v, f"toggle {t.name}")
         for name in OPTIONS:
             self._fits(name, self.options[name], "option")
+        self.notes: tuple[str, ...] = self._shared_cores()
         self.findings: list[str] = []  # the last run's replicated keys the ranks disagreed on
         self._group: Group | None = None
         self._group_key = None
@@ -224,9 +261,20 @@ class HFDistEngine(HFEngine):
             if bad:
                 raise UsageError(f"{NAME} engine: {where} world_size={value}: the model's {' and '.join(bad)}"
                                  f" do not split over {n} ranks; choose a world size that divides them")
+            problem = machine_problem(n, self.options["device"], _number("threads", self.options["threads"]))
+            if problem:
+                raise UsageError(f"{NAME} engine: {where} {problem}")
         elif name == "ep" and value == "on" and not self.moe:
             raise UsageError(f"{NAME} engine: {where} ep=on: expert parallelism needs a qwen3_moe model, and"
                              f" this one is dense qwen3; drop ep")
+
+    def _shared_cores(self) -> tuple[str, ...]:
+        """A note when the starting world size gives the ranks more threads than the machine has cores."""
+        n, threads, cores = int(self.options["world_size"]), _number("threads", self.options["threads"]), cpu_cores()
+        if self.options["device"] != "cpu" or n * threads <= cores:
+            return ()
+        return (f"{NAME}: world_size={n} × threads={threads} runs {n * threads} CPU threads on {cores}"
+                f" core{'s' * (cores != 1)}: they take turns, so each step is slower (the bits are the same)",)
 
     def _default_toggles(self) -> tuple[Toggle, ...]:
         out = []
@@ -234,7 +282,9 @@ class HFDistEngine(HFEngine):
             if (name in CUDA_ONLY and not hf._cuda_ok()) or (name in MOE_ONLY and not self.moe):
                 continue
             if name == "world_size":
-                values = tuple(v for v in values if all(h % int(v) == 0 for h in self.heads))
+                threads = _number("threads", self.options["threads"])
+                values = tuple(v for v in values if all(h % int(v) == 0 for h in self.heads)
+                               and machine_problem(int(v), self.options["device"], threads) is None)
                 if len(values) < 2:
                     continue
             first = self.options[name] if self.options[name] in values else values[0]
@@ -292,13 +342,10 @@ class HFDistEngine(HFEngine):
         self._end_group()
         n = int(s["world_size"])
         cuda = s["device"] == "cuda"
-        if cuda:
-            import torch
-
-            if torch.cuda.device_count() < n:
-                raise UsageError(f"{NAME} engine: world_size={n} needs {n} CUDA devices, torch sees"
-                                 f" {torch.cuda.device_count()}; choose a smaller world size")
         threads = _number("threads", s["threads"])
+        problem = machine_problem(n, s["device"], threads)  # a device toggle may have moved the run
+        if problem:
+            raise UsageError(f"{NAME} engine: {problem}")
         env = {"OMP_NUM_THREADS": str(threads)}
         if not cuda:
             env["CUDA_VISIBLE_DEVICES"] = ""  # the mesh goes where the ranks' tensors are: the CPU
