@@ -63,13 +63,15 @@ def key_info(board, key: str | None, t: int) -> KeyInfo | None:
     status = board.cell(key, t)
     a_hash, b_hash = board.hashes(key)
     info = KeyInfo(key, status, key == board.first_diff, a_hash, b_hash, board.sides)
-    if status is Status.DIFF and board.events:
-        own = next((e for e in board.events if e.key == key), None)
-        cause = event_before(board.events, key)
+    events = getattr(board, "events", ())  # a board the tests make by hand may have neither
+    if status is Status.DIFF and events:
+        own = next((e for e in events if e.key == key), None)
+        cause = event_before(events, key)
         info.event = own.line if own else None
         info.after = cause.line if cause is not None and cause is not own else None
-    if board.traces is not None and status in (Status.DIFF, Status.OK):
-        report = compare_shares(*board.traces, key)
+    traces = getattr(board, "traces", None)
+    if traces is not None and status in (Status.DIFF, Status.OK):
+        report = compare_shares(*traces, key)
         info.ranks = rank_line(report) if report else None
     summary = board.tolerance
     if summary is not None and status is Status.DIFF:  # computed by the engine in a worker (workers.judge)
