@@ -19,6 +19,6 @@ setup(
     ext_modules=[Extension(
         "kestrel_tui.cref._kcref", sources=SOURCES, include_dirs=["kernels"],
         depends=["kestrel_tui/cref/cref.h", "kernels/ucrt_tables.h"],
-        extra_compile_args=["-O3", "-std=gnu11", "-ffp-contract=off", "-fno-fast-math", "-fopenmp", "-Wall"],
-        extra_link_args=["-fopenmp", "-lm"], optional=True)],
+        extra_compile_args=["-O3", "-std=gnu11", "-ffp-contract=off", "-fno-fast-math", "-pthread", "-Wall"],
+        extra_link_args=["-pthread", "-lm"], optional=True)],
 )

@@ -162,7 +162,15 @@ def _attention_case(cref, rng, seed, hd: int, ratio: int, kv_q8: bool, style: st
     return nh * int((pos + 1).sum())  # scores (one per head and attended position)
 
 
-def test_attention_softmax_orders(cref):
+@pytest.fixture
+def shared(cref):
+    """Every op of two or more pieces shared by the team (small ones run on the caller alone by default)."""
+    cref.kc_team_share_min(0)
+    yield
+    cref.kc_team_share_min(-1)
+
+
+def test_attention_softmax_orders(cref, shared):
     seed, rng = _rng()
     total = 0
     while total < 10**6:  # every combination each round; one round is ~1.3e6 scores on average

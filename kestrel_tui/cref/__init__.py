@@ -38,7 +38,8 @@ SIGNATURES = {
     "kc_route": (None, [P, I64, I64, I64, I32, P, P]),
     "kc_combine": (None, [P, P, I64, I64, I64, P]),
     "kc_fnv_keys": (None, [P, P, P, I64, I64, P]),
-    "kc_step": (I32, [P, P, I64, I64, P]),
+    "kc_step": (I32, [P, P, I64, I64, P, P]),
+    "kc_team_share_min": (None, [ctypes.c_double]),
 }
 
 

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import ctypes
 import os
+import sys
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -36,11 +39,75 @@ class Layer(ctypes.Structure):
                [(n, P) for n in ("k_cache", "v_cache", "ks_cache", "vs_cache")]
 
 
+class Hashes(ctypes.Structure):
+    """kc_hashes: the keys to hash after the step (cref.h)."""
+    _fields_ = [("n_keys", I64), ("slots", P), ("bytes", P), ("out", P)]
+
+
 class ModelC(ctypes.Structure):
     _fields_ = [(n, I64) for n in ("n_layers", "hidden", "n_heads", "n_kv", "head_dim", "vocab", "top_k")] + \
                [(n, F32) for n in ("eps", "attn_scale", "rope_scale")] + \
                [(n, I32) for n in ("norm_topk", "kv_q8", "threads")] + \
                [("embed", P), ("lm_head", P), ("norm", P), ("inv_freq", P), ("layers", P)]
+
+
+@dataclass(frozen=True, eq=False)
+class _Layout:
+    """Where a step of M columns puts its probes: one arena, one [layers, M, *shape] block per (field, dtype,
+    shape), so a position's ~530 buffers are indexings of ~20 arrays."""
+    offsets: np.ndarray    # [slots] each slot's byte offset in the (64-byte aligned) arena
+    size: int              # the arena's bytes
+    blocks: list           # (offset, members, dtype, shape of one column) per block
+    where: list            # per hashed key, in dataflow order: (block, member)
+    suffixes: list         # per hashed key: its name after "t{t}_"
+    hash_slots: np.ndarray  # the hashed keys in hashing order (equal lengths together) ...
+    hash_bytes: np.ndarray  # ... and their bytes a column
+    unsort: np.ndarray     # hashing order -> dataflow order
+    hashed: list           # slot of each hashed key, dataflow order
+
+    @classmethod
+    def of(cls, slots: list, M: int, n_layers: int, deep: bool) -> "_Layout":
+        groups: dict[tuple, list[int]] = {}
+        for i, (f, _, dt, shape) in enumerate(slots):
+            groups.setdefault((f, dt, shape), []).append(i)
+        offsets, where, blocks, off = np.zeros(len(slots), np.int64), {}, [], 0
+        for g, ((f, dt, shape), members) in enumerate(groups.items()):
+            col = int(np.prod(shape)) * dt.itemsize
+            blocks.append((off, len(members), dt, shape))
+            for j, i in enumerate(members):
+                offsets[i] = off + j * M * col
+                where[i] = (g, j)
+            off += -(-len(members) * M * col // 64) * 64  # 64-byte aligned blocks
+        hashed = [0] + [1 + li * len(ALL_FIELDS) + ALL_FIELDS.index(f) for li in range(n_layers)
+                        for f in layer_fields(deep)] + [len(slots) - 1]
+        nbytes = np.array([int(np.prod(slots[i][3])) * slots[i][2].itemsize for i in hashed], np.int64)
+        order = np.argsort(nbytes, kind="stable")
+        suffixes = [k.split("_", 1)[1] for k in token_keys(0, n_layers, deep=deep)]
+        return cls(offsets, off, blocks, [where[i] for i in hashed], suffixes,
+                   np.ascontiguousarray(np.array(hashed, np.int64)[order]), np.ascontiguousarray(nbytes[order]),
+                   np.argsort(order), hashed)
+
+
+class ProbeViews(Mapping):
+    """One column's probe buffers, key -> array, in dataflow order: views into the step's arena, each made
+    when it is looked up (a step has ~530 of them; a caller often reads a few, or copies them all once)."""
+
+    def __init__(self, names: list[str], blocks: list[np.ndarray], where: list, m: int):
+        self._names, self._blocks, self._where, self._m = names, blocks, where, m
+        self._index: dict[str, int] | None = None
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        if self._index is None:
+            self._index = dict(zip(self._names, range(len(self._names))))
+        g, j = self._where[self._index[key]]
+        return self._blocks[g][j, self._m]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
 
 
 def default_threads() -> int:
@@ -68,7 +135,8 @@ class CompiledBackend(Backend):
         self.threads = threads or default_threads()
         self.cache: KVCache | None = None
         self._keep: list = []  # every array whose address the C structs hold
-        self._layouts: dict[int, tuple] = {}
+        self._layouts: dict[int, _Layout] = {}
+        self._arena = self._arena_layout = self._ptrs = None
         cfg = model.cfg
         self._layers = (Layer * cfg.n_layers)()
         for li, L in enumerate(model.layers):
@@ -116,30 +184,20 @@ class CompiledBackend(Backend):
             return f.name, li, f.np_dtype(self.kv), f.shape(cfg, li)
         return [slot(EMB, None), *(slot(f, li) for li in range(cfg.n_layers) for f in LAYER), slot(LOGITS, None)]
 
-    def _layout(self, M: int):
-        """For a step of M columns: the arena's size, each slot's address offset, and the groups the raw
-        buffers are read from — one [layers, M, *shape] block per (field, dtype, shape), so a position's
-        530 buffers are 530 cheap indexings of ~20 arrays. Cached per M."""
-        if M in self._layouts:
-            return self._layouts[M]
-        slots = self._slots()
-        groups: dict[tuple, list[int]] = {}
-        for i, (f, _, dt, shape) in enumerate(slots):
-            groups.setdefault((f, dt, shape), []).append(i)
-        offsets, where, blocks, off = np.zeros(len(slots), np.int64), {}, [], 0
-        for g, ((f, dt, shape), members) in enumerate(groups.items()):
-            col = int(np.prod(shape)) * dt.itemsize
-            blocks.append((off, len(members), dt, shape))
-            for j, i in enumerate(members):
-                offsets[i] = off + j * M * col
-                where[i] = (g, j)
-            off += -(-len(members) * M * col // 64) * 64  # 64-byte aligned blocks
-        hashed = [0] + [1 + li * len(ALL_FIELDS) + ALL_FIELDS.index(f) for li in range(self.model.n_layers)
-                        for f in layer_fields(self.deep)] + [len(slots) - 1]
-        nbytes = np.array([int(np.prod(slots[i][3])) * slots[i][2].itemsize for i in hashed], np.int64)
-        layout = (offsets, off, blocks, np.array(hashed, np.int64), nbytes, [where[i] for i in hashed])
-        self._layouts[M] = layout
-        return layout
+    def _layout(self, M: int) -> "_Layout":
+        if M not in self._layouts:
+            self._layouts[M] = _Layout.of(self._slots(), M, self.model.n_layers, self.deep)
+        return self._layouts[M]
+
+    def _arena_for(self, lay: "_Layout") -> tuple[np.ndarray, np.ndarray]:
+        """The step's probe buffers: the last step's arena again when nothing of it is still referenced
+        (its raw views and their copies are gone), else a new one. Returns (arena, slot addresses)."""
+        if self._arena is not None and self._arena_layout is lay and sys.getrefcount(self._arena) == 2:
+            return self._arena, self._ptrs  # 2: self._arena and getrefcount's argument
+        arena = np.empty(lay.size + 64, np.uint8)
+        self._arena, self._arena_layout = arena, lay
+        self._ptrs = lay.offsets + (arena.ctypes.data + (-arena.ctypes.data % 64))
+        return arena, self._ptrs
 
     def step(self, tokens: np.ndarray, pos0: int, raw: bool = True, feed=None) -> StepOut:
         tokens = np.ascontiguousarray(tokens, dtype=np.int64)
@@ -154,24 +212,27 @@ class CompiledBackend(Backend):
                              f" the vocabulary (0..{vocab - 1})")
         if pos0 + M > self.cache.capacity:
             raise ValueError(f"KV cache full: positions up to {pos0 + M} > capacity {self.cache.capacity}")
-        offsets, size, blocks, hashed, nbytes, where = self._layout(M)
-        arena = np.empty(size + 64, np.uint8)
-        shift = -arena.ctypes.data % 64
-        ptrs = offsets + (arena.ctypes.data + shift)
-        if self.lib.kc_step(ctypes.byref(self._c), tokens.ctypes.data, M, pos0, ptrs.ctypes.data) != 0:
+        lay = self._layout(M)
+        arena, ptrs = self._arena_for(lay)
+        out = np.empty((M, len(lay.hashed)), np.uint64)
+        hashes = Hashes(n_keys=len(lay.hashed), slots=lay.hash_slots.ctypes.data, bytes=lay.hash_bytes.ctypes.data,
+                        out=out.ctypes.data)
+        if self.lib.kc_step(ctypes.byref(self._c), tokens.ctypes.data, M, pos0, ptrs.ctypes.data,
+                            ctypes.byref(hashes)) != 0:
             raise MemoryError("compiled reference: out of memory for the step's scratch buffers")
-        out = np.empty((M, len(hashed)), np.uint64)
-        keys = ptrs[hashed]  # held: a temporary's address would dangle during the call
-        self.lib.kc_fnv_keys(keys.ctypes.data, nbytes.ctypes.data, nbytes.ctypes.data, len(hashed), M,
-                             out.ctypes.data)
-        arrays = [arena[shift + o:].view(dt)[:n * M * int(np.prod(shape))].reshape(n, M, *shape)
-                  for o, n, dt, shape in blocks]
-        logits = arrays[where[-1][0]][where[-1][1]].copy()  # a view would keep the whole arena alive
-        names = [token_keys(pos0 + m, self.model.n_layers, deep=self.deep) for m in range(M)]
-        hashes = [dict(zip(names[m], out[m].tolist())) for m in range(M)]
-        raws = None
-        if raw:
-            raws = [dict(zip(names[m], [arrays[g][j, m] for g, j in where])) for m in range(M)]
+        base = -arena.ctypes.data % 64
+        blocks = [arena[base + o:base + o + n * M * dt.itemsize * int(np.prod(shape))].view(dt).reshape(n, M, *shape)
+                  for o, n, dt, shape in lay.blocks]
+        g, j = lay.where[-1]
+        logits = blocks[g][j].copy()  # a view would keep the whole arena alive
+        by_key = out[:, lay.unsort].tolist()  # hashed in length order (fnv.c), back to dataflow order
+        hashes, raws = [], [] if raw else None
+        for m in range(M):
+            prefix = f"t{pos0 + m}_"
+            names = [prefix + suffix for suffix in lay.suffixes]
+            hashes.append(dict(zip(names, by_key[m])))
+            if raw:
+                raws.append(ProbeViews(names, blocks, lay.where, m))
         return StepOut(logits=logits, hashes=hashes, raw=raws)
 
     def load_kv(self, pos0: int, raws: list[dict[str, np.ndarray]]) -> None:

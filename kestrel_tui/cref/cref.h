@@ -5,7 +5,7 @@
  * Build rules that make that possible (setup.py): -ffp-contract=off (no float FMA
  * contraction), no -ffast-math, IEEE binary32 arithmetic in the stated order; `fma`
  * only where the contract says fma (binary64, inside the transcendental replicas).
- * Threads (OpenMP) split independent outputs only — rows, heads, columns — never a
+ * Threads (team.c) split independent outputs only — rows, heads, columns — never a
  * reduction. SIMD is used where the contract's order is lane-parallel by design (the
  * GEMV's 32 lane accumulators) or where the arithmetic is exact (integer block dots).
  *
@@ -17,6 +17,15 @@
 #define KESTREL_CREF_H
 
 #include <stdint.h>
+
+/* The elementwise loops' second build, for CPUs with AVX2 and FMA (x86-64 only): the same operations,
+ * so the same bits. kc_v3() says whether it runs: SIMD level (kc_gemv_simd) >= 1 and an FMA unit. */
+#if defined(__x86_64__) || defined(__i386__)
+#define KC_V3 __attribute__((target("avx2,fma,f16c")))
+#else
+#define KC_V3
+#endif
+int kc_v3(void);
 
 /* ---- transcend.c: the UCRT replicas of numerics/transcend.py ---- */
 float kc_expf1(float x);
@@ -52,6 +61,29 @@ void kc_gemv_q4(const kc_job *jobs, int n_jobs, int64_t nb, const int8_t *qx, co
 void kc_gemv_f32(const kc_job *jobs, int n_jobs, int64_t inp, const float *x, float *y, int64_t y_ld,
                  int threads);
 int kc_gemv_simd(int level);  /* -1: query; set 0 scalar, 1 AVX2, 2 VNNI, 3 AVX-512 (capped at the CPU's); -> level in use */
+/* The step's GEMVs: x [rows, nb*32] f32 quantized to q8_0 (Q2) by each worker of the team for itself
+ * (a step's GEMV inputs are a few rows: cheaper to quantize twice than to wait for), ws [team] their
+ * workspaces. */
+typedef struct { int8_t *qx; float *dx; void *xp; } kc_ws;
+int kc_ws_init(kc_ws *ws, int64_t rows, int64_t inp);  /* for inputs of up to rows x inp; 0 or -1 */
+void kc_ws_free(kc_ws *ws);
+void kc_team_gemv_q4(int team, const kc_job *jobs, int n_jobs, int64_t nb, const float *x, float *y, int64_t y_ld,
+                     kc_ws *ws);
+void kc_team_gemv_f32(int team, const kc_job *jobs, int n_jobs, int64_t inp, const float *x, float *y, int64_t y_ld);
+
+/* ---- team.c: the calling thread and helpers that join its ops when they are running ---- */
+/* fn(ctx, chunk, worker) computes one chunk (outputs no other chunk touches); join(ctx, 0, worker), if
+ * not NULL, runs once on each worker before its first chunk of the op. worker: 0 the caller, 1.. helpers. */
+typedef void (*kc_chunk_fn)(void *ctx, int64_t chunk, int worker);
+int kc_team_begin(int threads);  /* -> the team's size (1: the caller alone) */
+void kc_team_end(int team);
+/* The chunks to cut an op into: 1 (the caller alone) for an op of less than ~50 us (work_ns: its
+ * time on one thread, roughly), else a few per worker, so a helper that joins late still finds work;
+ * at most `pieces` (what the op can be cut into). */
+int64_t kc_team_chunks(int team, double work_ns, int64_t pieces);
+void kc_team_share_min(double ns);  /* tests: share every op from ns on (0: all); -1: the default */
+/* All chunks 0..chunks (< 65536) of fn, shared by the team; returns when every one is done. */
+void kc_team_run(int team, kc_chunk_fn fn, kc_chunk_fn join, void *ctx, int64_t chunks);
 
 /* ---- ops.c: backends/ops_exact.py ---- */
 void kc_rmsnorm(const float *x, const float *w, int64_t rows, int64_t n, float eps, float *out); /* block-8 */
@@ -65,6 +97,10 @@ void kc_rope(const float *x, int64_t M, int64_t heads, int64_t hd, const float *
 void kc_attention(const float *q, int64_t M, int64_t nh, int64_t nkv, int64_t hd, const void *k, const float *ks,
                   const void *v, const float *vs, int kv_q8, const int64_t *pos, float scale, float *out,
                   int threads);
+/* The same, the (column, head) pairs shared by a team of kc_team_begin. */
+void kc_team_attention(int team, const float *q, int64_t M, int64_t nh, int64_t nkv, int64_t hd, const void *k,
+                       const float *ks, const void *v, const float *vs, int kv_q8, const int64_t *pos, float scale,
+                       float *out);
 /* Router softmax, top-k (descending, ties to the lower index), renormalise when norm_topk.
  * logits [M, E] -> idx [M, k], w [M, k]. */
 void kc_route(const float *logits, int64_t M, int64_t E, int64_t k, int norm_topk, int64_t *idx, float *w);
@@ -104,14 +140,25 @@ typedef struct {
 enum { KC_NRM, KC_KRAW, KC_KNORM, KC_KPRE, KC_K, KC_KS, KC_V, KC_VS, KC_QROPE, KC_ATTN, KC_ORES, KC_PNRM,
        KC_ROUTER, KC_TOPK, KC_TOPW, KC_MOE, KC_X, KC_NFIELDS };
 enum { KC_EMB = 0, KC_LAYER0 = 1 };
-/* M columns at positions pos0..pos0+M-1; returns 0, or -1 when the step's scratch cannot be allocated
- * (a GEMV that cannot allocate its own small work lists aborts). */
-int kc_step(const kc_model *model, const int64_t *tokens, int64_t M, int64_t pos0, void *const *probes);
+/* The probe keys to hash (P3) after the step: key j is slot slots[j] of every column (bytes[j] bytes a
+ * column); out [M, n_keys]. Keys of equal length next to each other hash together (fnv.c). */
+typedef struct {
+    int64_t n_keys;
+    const int64_t *slots, *bytes;
+    uint64_t *out;
+} kc_hashes;
+/* M columns at positions pos0..pos0+M-1, hashed when hashes is not NULL; returns 0, or -1 when the
+ * step's scratch cannot be allocated. */
+int kc_step(const kc_model *model, const int64_t *tokens, int64_t M, int64_t pos0, void *const *probes,
+            const kc_hashes *hashes);
 
 /* ---- fnv.c ---- */
 /* FNV-1a 64 of n_keys buffers for each of M columns: key j of column m is bytes[j] bytes at
  * base[j] + m * stride[j]. out [M, n_keys]. */
 void kc_fnv_keys(const uint8_t *const *base, const int64_t *bytes, const int64_t *stride, int64_t n_keys,
                  int64_t M, uint64_t *out);
+/* The same work in `parts` shares; this call does share `part`. */
+void kc_fnv_share(const uint8_t *const *base, const int64_t *bytes, const int64_t *stride, int64_t n_keys,
+                  int64_t M, uint64_t *out, int part, int parts);
 
 #endif

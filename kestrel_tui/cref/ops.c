@@ -1,6 +1,7 @@
 /* Norms, RoPE, attention, routing and the MoE combine: backends/ops_exact.py, bit for bit.
  * Step numbers refer to "The layer" in docs/numerics.md; the sums are its "Ordered reductions". */
 #include <math.h>
+#include <stddef.h>
 
 #include "cref.h"
 
@@ -78,7 +79,7 @@ void kc_rope(const float *x, int64_t M, int64_t heads, int64_t hd, const float *
 }
 
 /* The f32 QK dot: the lane sum over head_dim. Lanes past the end stay +0, as on a warp. */
-static float lane_dot(const float *a, const float *b, int64_t n) {
+static inline __attribute__((always_inline)) float lane_dot(const float *a, const float *b, int64_t n) {
     float v[32];
     for (int i = 0; i < 32; i++)
         v[i] = 0.0f;
@@ -94,71 +95,122 @@ static float lane_dot(const float *a, const float *b, int64_t n) {
     return v[0];
 }
 
-/* Step 6 for one (column, query head). The recurrence is evaluated exactly as written
- * there, position by position: l is the value column of an all-ones row in the numpy
- * reference, so l*c + w*1, and w*1 == w. */
-static void attend_head(const float *qh, int64_t hd, const void *k, const float *ks, const void *v,
-                        const float *vs, int kv_q8, int64_t kv, int64_t nkv, int64_t last, float scale,
-                        float *o) {
-    int8_t qq[hd];
-    float dq = 0.0f;
+enum { SPAN = 64 };  /* positions scored, then exponentiated, then accumulated at a time */
+
+/* Step 6 for one (column, query head), evaluated exactly as written there, position by position; only
+ * the work is batched: a span of positions' scores first (each one step 6's formula), then their
+ * running maxima and the two expf arguments of each position, one kc_expf call for all of them, then
+ * the recurrence. l is the value column of an all-ones row in the numpy reference, so l*c + w*1, and
+ * w*1 == w. qq [hd] and acc [hd]: the caller's scratch. */
+static inline __attribute__((always_inline)) void attend_head_body(
+        const float *qh, int64_t hd, const void *k, const float *ks, const void *v, const float *vs, int kv_q8,
+        int64_t kv, int64_t nkv, int64_t last, float scale, float *o, int8_t *qq, float *acc) {
+    float dq = 0.0f, s[SPAN], arg[2 * SPAN], e[2 * SPAN];
     if (kv_q8)
         kc_quant_rows_q8(qh, 1, hd, qq, &dq); /* query q8: per head, as the KV rows */
-    float acc[hd];
     for (int64_t j = 0; j < hd; j++)
         acc[j] = 0.0f;
     float mx = -INFINITY, l = 0.0f;
-    for (int64_t p = 0; p <= last; p++) {
-        const int64_t row = (p * nkv + kv) * hd;
-        float s;
-        if (kv_q8) {
-            const int8_t *kr = (const int8_t *)k + row;
-            int32_t isum = 0; /* exact in int32: any order */
-            for (int64_t j = 0; j < hd; j++)
-                isum += (int32_t)qq[j] * (int32_t)kr[j];
-            s = ((float)isum * (dq * ks[p * nkv + kv])) * scale;
-        } else {
-            s = lane_dot(qh, (const float *)k + row, hd) * scale;
+    for (int64_t p0 = 0; p0 <= last; p0 += SPAN) {
+        const int n = (int)(last + 1 - p0 < SPAN ? last + 1 - p0 : SPAN);
+        for (int i = 0; i < n; i++) {
+            const int64_t p = p0 + i, row = (p * nkv + kv) * hd;
+            if (kv_q8) {
+                const int8_t *kr = (const int8_t *)k + row;
+                int32_t isum = 0; /* exact in int32: any order */
+                for (int64_t j = 0; j < hd; j++)
+                    isum += (int32_t)qq[j] * (int32_t)kr[j];
+                s[i] = ((float)isum * (dq * ks[p * nkv + kv])) * scale;
+            } else {
+                s[i] = lane_dot(qh, (const float *)k + row, hd) * scale;
+            }
         }
-        /* np.maximum's choice: NaN propagates, and on equality the second operand wins
-         * (only the sign of a zero could tell, and expf(+-0) == 1 either way). */
-        const float mn = (mx > s || mx != mx) ? mx : s;
-        const float c = kc_expf1(mx - mn), w = kc_expf1(s - mn);
-        l = l * c + w;
-        if (kv_q8) {
-            const int8_t *vr = (const int8_t *)v + row;
-            const float d = vs[p * nkv + kv];
-            for (int64_t j = 0; j < hd; j++)
-                acc[j] = acc[j] * c + w * ((float)vr[j] * d);
-        } else {
-            const float *vr = (const float *)v + row;
-            for (int64_t j = 0; j < hd; j++)
-                acc[j] = acc[j] * c + w * vr[j];
+        for (int i = 0; i < n; i++) {
+            /* np.maximum's choice: NaN propagates, and on equality the second operand wins
+             * (only the sign of a zero could tell, and expf(+-0) == 1 either way). */
+            const float mn = (mx > s[i] || mx != mx) ? mx : s[i];
+            arg[2 * i] = mx - mn;       /* c = expf(m - m') */
+            arg[2 * i + 1] = s[i] - mn; /* w = expf(s_p - m') */
+            mx = mn;
         }
-        mx = mn;
+        kc_expf(arg, e, 2 * n);
+        for (int i = 0; i < n; i++) {
+            const int64_t p = p0 + i, row = (p * nkv + kv) * hd;
+            const float c = e[2 * i], w = e[2 * i + 1];
+            l = l * c + w;
+            if (kv_q8) {
+                const int8_t *vr = (const int8_t *)v + row;
+                const float d = vs[p * nkv + kv];
+                for (int64_t j = 0; j < hd; j++)
+                    acc[j] = acc[j] * c + w * ((float)vr[j] * d);
+            } else {
+                const float *vr = (const float *)v + row;
+                for (int64_t j = 0; j < hd; j++)
+                    acc[j] = acc[j] * c + w * vr[j];
+            }
+        }
     }
     for (int64_t j = 0; j < hd; j++)
         o[j] = acc[j] / l;
 }
 
-/* Step 6. The threads split (column, head) pairs only: each pair's recurrence is serial
- * and independent of the others, so any thread count gives the same bits. */
+static void attend_head_base(const float *qh, int64_t hd, const void *k, const float *ks, const void *v,
+                             const float *vs, int kv_q8, int64_t kv, int64_t nkv, int64_t last, float scale,
+                             float *o) {
+    int8_t qq[hd];
+    float acc[hd];
+    attend_head_body(qh, hd, k, ks, v, vs, kv_q8, kv, nkv, last, scale, o, qq, acc);
+}
+
+static KC_V3 void attend_head_v3(const float *qh, int64_t hd, const void *k, const float *ks, const void *v,
+                                 const float *vs, int kv_q8, int64_t kv, int64_t nkv, int64_t last, float scale,
+                                 float *o) {
+    int8_t qq[hd];
+    float acc[hd];
+    attend_head_body(qh, hd, k, ks, v, vs, kv_q8, kv, nkv, last, scale, o, qq, acc);
+}
+
+/* Step 6 as a team op: chunks of (column, head) pairs. Each pair's recurrence is serial and independent
+ * of the others, so any thread count gives the same bits. */
+typedef struct {
+    const float *q, *ks, *vs;
+    const void *k, *v;
+    int64_t M, nh, nkv, hd, chunks;
+    int kv_q8;
+    const int64_t *pos;
+    float scale;
+    float *out;
+} attention_op;
+
+static void attention_chunk(void *ctx, int64_t c, int worker) {
+    const attention_op *a = ctx;
+    (void)worker;
+    const int64_t g = a->nh / a->nkv, n = a->M * a->nh;
+    void (*head)(const float *, int64_t, const void *, const float *, const void *, const float *, int, int64_t,
+                 int64_t, int64_t, float, float *) = kc_v3() ? attend_head_v3 : attend_head_base;
+    for (int64_t mh = n * c / a->chunks; mh < n * (c + 1) / a->chunks; mh++) {
+        const int64_t m = mh / a->nh, h = mh % a->nh;
+        head(a->q + mh * a->hd, a->hd, a->k, a->ks, a->v, a->vs, a->kv_q8, h / g, a->nkv, a->pos[m], a->scale,
+             a->out + mh * a->hd);
+    }
+}
+
+void kc_team_attention(int team, const float *q, int64_t M, int64_t nh, int64_t nkv, int64_t hd, const void *k,
+                       const float *ks, const void *v, const float *vs, int kv_q8, const int64_t *pos, float scale,
+                       float *out) {
+    double ns = 0;  /* a position of a head: its dot, two expf and the hd accumulations, ~(hd + 64) / 8 ns */
+    for (int64_t m = 0; m < M; m++)
+        ns += (double)(pos[m] + 1) * (double)nh * (double)(hd + 64) / 8;
+    attention_op a = {q, ks, vs, k, v, M, nh, nkv, hd, kc_team_chunks(team, ns, M * nh), kv_q8, pos, scale, out};
+    kc_team_run(team, attention_chunk, NULL, &a, a.chunks);
+}
+
 void kc_attention(const float *q, int64_t M, int64_t nh, int64_t nkv, int64_t hd, const void *k, const float *ks,
                   const void *v, const float *vs, int kv_q8, const int64_t *pos, float scale, float *out,
                   int threads) {
-    const int64_t g = nh / nkv;
-    /* Waking a thread costs microseconds: split only when each gets ~32k units (a unit: about one
-     * position of one head, 32 elements, two replica expf per position). */
-    int64_t work = 0;
-    for (int64_t m = 0; m < M; m++)
-        work += (pos[m] + 1) * nh * ((hd + 64) / 32);
-    const int64_t useful = work / 32768;
-    const int nt = threads <= 1 || useful <= 1 ? 1 : useful < threads ? (int)useful : threads;
-#pragma omp parallel for schedule(dynamic) num_threads(nt) if(nt > 1)
-    for (int64_t mh = 0; mh < M * nh; mh++) {
-        const int64_t m = mh / nh, h = mh % nh;
-        attend_head(q + mh * hd, hd, k, ks, v, vs, kv_q8, h / g, nkv, pos[m], scale, out + mh * hd);
-    }
+    int team = kc_team_begin(threads);
+    kc_team_attention(team, q, M, nh, nkv, hd, k, ks, v, vs, kv_q8, pos, scale, out);
+    kc_team_end(team);
 }
 
 /* Rank order of step 8's top-k: higher p first; a NaN ranks below every number, as in
@@ -177,11 +229,12 @@ void kc_route(const float *logits, int64_t M, int64_t E, int64_t k, int norm_top
         for (int64_t i = 1; i < E; i++)
             if (mx == mx && !(lr[i] <= mx)) /* a NaN sticks, as in np.max */
                 mx = lr[i];
+        for (int64_t i = 0; i < E; i++)
+            p[i] = lr[i] - mx;
+        kc_expf(p, p, E);  /* in place: element by element */
         float S = 0.0f;
-        for (int64_t i = 0; i < E; i++) {
-            p[i] = kc_expf1(lr[i] - mx);
+        for (int64_t i = 0; i < E; i++)
             S = S + p[i];
-        }
         for (int64_t i = 0; i < E; i++)
             p[i] = p[i] / S;
 

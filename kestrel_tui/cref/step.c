@@ -1,7 +1,13 @@
 /* One decode step of M columns through every layer: backends/decoder.py's `step` with the exact op
  * table, op for op, so every probe buffer has the numpy reference's bits (docs/numerics.md, "The layer",
  * L1-L9). Python (cref/backend.py) owns the weights, the KV cache and the probe buffers; this file
- * only walks them. Scratch buffers are allocated per step. */
+ * only walks them.
+ *
+ * The calling thread runs the step; the GEMVs, attention, SwiGLU and the hashes are team ops (team.c),
+ * which helpers join while they are running (each output computed whole by one worker, so the thread
+ * count moves no bit). The ops between them (norms, RoPE, the KV rows, routing, the combine) are a few
+ * hundred elements each and run on the caller alone: a decode step's matrices are small (the
+ * embedded model's are a few thousand rows), so what counts is what each op costs to hand out. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -10,43 +16,44 @@
 #define QK 32
 
 typedef struct {
-    float *qkv, *qn, *qnorm, *cos, *sin, *o, *gu, *act, *ey, *fin, *dx;
-    int8_t *qx;
+    float *qkv, *qn, *qnorm, *cos, *sin, *o, *gu, *act, *ey, *fin;
     int64_t *pos, *idx, *order, *xrow, *start;
-    kc_job *jobs;
+    kc_job *jobs_gu, *jobs_down;  /* the selected experts' jobs (one per expert in use and matrix) */
+    int n_jobs_gu, n_jobs_down;
+    int team;                     /* kc_team_begin's */
+    kc_ws *ws;                    /* one GEMV workspace per worker */
+    const uint8_t **bases;        /* each hashed key's slot */
 } scratch;
 
-static void *grab(void **all, int *n, size_t bytes) {
-    void *p = malloc(bytes ? bytes : 1);
-    all[(*n)++] = p;
-    return p;
-}
-
-/* y [rows, sum of outs] = the matrices of one input side by side (L2's q/k/v, L8's gate/up), the q8_0
- * activation quantized once for all of them. */
-static void project(const kc_model *m, const kc_lin *const *lins, int n_lins, const float *x, int64_t rows,
-                    float *y, scratch *s) {
-    int64_t inp = lins[0]->inp, ld = 0;
-    kc_job jobs[4];
+static void jobs_of(const kc_lin *const *lins, int n_lins, int64_t rows, kc_job *jobs, int64_t *ld)
+{
+    *ld = 0;
     for (int i = 0; i < n_lins; i++) {
-        jobs[i] = (kc_job){lins[i]->w, lins[i]->out, rows, NULL, NULL, ld};
-        ld += lins[i]->out;
-    }
-    if (lins[0]->q4) {
-        kc_quant_q8_0(x, rows, inp, s->qx, s->dx);
-        kc_gemv_q4(jobs, n_lins, inp / QK, s->qx, s->dx, y, ld, m->threads);
-    } else {
-        kc_gemv_f32(jobs, n_lins, inp, x, y, ld, m->threads);
+        jobs[i] = (kc_job){lins[i]->w, lins[i]->out, rows, NULL, NULL, *ld};
+        *ld += lins[i]->out;
     }
 }
 
-/* The k selected experts of each of M tokens (L8c): pair p = (token p / k, slot p % k) reads x row
- * p / k when `shared` (gate/up: the token's one input), else row p (down: the pair's own activation);
- * its outputs go to y row p. One job per expert in use and matrix. */
-static void project_experts(const kc_model *m, const kc_lin *const *lins, int n_lins, const float *x,
-                            int64_t x_rows, int shared, const int64_t *idx, int64_t pairs, int64_t n_experts,
-                            float *y, scratch *s) {
+/* y [rows, sum of outs] = the matrices of one input side by side (L2's q/k/v, L8's gate/up), the
+ * activation quantized once (Q2) for all of them. */
+static void project(const kc_lin *const *lins, int n_lins, const float *x, int64_t rows, float *y, scratch *s)
+{
+    kc_job jobs[4];
+    int64_t ld;
+    jobs_of(lins, n_lins, rows, jobs, &ld);
+    if (lins[0]->q4)
+        kc_team_gemv_q4(s->team, jobs, n_lins, lins[0]->inp / QK, x, y, ld, s->ws);
+    else
+        kc_team_gemv_f32(s->team, jobs, n_lins, lins[0]->inp, x, y, ld);
+}
+
+/* The jobs of the k selected experts of each of M tokens (L8c): pair p = (token p / k, slot p % k) reads
+ * x row p / k for gate/up (the token's one input) and row p for down (the pair's own activation); its
+ * outputs go to y row p. One job per expert in use and matrix, experts ascending. */
+static void expert_jobs(const kc_model *m, const kc_layer *L, int64_t pairs, int64_t n_experts, scratch *s)
+{
     int64_t *count = s->start;  /* [n_experts + 1] */
+    const int64_t *idx = s->idx;
     memset(count, 0, (size_t)(n_experts + 1) * sizeof *count);
     for (int64_t p = 0; p < pairs; p++)
         count[idx[p] + 1]++;
@@ -55,27 +62,32 @@ static void project_experts(const kc_model *m, const kc_lin *const *lins, int n_
     for (int64_t p = 0; p < pairs; p++)  /* counting sort by expert; `count` ends as the segment ends */
         s->order[count[idx[p]]++] = p;
     for (int64_t p = 0; p < pairs; p++)
-        s->xrow[p] = shared ? s->order[p] / m->top_k : s->order[p];
-    int64_t inp = lins[0]->inp, ld = 0, n_jobs = 0, begin = 0;
-    for (int i = 0; i < n_lins; i++)
-        ld += lins[i]->out;
+        s->xrow[p] = s->order[p] / m->top_k;
+    const kc_lin *gu[2] = {&L->gate, &L->up};
+    int64_t begin = 0;
+    s->n_jobs_gu = s->n_jobs_down = 0;
     for (int64_t e = 0; e < n_experts; e++) {
         int64_t end = count[e], off = 0;
         if (end == begin)
             continue;
-        for (int i = 0; i < n_lins; i++) {
-            const uint8_t *w = (const uint8_t *)lins[i]->w + e * lins[i]->expert_bytes;
-            s->jobs[n_jobs++] = (kc_job){w, lins[i]->out, end - begin, s->xrow + begin, s->order + begin, off};
-            off += lins[i]->out;
+        for (int i = 0; i < 2; i++) {
+            const uint8_t *w = (const uint8_t *)gu[i]->w + e * gu[i]->expert_bytes;
+            s->jobs_gu[s->n_jobs_gu++] = (kc_job){w, gu[i]->out, end - begin, s->xrow + begin, s->order + begin, off};
+            off += gu[i]->out;
         }
+        const uint8_t *w = (const uint8_t *)L->down.w + e * L->down.expert_bytes;
+        s->jobs_down[s->n_jobs_down++] = (kc_job){w, L->down.out, end - begin, s->order + begin, s->order + begin, 0};
         begin = end;
     }
-    if (lins[0]->q4) {
-        kc_quant_q8_0(x, x_rows, inp, s->qx, s->dx);
-        kc_gemv_q4(s->jobs, (int)n_jobs, inp / QK, s->qx, s->dx, y, ld, m->threads);
-    } else {
-        kc_gemv_f32(s->jobs, (int)n_jobs, inp, x, y, ld, m->threads);
-    }
+}
+
+static void team_gemv(const kc_lin *lin, const kc_job *jobs, int n_jobs, const float *x, float *y, int64_t ld,
+                      scratch *s)
+{
+    if (lin->q4)
+        kc_team_gemv_q4(s->team, jobs, n_jobs, lin->inp / QK, x, y, ld, s->ws);
+    else
+        kc_team_gemv_f32(s->team, jobs, n_jobs, lin->inp, x, y, ld);
 }
 
 static void add(const float *a, const float *b, float *out, int64_t n) {
@@ -116,83 +128,150 @@ static void embed(const kc_lin *e, const int64_t *tokens, int64_t M, float *out)
     }
 }
 
-static void ffn(const kc_model *m, const kc_layer *L, int64_t M, float *const *f, scratch *s) {
-    int64_t hidden = m->hidden;
-    const float *ores = f[KC_ORES];
-    float *h = f[KC_PNRM], *moe = f[KC_MOE];
-    kc_rmsnorm(ores, L->post_ln, M, hidden, m->eps, h);
-    const kc_lin *gu[2] = {&L->gate, &L->up}, *down[1] = {&L->down};
-    int64_t ffn_n = L->gate.out;
-    if (!L->router.w) {  /* dense MLP: moe is its output; router/topk/topw are empty */
-        project(m, gu, 2, h, M, s->gu, s);
-        for (int64_t r = 0; r < M; r++)
-            kc_silu(s->gu + r * 2 * ffn_n, s->act + r * ffn_n, ffn_n);
-        for (int64_t r = 0; r < M; r++)
-            for (int64_t i = 0; i < ffn_n; i++)
-                s->act[r * ffn_n + i] = s->act[r * ffn_n + i] * s->gu[r * 2 * ffn_n + ffn_n + i];
-        project(m, down, 1, s->act, M, moe, s);
-        return;
+/* silu(gate) * up for rows of [gate | up] (L8c, T3), rows shared by the team */
+typedef struct {
+    const float *gu;
+    float *act;
+    int64_t rows, n, chunks;
+} swiglu_op;
+
+static void swiglu_chunk(void *ctx, int64_t c, int worker) {
+    const swiglu_op *o = ctx;
+    (void)worker;
+    for (int64_t r = o->rows * c / o->chunks; r < o->rows * (c + 1) / o->chunks; r++) {
+        kc_silu(o->gu + r * 2 * o->n, o->act + r * o->n, o->n);
+        for (int64_t i = 0; i < o->n; i++)
+            o->act[r * o->n + i] = o->act[r * o->n + i] * o->gu[r * 2 * o->n + o->n + i];
     }
-    const kc_lin *router[1] = {&L->router};
-    int64_t E = L->router.out, k = m->top_k, pairs = M * k;
-    project(m, router, 1, h, M, f[KC_ROUTER], s);
-    kc_route(f[KC_ROUTER], M, E, k, m->norm_topk, s->idx, f[KC_TOPW]);
-    int32_t *topk = (int32_t *)f[KC_TOPK];
-    for (int64_t p = 0; p < pairs; p++)
-        topk[p] = (int32_t)s->idx[p];
-    project_experts(m, gu, 2, h, M, 1, s->idx, pairs, E, s->gu, s);
-    for (int64_t p = 0; p < pairs; p++) {
-        kc_silu(s->gu + p * 2 * ffn_n, s->act + p * ffn_n, ffn_n);
-        for (int64_t i = 0; i < ffn_n; i++)
-            s->act[p * ffn_n + i] = s->act[p * ffn_n + i] * s->gu[p * 2 * ffn_n + ffn_n + i];
-    }
-    project_experts(m, down, 1, s->act, pairs, 0, s->idx, pairs, E, s->ey, s);
-    kc_combine(s->ey, f[KC_TOPW], M, k, hidden, moe);
 }
 
+static void swiglu(const float *gu, int64_t rows, int64_t n, float *act, int team) {
+    int64_t chunks = kc_team_chunks(team, 10.0 * (double)(rows * n), rows);  /* ~10 ns an element: its expf */
+    swiglu_op o = {gu, act, rows, n, chunks};
+    kc_team_run(team, swiglu_chunk, NULL, &o, chunks);
+}
+
+/* One layer after its input norm (L2-L8): q/k/v, the norms and RoPE, the KV rows, attention, o_proj and
+ * the residual, the post-attention norm, then the dense MLP or the router, top-k and the experts. The
+ * expert sum and the residual are the caller's (with the next norm, on one thread). */
 static void layer(const kc_model *m, const kc_layer *L, int64_t M, int64_t pos0, const float *x, float *const *f,
                   scratch *s) {
     int64_t hidden = m->hidden, hd = m->head_dim, nh = m->n_heads, nkv = m->n_kv;
     int64_t nq = nh * hd, nk = nkv * hd, ld = nq + 2 * nk;
-    kc_rmsnorm(x, L->input_ln, M, hidden, m->eps, f[KC_NRM]);
     const kc_lin *qkv[3] = {&L->q, &L->k, &L->v};
-    project(m, qkv, 3, f[KC_NRM], M, s->qkv, s);
-    add_bias(s->qkv, M, ld, L->q_bias, nq);
-    add_bias(s->qkv + nq, M, ld, L->k_bias, nk);
-    add_bias(s->qkv + nq + nk, M, ld, L->v_bias, nk);
-    float *kraw = f[KC_KRAW], *vrow = s->qn + M * nq;  /* v gathered after q's rows in qn */
-    copy_cols(kraw, s->qkv + nq, M, ld, nk);
-    copy_cols(vrow, s->qkv + nq + nk, M, ld, nk);
-    kc_qknorm(kraw, L->k_norm, M * nkv, hd, m->eps, f[KC_KNORM]);
-    kc_rope(f[KC_KNORM], M, nkv, hd, s->cos, s->sin, f[KC_KPRE]);
-    copy_cols(s->qn, s->qkv, M, ld, nq);
-    kc_qknorm(s->qn, L->q_norm, M * nh, hd, m->eps, s->qnorm);
-    kc_rope(s->qnorm, M, nh, hd, s->cos, s->sin, f[KC_QROPE]);
-    size_t row_bytes = (size_t)nk * (m->kv_q8 ? 1 : sizeof(float));
-    if (m->kv_q8) {
-        kc_quant_rows_q8(f[KC_KPRE], M * nkv, hd, (int8_t *)f[KC_K], f[KC_KS]);
-        kc_quant_rows_q8(vrow, M * nkv, hd, (int8_t *)f[KC_V], f[KC_VS]);
-    } else {
-        memcpy(f[KC_K], f[KC_KPRE], (size_t)M * row_bytes);
-        memcpy(f[KC_V], vrow, (size_t)M * row_bytes);
-        for (int64_t i = 0; i < M * nkv; i++)
-            f[KC_KS][i] = f[KC_VS][i] = 1.0f;
+    project(qkv, 3, f[KC_NRM], M, s->qkv, s);
+    {
+        add_bias(s->qkv, M, ld, L->q_bias, nq);
+        add_bias(s->qkv + nq, M, ld, L->k_bias, nk);
+        add_bias(s->qkv + nq + nk, M, ld, L->v_bias, nk);
+        float *kraw = f[KC_KRAW], *vrow = s->qn + M * nq;  /* v gathered after q's rows in qn */
+        copy_cols(kraw, s->qkv + nq, M, ld, nk);
+        copy_cols(vrow, s->qkv + nq + nk, M, ld, nk);
+        kc_qknorm(kraw, L->k_norm, M * nkv, hd, m->eps, f[KC_KNORM]);
+        kc_rope(f[KC_KNORM], M, nkv, hd, s->cos, s->sin, f[KC_KPRE]);
+        copy_cols(s->qn, s->qkv, M, ld, nq);
+        kc_qknorm(s->qn, L->q_norm, M * nh, hd, m->eps, s->qnorm);
+        kc_rope(s->qnorm, M, nh, hd, s->cos, s->sin, f[KC_QROPE]);
+        size_t row_bytes = (size_t)nk * (m->kv_q8 ? 1 : sizeof(float));
+        if (m->kv_q8) {
+            kc_quant_rows_q8(f[KC_KPRE], M * nkv, hd, (int8_t *)f[KC_K], f[KC_KS]);
+            kc_quant_rows_q8(vrow, M * nkv, hd, (int8_t *)f[KC_V], f[KC_VS]);
+        } else {
+            memcpy(f[KC_K], f[KC_KPRE], (size_t)M * row_bytes);
+            memcpy(f[KC_V], vrow, (size_t)M * row_bytes);
+            for (int64_t i = 0; i < M * nkv; i++)
+                f[KC_KS][i] = f[KC_VS][i] = 1.0f;
+        }
+        memcpy((uint8_t *)L->k_cache + pos0 * row_bytes, f[KC_K], (size_t)M * row_bytes);
+        memcpy((uint8_t *)L->v_cache + pos0 * row_bytes, f[KC_V], (size_t)M * row_bytes);
+        memcpy(L->ks_cache + pos0 * nkv, f[KC_KS], (size_t)(M * nkv) * sizeof(float));
+        memcpy(L->vs_cache + pos0 * nkv, f[KC_VS], (size_t)(M * nkv) * sizeof(float));
     }
-    memcpy((uint8_t *)L->k_cache + pos0 * row_bytes, f[KC_K], (size_t)M * row_bytes);
-    memcpy((uint8_t *)L->v_cache + pos0 * row_bytes, f[KC_V], (size_t)M * row_bytes);
-    memcpy(L->ks_cache + pos0 * nkv, f[KC_KS], (size_t)(M * nkv) * sizeof(float));
-    memcpy(L->vs_cache + pos0 * nkv, f[KC_VS], (size_t)(M * nkv) * sizeof(float));
-    kc_attention(f[KC_QROPE], M, nh, nkv, hd, L->k_cache, L->ks_cache, L->v_cache, L->vs_cache, m->kv_q8, s->pos,
-                 m->attn_scale, f[KC_ATTN], m->threads);
+    kc_team_attention(s->team, f[KC_QROPE], M, nh, nkv, hd, L->k_cache, L->ks_cache, L->v_cache, L->vs_cache, m->kv_q8,
+                      s->pos, m->attn_scale, f[KC_ATTN]);
     const kc_lin *o[1] = {&L->o};
-    project(m, o, 1, f[KC_ATTN], M, s->o, s);
-    add_bias(s->o, M, hidden, L->o_bias, hidden);
-    add(x, s->o, f[KC_ORES], M * hidden);
-    ffn(m, L, M, f, s);
-    add(f[KC_ORES], f[KC_MOE], f[KC_X], M * hidden);
+    project(o, 1, f[KC_ATTN], M, s->o, s);
+
+    int64_t ffn_n = L->gate.out, k = m->top_k, pairs = M * k;
+    float *h = f[KC_PNRM];
+    {
+        add_bias(s->o, M, hidden, L->o_bias, hidden);
+        add(x, s->o, f[KC_ORES], M * hidden);
+        kc_rmsnorm(f[KC_ORES], L->post_ln, M, hidden, m->eps, h);
+        if (L->router.w) {
+            const kc_lin *router[1] = {&L->router};
+            project(router, 1, h, M, f[KC_ROUTER], s);  /* a few rows: one tile, the caller's */
+            kc_route(f[KC_ROUTER], M, L->router.out, k, m->norm_topk, s->idx, f[KC_TOPW]);
+            int32_t *topk = (int32_t *)f[KC_TOPK];
+            for (int64_t p = 0; p < pairs; p++)
+                topk[p] = (int32_t)s->idx[p];
+            expert_jobs(m, L, pairs, L->router.out, s);
+        }
+    }
+    if (!L->router.w) {  /* dense MLP: moe is its output; router/topk/topw are empty */
+        const kc_lin *gu[2] = {&L->gate, &L->up}, *down[1] = {&L->down};
+        project(gu, 2, h, M, s->gu, s);
+        swiglu(s->gu, M, ffn_n, s->act, s->team);
+        project(down, 1, s->act, M, f[KC_MOE], s);
+        return;
+    }
+    team_gemv(&L->gate, s->jobs_gu, s->n_jobs_gu, h, s->gu, L->gate.out + L->up.out, s);
+    swiglu(s->gu, pairs, ffn_n, s->act, s->team);
+    team_gemv(&L->down, s->jobs_down, s->n_jobs_down, s->act, s->ey, hidden, s);
 }
 
-int kc_step(const kc_model *m, const int64_t *tokens, int64_t M, int64_t pos0, void *const *probes) {
+/* FNV of the probe keys (P3) as a team op: kc_fnv_share's parts */
+typedef struct {
+    const kc_hashes *h;
+    const uint8_t **bases;
+    int64_t M, chunks;
+} hash_op;
+
+static void hash_chunk(void *ctx, int64_t c, int worker) {
+    const hash_op *o = ctx;
+    (void)worker;
+    kc_fnv_share(o->bases, o->h->bytes, o->h->bytes, o->h->n_keys, o->M, o->h->out, (int)c, (int)o->chunks);
+}
+
+static void run_step(const kc_model *m, const int64_t *tokens, int64_t M, int64_t pos0, float *const *slot,
+                     const kc_hashes *hashes, scratch *s) {
+    int64_t hidden = m->hidden;
+    embed(m->embed, tokens, M, slot[KC_EMB]);
+    kc_rmsnorm(slot[KC_EMB], m->layers[0].input_ln, M, hidden, m->eps, slot[KC_LAYER0 + KC_NRM]);
+    const float *x = slot[KC_EMB];
+    for (int64_t l = 0; l < m->n_layers; l++) {
+        float *const *f = slot + KC_LAYER0 + l * KC_NFIELDS;
+        const kc_layer *L = &m->layers[l];
+        layer(m, L, M, pos0, x, f, s);
+        x = f[KC_X];
+        /* L8d's sum, the residual, and the next norm (or L9's) */
+        if (L->router.w)
+            kc_combine(s->ey, f[KC_TOPW], M, m->top_k, hidden, f[KC_MOE]);
+        add(f[KC_ORES], f[KC_MOE], f[KC_X], M * hidden);
+        if (l + 1 < m->n_layers)
+            kc_rmsnorm(f[KC_X], m->layers[l + 1].input_ln, M, hidden, m->eps, f[KC_NFIELDS + KC_NRM]);
+        else
+            kc_rmsnorm(f[KC_X], m->norm, M, hidden, m->eps, s->fin);
+    }
+    const kc_lin *head[1] = {m->lm_head};
+    project(head, 1, s->fin, M, slot[KC_LAYER0 + m->n_layers * KC_NFIELDS], s);
+    if (hashes) {  /* key j's columns lie bytes[j] apart in its slot */
+        double bytes = 0;  /* ~0.4 ns a byte, eight chains at a time */
+        for (int64_t j = 0; j < hashes->n_keys; j++)
+            bytes += (double)hashes->bytes[j] * (double)M;
+        hash_op o = {hashes, s->bases, M, kc_team_chunks(s->team, 0.4 * bytes, hashes->n_keys * M)};
+        kc_team_run(s->team, hash_chunk, NULL, &o, o.chunks);
+    }
+}
+
+static void *grab(void **all, int *n, size_t bytes) {
+    void *p = malloc(bytes ? bytes : 1);
+    all[(*n)++] = p;
+    return p;
+}
+
+int kc_step(const kc_model *m, const int64_t *tokens, int64_t M, int64_t pos0, void *const *probes,
+            const kc_hashes *hashes) {
     if (M <= 0)
         return 0;
     int64_t hidden = m->hidden, hd = m->head_dim, half = hd / 2, k = m->top_k;
@@ -207,8 +286,9 @@ int kc_step(const kc_model *m, const int64_t *tokens, int64_t M, int64_t pos0, v
             n_experts = L->router.out;
     }
     widest = widest > ffn_max ? widest : ffn_max;
-    int64_t rows = pairs > M ? pairs : M;
-    void *all[20];
+    int64_t rows = pairs > M ? pairs : M, n_hash = hashes ? hashes->n_keys : 0;
+    int nt = kc_team_begin(m->threads);
+    void *all[24];
     int n_all = 0;
     scratch s;
     s.qkv = grab(all, &n_all, sizeof(float) * M * (nq + 2 * nk));
@@ -221,17 +301,28 @@ int kc_step(const kc_model *m, const int64_t *tokens, int64_t M, int64_t pos0, v
     s.act = grab(all, &n_all, sizeof(float) * rows * ffn_max);
     s.ey = grab(all, &n_all, sizeof(float) * rows * hidden);
     s.fin = grab(all, &n_all, sizeof(float) * M * hidden);
-    s.dx = grab(all, &n_all, sizeof(float) * rows * (widest / QK + 1));
-    s.qx = grab(all, &n_all, (size_t)(rows * widest));
     s.pos = grab(all, &n_all, sizeof(int64_t) * M);
     s.idx = grab(all, &n_all, sizeof(int64_t) * pairs);
     s.order = grab(all, &n_all, sizeof(int64_t) * pairs);
     s.xrow = grab(all, &n_all, sizeof(int64_t) * pairs);
     s.start = grab(all, &n_all, sizeof(int64_t) * (n_experts + 1));
-    s.jobs = grab(all, &n_all, sizeof(kc_job) * 2 * (n_experts < pairs ? n_experts : pairs));
+    int64_t max_jobs = n_experts < pairs ? n_experts : pairs;
+    s.jobs_gu = grab(all, &n_all, sizeof(kc_job) * 2 * max_jobs);
+    s.jobs_down = grab(all, &n_all, sizeof(kc_job) * max_jobs);
+    s.bases = grab(all, &n_all, sizeof(uint8_t *) * (n_hash ? n_hash : 1));
+    s.ws = grab(all, &n_all, sizeof(kc_ws) * nt);
     int ok = 1;
     for (int i = 0; i < n_all; i++)
         ok = ok && all[i];
+    int n_ws = 0;
+    while (ok && n_ws < nt) {
+        if (kc_ws_init(&s.ws[n_ws], rows, widest) != 0) {
+            kc_ws_free(&s.ws[n_ws]);
+            ok = 0;
+        } else {
+            n_ws++;
+        }
+    }
     if (ok) {
         for (int64_t i = 0; i < M; i++)
             s.pos[i] = pos0 + i;
@@ -241,19 +332,16 @@ int kc_step(const kc_model *m, const int64_t *tokens, int64_t M, int64_t pos0, v
                 s.cos[i] = s.cos[i] * m->rope_scale;
                 s.sin[i] = s.sin[i] * m->rope_scale;
             }
+        for (int64_t j = 0; j < n_hash; j++)
+            s.bases[j] = probes[hashes->slots[j]];
         float *const *slot = (float *const *)probes;
-        embed(m->embed, tokens, M, slot[KC_EMB]);
-        const float *x = slot[KC_EMB];
-        for (int64_t l = 0; l < m->n_layers; l++) {
-            float *const *f = slot + KC_LAYER0 + l * KC_NFIELDS;
-            layer(m, &m->layers[l], M, pos0, x, f, &s);
-            x = f[KC_X];
-        }
-        kc_rmsnorm(x, m->norm, M, hidden, m->eps, s.fin);
-        const kc_lin *head[1] = {m->lm_head};
-        project(m, head, 1, s.fin, M, slot[KC_LAYER0 + m->n_layers * KC_NFIELDS], &s);
+        s.team = nt;
+        run_step(m, tokens, M, pos0, slot, hashes, &s);
     }
+    for (int i = 0; i < n_ws; i++)
+        kc_ws_free(&s.ws[i]);
     for (int i = 0; i < n_all; i++)
         free(all[i]);
+    kc_team_end(nt);
     return ok ? 0 : -1;
 }

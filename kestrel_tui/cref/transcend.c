@@ -65,7 +65,7 @@ static const b64 EXP_C1 = {.u = 0x3FE0000000000000ull};  /* 1/2 */
 static const uint64_t EXP_T[64] = UCRT_EXPF_T_BITS;
 
 /* The binary64 that expf rounds to float (the whole routine but the last conversion). */
-static inline double expf_ucrt_d(float xf) {
+static inline __attribute__((always_inline)) double expf_ucrt_d(float xf) {
     /* The UCRT's two early returns. (The numpy version clamps to [-104, 88.7228394f]
      * instead; the algorithm itself already gives +inf / +0 at the clamp values.)
      * T1: a NaN comes out as it went in, quieted (sign and payload kept): through the
@@ -90,7 +90,7 @@ static inline double expf_ucrt_d(float xf) {
     return two_m * q;
 }
 
-static inline float expf_ucrt(float x) { return (float)expf_ucrt_d(x); }
+static inline __attribute__((always_inline)) float expf_ucrt(float x) { return (float)expf_ucrt_d(x); }
 
 /* ----------------------------------------------------------------------------- cosf / sinf */
 
@@ -116,7 +116,7 @@ static const b64 ONE_SIXTH = {.u = 0x3FC5555555555555ull}; /* 1/6 = -B3 */
 #define AU_HUGE_SIN 0x4B800456u /* 16779436: likewise */
 
 /* C(x) with z = x*x. Operand order as the UCRT: fma(z, p, A) is z*p + A. */
-static inline double poly_c(double z) {
+static inline __attribute__((always_inline)) double poly_c(double z) {
     double p = fma(z, A9.d, A7.d);
     p = fma(z, p, A5.d);
     p = fma(z, p, A3.d);
@@ -124,7 +124,7 @@ static inline double poly_c(double z) {
 }
 
 /* S(x) with z = x*x. */
-static inline double poly_s(double x, double z) {
+static inline __attribute__((always_inline)) double poly_s(double x, double z) {
     double p = fma(z, B9.d, B7.d);
     p = fma(z, p, B5.d);
     p = fma(z, p, B3.d);
@@ -132,7 +132,7 @@ static inline double poly_s(double x, double z) {
 }
 
 /* Cody-Waite for ax = |x| < the huge thresholds: returns r, sets *n (0 <= n < 2^31). */
-static inline double cw_reduce(double ax, int64_t *n) {
+static inline __attribute__((always_inline)) double cw_reduce(double ax, int64_t *n) {
     const int64_t k = (int64_t)fma(ax, INV_PIO2.d, 0.5); /* conversion truncates; the fma is > 0 */
     const double dk = (double)k;
     *n = k;
@@ -146,7 +146,7 @@ static inline double cw_reduce(double ax, int64_t *n) {
  * never get there). */
 
 /* The signed binary64 that cosf rounds to float; the constant 1 for |x| < 2^-13. */
-static inline double cosf_ucrt_d(float xf) {
+static inline __attribute__((always_inline)) double cosf_ucrt_d(float xf) {
     const uint32_t au = bits_of(xf) & 0x7FFFFFFFu;
     const double x = (double)xf;
     if (au >= AU_INF) return x - x; /* inf - inf, nan - nan: nan */
@@ -165,7 +165,7 @@ static inline double cosf_ucrt_d(float xf) {
 }
 
 /* The signed binary64 that sinf rounds to float; x itself for |x| < 2^-13. */
-static inline double sinf_ucrt_d(float xf) {
+static inline __attribute__((always_inline)) double sinf_ucrt_d(float xf) {
     const uint32_t au = bits_of(xf) & 0x7FFFFFFFu;
     const double x = (double)xf;
     if (au >= AU_INF) return x - x;
@@ -184,40 +184,46 @@ static inline double sinf_ucrt_d(float xf) {
 }
 
 /* One rounding to float, at the very end. */
-static inline float cosf_ucrt(float x) { return (float)cosf_ucrt_d(x); }
-static inline float sinf_ucrt(float x) { return (float)sinf_ucrt_d(x); }
+static inline __attribute__((always_inline)) float cosf_ucrt(float x) { return (float)cosf_ucrt_d(x); }
+static inline __attribute__((always_inline)) float sinf_ucrt(float x) { return (float)sinf_ucrt_d(x); }
 
 /* -------------------------------------------------------------------------------- the API */
 
 float kc_expf1(float x) { return expf_ucrt(x); }
 
-/* y[i] = fn(x[i]) for the array entry points (and the test hooks below) */
-#define KC_MAP(name, fn, T)                             \
-    void name(const float *x, T *y, int64_t n) {        \
-        for (int64_t i = 0; i < n; i++) y[i] = fn(x[i]); \
-    }
+/* y[i] = fn(x[i]) for the array entry points (and the test hooks below), built twice: for any x86-64
+ * and for AVX2 + FMA (KC_V3), where libm's fma and nearbyint become single instructions. Both are
+ * the same IEEE operations (a fused multiply-add rounds once either way; rint in the default
+ * rounding mode), so they give the same bits; kc_v3() picks one. */
+#define KC_MAP(name, fn, T)                                                       \
+    static void name##_base(const float *x, T *y, int64_t n) {                   \
+        for (int64_t i = 0; i < n; i++) y[i] = fn(x[i]);                          \
+    }                                                                             \
+    static KC_V3 void name##_v3(const float *x, T *y, int64_t n) {               \
+        for (int64_t i = 0; i < n; i++) y[i] = fn(x[i]);                          \
+    }                                                                             \
+    void name(const float *x, T *y, int64_t n) { (kc_v3() ? name##_v3 : name##_base)(x, y, n); }
 
 KC_MAP(kc_expf, expf_ucrt, float)
 KC_MAP(kc_cosf, cosf_ucrt, float)
 KC_MAP(kc_sinf, sinf_ucrt, float)
 
 /* (cosf(x), sinf(x)) by definition: the same two routines. */
-void kc_sincosf(const float *x, float *c, float *s, int64_t n) {
+static inline __attribute__((always_inline)) void sincos_body(const float *x, float *c, float *s, int64_t n) {
     for (int64_t i = 0; i < n; i++) {
         const float v = x[i];
         c[i] = cosf_ucrt(v);
         s[i] = sinf_ucrt(v);
     }
 }
+static void sincos_base(const float *x, float *c, float *s, int64_t n) { sincos_body(x, c, s, n); }
+static KC_V3 void sincos_v3(const float *x, float *c, float *s, int64_t n) { sincos_body(x, c, s, n); }
+void kc_sincosf(const float *x, float *c, float *s, int64_t n) { (kc_v3() ? sincos_v3 : sincos_base)(x, c, s, n); }
 
 /* silu(x) = x / (1 + expf(-x)): negate, replica expf, float add, IEEE float divide.
  * silu(-inf) = -inf / inf = nan, as the formula says. */
-void kc_silu(const float *x, float *y, int64_t n) {
-    for (int64_t i = 0; i < n; i++) {
-        const float v = x[i];
-        y[i] = v / (1.0f + expf_ucrt(-v));
-    }
-}
+static inline __attribute__((always_inline)) float silu1(float v) { return v / (1.0f + expf_ucrt(-v)); }
+KC_MAP(kc_silu, silu1, float)
 
 /* ------------------------------------------------------------------------------ test hooks */
 
