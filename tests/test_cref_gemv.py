@@ -336,20 +336,22 @@ def quant_inputs(rng, n_blocks: int) -> np.ndarray:
     return b
 
 
-def test_quant_q8_0(cref):
+def test_quant_q8_0(cref, levels):
     rng = np.random.default_rng(31)
     x = quant_inputs(rng, 1 << 15).reshape(256, -1)  # 2^20 elements, rows of 4096
     rows, n = x.shape
     want_q, want_d = quantize_q8_0(x)
-    q = np.empty((rows, n), np.int8)
-    d = np.empty((rows, n // 32), F32)
-    cref.kc_quant_q8_0(x.ctypes.data, rows, n, q.ctypes.data, d.ctypes.data)
-    assert np.array_equal(q, want_q.reshape(rows, n))
-    assert_bits(d, want_d, "q8_0 scales")
+    for lv in levels:  # the quantizers' two builds (level 0, and KC_V3 from level 1 where the CPU has FMA)
+        cref.kc_gemv_simd(lv)
+        q = np.empty((rows, n), np.int8)
+        d = np.empty((rows, n // 32), F32)
+        cref.kc_quant_q8_0(x.ctypes.data, rows, n, q.ctypes.data, d.ctypes.data)
+        assert np.array_equal(q, want_q.reshape(rows, n)), f"level {lv}"
+        assert_bits(d, want_d, f"q8_0 scales, level {lv}")
 
 
 @pytest.mark.parametrize("n", [32, 128, 100, 1])
-def test_quant_rows_q8(cref, n):
+def test_quant_rows_q8(cref, levels, n):
     rng = np.random.default_rng(41 + n)
     x = quant_inputs(rng, (1 << 20) // 32).reshape(-1)
     x = x[: x.size // n * n].reshape(-1, n)
@@ -358,11 +360,13 @@ def test_quant_rows_q8(cref, n):
     x[3::11] = 0
     rows = x.shape[0]
     want_q, want_d = quantize_rows_q8(x)
-    q = np.empty((rows, n), np.int8)
-    d = np.empty(rows, F32)
-    cref.kc_quant_rows_q8(x.ctypes.data, rows, n, q.ctypes.data, d.ctypes.data)
-    assert np.array_equal(q, want_q)
-    assert_bits(d, want_d, "q8 row scales")
+    for lv in levels:
+        cref.kc_gemv_simd(lv)
+        q = np.empty((rows, n), np.int8)
+        d = np.empty(rows, F32)
+        cref.kc_quant_rows_q8(x.ctypes.data, rows, n, q.ctypes.data, d.ctypes.data)
+        assert np.array_equal(q, want_q), f"level {lv}"
+        assert_bits(d, want_d, f"q8 row scales, level {lv}")
 
 
 def test_f32_to_f16(cref):

@@ -17,6 +17,22 @@ from kestrel_tui.numerics import transcend
 F32 = np.float32
 
 
+def _builds(cref):
+    """The SIMD levels that pick each build of the elementwise code (0: any x86-64; the CPU's best: the
+    KC_V3 build where it has AVX2 and FMA); the best is put back afterwards by `at_level`."""
+    top = cref.kc_gemv_simd(99)
+    return sorted({0, top})
+
+
+def at_level(cref, level, fn):
+    top = cref.kc_gemv_simd(99)
+    try:
+        cref.kc_gemv_simd(level)
+        return fn()
+    finally:
+        cref.kc_gemv_simd(top)
+
+
 def _rng():
     seed = np.random.SeedSequence().entropy
     return seed, np.random.default_rng(seed)
@@ -100,11 +116,12 @@ def test_rope(cref, hd):
     M, heads, half = 1024, int(rng.integers(1, 9)), hd // 2
     pos = np.concatenate([[0, 1, 40960, 40959], rng.integers(0, 40961, M - 4)]).astype(np.int64)
     inv = _inv_freq(hd, float(rng.choice([1e4, 1e6, 5e5])))
-    cos, sin = np.empty((M, half), F32), np.empty((M, half), F32)
-    cref.kc_rope_cos_sin(_p(pos), M, _p(inv), half, _p(cos), _p(sin))
     rc, rs = ox.rope_cos_sin(pos, inv)
-    _same(cos, rc, f"cos hd={hd} seed={seed}")
-    _same(sin, rs, f"sin hd={hd} seed={seed}")
+    for level in _builds(cref):
+        cos, sin = np.empty((M, half), F32), np.empty((M, half), F32)
+        at_level(cref, level, lambda: cref.kc_rope_cos_sin(_p(pos), M, _p(inv), half, _p(cos), _p(sin)))
+        _same(cos, rc, f"cos hd={hd} level={level} seed={seed}")
+        _same(sin, rs, f"sin hd={hd} level={level} seed={seed}")
 
     x = (rng.standard_normal((M, heads, hd)) * 10.0 ** rng.uniform(-3, 3, (M, heads, 1))).astype(F32)
     want = ox.rope(x, rc, rs)
@@ -154,11 +171,11 @@ def _attention_case(cref, rng, seed, hd: int, ratio: int, kv_q8: bool, style: st
     scale = F32(1 / np.sqrt(hd))
     want = ox.attention(q, {"k": kc, "ks": ks, "v": vc, "vs": vs}, pos, scale)
     what = f"hd={hd} nh={nh} nkv={nkv} q8={kv_q8} {style} M={M} T={T} pos={pos} seed={seed}"
-    for threads in (1, 2):
+    for level, threads in itertools.product(_builds(cref), (1, 2)):
         out = np.empty((M, nh * hd), F32)
-        cref.kc_attention(_p(q), M, nh, nkv, hd, _p(kc), _p(ks), _p(vc), _p(vs), int(kv_q8), _p(pos), scale,
-                          _p(out), threads)
-        _same(out, want, f"{what} threads={threads}")
+        at_level(cref, level, lambda: cref.kc_attention(_p(q), M, nh, nkv, hd, _p(kc), _p(ks), _p(vc), _p(vs),
+                                                         int(kv_q8), _p(pos), scale, _p(out), threads))
+        _same(out, want, f"{what} level={level} threads={threads}")
     return nh * int((pos + 1).sum())  # scores (one per head and attended position)
 
 
@@ -219,12 +236,14 @@ def test_routing_ties(cref):
         expf = _ExpfOnce()
         for top_k in (2, 4, 8):
             for norm in (False, True):
-                idx, w = np.empty((rows, top_k), np.int64), np.empty((rows, top_k), F32)
-                cref.kc_route(_p(logits), rows, E, top_k, int(norm), _p(idx), _p(w))
                 ridx, rw = ox.route(logits, top_k, norm, expf=expf)
-                what = f"E={E} k={top_k} norm={norm} seed={seed}"
-                _same(idx, ridx.astype(np.int64), f"idx {what}")
-                _same(w, rw, f"w {what}")
+                for level in _builds(cref):
+                    idx, w = np.empty((rows, top_k), np.int64), np.empty((rows, top_k), F32)
+                    at_level(cref, level, lambda: cref.kc_route(_p(logits), rows, E, top_k, int(norm), _p(idx),
+                                                                _p(w)))
+                    what = f"E={E} k={top_k} norm={norm} level={level} seed={seed}"
+                    _same(idx, ridx.astype(np.int64), f"idx {what}")
+                    _same(w, rw, f"w {what}")
                 total += rows
     assert total >= 10**6, total
 

@@ -497,26 +497,46 @@ static const int32_t g_live[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0
                 yr[r] = finish1(v[(r - r0) & 7]);                                                  \
             return;                                                                                \
         }                                                                                          \
-        __m256 acc[TILE_COLS][4];                                                                  \
+        /* several columns: each decoded group serves all of them; a column's row sums wait in vs    \
+         * until 8 rows can be reduced together */                                                 \
+        __m256 acc[TILE_COLS][4], vs[TILE_COLS][8];                                                \
         const xgroup *xc[TILE_COLS];                                                               \
+        float *yc[TILE_COLS];                                                                      \
         for (int64_t c0 = 0; c0 < jb->n; c0 += TILE_COLS) {                                        \
             const int nc = (int)(jb->n - c0 < TILE_COLS ? jb->n - c0 : TILE_COLS);                 \
-            for (int c = 0; c < nc; c++)                                                           \
+            for (int c = 0; c < nc; c++) {                                                         \
                 xc[c] = xp + col_x(jb, c0 + c) * ng;                                               \
+                yc[c] = y + col_y(jb, c0 + c) * y_ld + jb->y_off;                                  \
+            }                                                                                      \
             for (int64_t r = r0; r < r1; r++) {                                                    \
                 const uint8_t *wr = w + r * nb * BLOCK;                                            \
-                for (int c = 0; c < nc; c++)                                                       \
-                    for (int l = 0; l < 4; l++)                                                    \
-                        acc[c][l] = _mm256_setzero_ps();                                           \
-                for (int64_t g = 0; g < ng; g++) {                                                 \
+                const int k = (int)((r - r0) & 7);                                                 \
+                if (nb == 8) { /* one group: a0 = +0 + term, a1..a3 = +0, as for one column */       \
                     DEC d;                                                                         \
-                    NAME##_group(wr, g, full, end, live, &d);                                      \
+                    NAME##_group(wr, 0, full, end, live, &d);                                      \
                     for (int c = 0; c < nc; c++)                                                   \
-                        acc[c][g & 3] = _mm256_add_ps(acc[c][g & 3], NAME##_term(&d, xc[c] + g));  \
+                        vs[c][k] = _mm256_add_ps(_mm256_setzero_ps(), NAME##_term(&d, xc[c]));     \
+                } else {                                                                           \
+                    for (int c = 0; c < nc; c++)                                                   \
+                        for (int l = 0; l < 4; l++)                                                \
+                            acc[c][l] = _mm256_setzero_ps();                                       \
+                    for (int64_t g = 0; g < ng; g++) {                                             \
+                        DEC d;                                                                     \
+                        NAME##_group(wr, g, full, end, live, &d);                                  \
+                        for (int c = 0; c < nc; c++)                                               \
+                            acc[c][g & 3] = _mm256_add_ps(acc[c][g & 3], NAME##_term(&d, xc[c] + g)); \
+                    }                                                                              \
+                    for (int c = 0; c < nc; c++)                                                   \
+                        vs[c][k] = _mm256_add_ps(_mm256_add_ps(acc[c][0], acc[c][2]),              \
+                                                 _mm256_add_ps(acc[c][1], acc[c][3]));             \
                 }                                                                                  \
-                for (int c = 0; c < nc; c++)                                                       \
-                    y[col_y(jb, c0 + c) * y_ld + jb->y_off + r] = butterfly8(acc[c]);              \
+                if (k == 7)                                                                        \
+                    for (int c = 0; c < nc; c++)                                                   \
+                        _mm256_storeu_ps(yc[c] + r - 7, reduce8(vs[c]));                           \
             }                                                                                      \
+            for (int64_t r = r0 + (r1 - r0) / 8 * 8; r < r1; r++)                                  \
+                for (int c = 0; c < nc; c++)                                                       \
+                    yc[c][r] = finish1(vs[c][(r - r0) & 7]);                                       \
         }                                                                                          \
     }
 

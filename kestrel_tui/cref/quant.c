@@ -1,9 +1,8 @@
 /* f16 conversions and the q8 activation / row quantizers of model/quant.py (docs/numerics.md,
  * "Quantization"), bit for bit.
  *
- * The quantizers' inputs are finite: NaN and inf are outside the contract (numpy's max
- * propagates a NaN that the loop below may drop, and casting x*id = inf/NaN to int8 is undefined
- * in both languages), so they do not try to agree there. The f16 conversions agree with numpy on
+ * The quantizers' inputs are finite: NaN and inf are outside the contract (casting x*id = inf/NaN
+ * to int8 is undefined in both languages), so they do not try to agree there. The f16 conversions agree with numpy on
  * every input, NaN payloads included.
  *
  * The f16 conversions are integer-only, so they do not depend on the MXCSR (a library built with
@@ -15,8 +14,8 @@
 
 #include "cref.h"
 
-static inline uint32_t f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
-static inline float bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static inline __attribute__((always_inline)) uint32_t f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static inline __attribute__((always_inline)) float bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 
 float kc_f16_to_f32(uint16_t h)
 {
@@ -62,34 +61,38 @@ uint16_t kc_f32_to_f16(float f)
 }
 
 /* d = amax/127, id = 1/d or 0 where that is not finite (quant.py _inverse) */
-static inline float inverse(float d)
+static inline __attribute__((always_inline)) float inverse(float d)
 {
     float id = 1.0f / d;
     return isfinite(id) ? id : 0.0f;
 }
 
-static inline float amax(const float *x, int64_t n)
+/* max |x|: for finite floats the order of |x| is the order of their bit patterns with the sign
+ * cleared, so the maximum is an integer maximum, which vectorizes (a float max with NaN semantics
+ * does not) */
+static inline __attribute__((always_inline)) float amax(const float *x, int64_t n)
 {
-    float m = 0.0f;
+    uint32_t m = 0;
     for (int64_t i = 0; i < n; i++) {
-        float a = fabsf(x[i]);
+        uint32_t a = f32_bits(x[i]) & 0x7fffffffu;
         m = a > m ? a : m;
     }
-    return m;
+    return bits_f32(m);
 }
 
 /* roundf(v): half away from zero, quant.py's _roundf, for the |v| <= ~127 that the quantizers make
  * (|x| <= amax, so |x*id| rounds to at most 127 and a little). Written out rather than calling libm's
  * roundf so the loops below vectorize: the truncation is exact below 2^31, v - trunc(v) is exact below
  * 2^23, and the fraction decides the step away from zero exactly as roundf does. */
-static inline int32_t round_away(float v)
+static inline __attribute__((always_inline)) int32_t round_away(float v)
 {
     int32_t i = (int32_t)v;
     float f = v - (float)i;
     return i + (f >= 0.5f) - (f <= -0.5f);
 }
 
-void kc_quant_q8_0(const float *x, int64_t rows, int64_t n, int8_t *q, float *d)
+static inline __attribute__((always_inline)) void quant_q8_0(const float *x, int64_t rows, int64_t n, int8_t *q,
+                                                             float *d)
 {
     int64_t nb = n / 32;
     for (int64_t b = 0; b < rows * nb; b++) {
@@ -101,7 +104,8 @@ void kc_quant_q8_0(const float *x, int64_t rows, int64_t n, int8_t *q, float *d)
     }
 }
 
-void kc_quant_rows_q8(const float *x, int64_t rows, int64_t n, int8_t *q, float *d)
+static inline __attribute__((always_inline)) void quant_rows_q8(const float *x, int64_t rows, int64_t n, int8_t *q,
+                                                                float *d)
 {
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * n;
@@ -112,4 +116,35 @@ void kc_quant_rows_q8(const float *x, int64_t rows, int64_t n, int8_t *q, float 
         }
         d[r] = dr;
     }
+}
+
+/* Each built twice, the second for AVX2 (KC_V3): the same operations, eight lanes at a time. */
+static void quant_q8_0_base(const float *x, int64_t rows, int64_t n, int8_t *q, float *d)
+{
+    quant_q8_0(x, rows, n, q, d);
+}
+
+static KC_V3 void quant_q8_0_v3(const float *x, int64_t rows, int64_t n, int8_t *q, float *d)
+{
+    quant_q8_0(x, rows, n, q, d);
+}
+
+static void quant_rows_q8_base(const float *x, int64_t rows, int64_t n, int8_t *q, float *d)
+{
+    quant_rows_q8(x, rows, n, q, d);
+}
+
+static KC_V3 void quant_rows_q8_v3(const float *x, int64_t rows, int64_t n, int8_t *q, float *d)
+{
+    quant_rows_q8(x, rows, n, q, d);
+}
+
+void kc_quant_q8_0(const float *x, int64_t rows, int64_t n, int8_t *q, float *d)
+{
+    (kc_v3() ? quant_q8_0_v3 : quant_q8_0_base)(x, rows, n, q, d);
+}
+
+void kc_quant_rows_q8(const float *x, int64_t rows, int64_t n, int8_t *q, float *d)
+{
+    (kc_v3() ? quant_rows_q8_v3 : quant_rows_q8_base)(x, rows, n, q, d);
 }
