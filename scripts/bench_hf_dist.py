@@ -18,14 +18,15 @@ max, and for hf-dist the part spent in the engine's gathering (hf_dist.gather: c
 hashing); the rest is on the ranks (the hooks, converting and sending the keys).
 
 --oversubscribe instead times the engine's step at 2 and 4 ranks with 1 and 2 threads each (what
-hf_dist.THREADS_PER_CORE rests on), on a dense model of the embedded dims with 4 kv heads.
+hf_dist.THREADS_PER_CORE rests on; the rule is lifted here to measure past it), on a dense model of the
+embedded dims with 4 kv heads; --pairs picks some of them (4x2: 4 ranks, 2 threads each).
 
 Models: embedded (the embedded default: synthetic Qwen3-MoE, 48 layers, hidden 256, 16 experts top-4,
 vocab 2048) and qwen3-0.6b (synthetic weights in Qwen3-0.6B's shape: 28 layers, hidden 1024, 16 q / 8 kv
 heads of 128, MLP 3072, vocab 151936, tied embeddings).
 
     python scripts/bench_hf_dist.py [--model embedded|qwen3-0.6b] [--runs 5] [--steps 16] [--json FILE]
-    python scripts/bench_hf_dist.py --oversubscribe
+    python scripts/bench_hf_dist.py --oversubscribe [--pairs 2x1,4x1,2x2,4x2]
 """
 from __future__ import annotations
 
@@ -271,6 +272,7 @@ def bench(cli) -> dict:
 def oversubscribe(cli) -> dict:
     from dataclasses import replace
 
+    from kestrel_tui.engines import hf_dist
     from kestrel_tui.engines.base import EngineSpec
     from kestrel_tui.engines.hf_dist import make_hf_dist_engine
     from kestrel_tui.model.config import default_config
@@ -283,7 +285,9 @@ def oversubscribe(cli) -> dict:
     tokens = rng.integers(0, cfg.vocab, cli.prompt + cli.steps).tolist()
     prompt, forced = tokens[:cli.prompt], tokens[cli.prompt:]
     out = {}
-    for world, threads in ((2, 1), (4, 1), (2, 2), (4, 2)):
+    hf_dist.THREADS_PER_CORE = 64  # measured, not refused
+    for pair in cli.pairs.split(","):
+        world, threads = map(int, pair.split("x"))
         eng = make_hf_dist_engine(EngineSpec("hf-dist", None, {"threads": threads, "world_size": str(world),
                                                                "timeout": 600}), ours)
         try:
@@ -307,6 +311,7 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=8)
     ap.add_argument("--threads", type=int, default=1, help="torch threads a rank")
     ap.add_argument("--oversubscribe", action="store_true")
+    ap.add_argument("--pairs", default="2x1,4x1,2x2,4x2", help="with --oversubscribe: RANKSxTHREADS, comma-separated")
     ap.add_argument("--json", metavar="FILE")
     cli = ap.parse_args()
     report = oversubscribe(cli) if cli.oversubscribe else bench(cli)
