@@ -70,9 +70,9 @@ HEAD_FIELDS = {"kraw": "self_attn.k_proj", "knorm": "self_attn.k_proj", "kpre": 
                "k": "self_attn.k_proj", "ks": "self_attn.k_proj", "v": "self_attn.v_proj",
                "vs": "self_attn.v_proj", "qrope": "self_attn.q_proj", "attn": "self_attn.q_proj"}
 COLWISE = ("colwise",)
-# The most CPU threads (ranks × threads) a core is given. On a 2-core VM a decode step took 3× as long at
-# 4 ranks × 1 thread, 5× at 2 × 2, 9× at 4 × 2 as at 2 × 1 (results/hf-dist-bench.md): past 2 a core a
-# run crawls and its steps run into the timeout, where they read as a hang.
+# The most CPU threads (ranks × threads) a core is given. On a 2-core VM a decode step took 3.2× as long
+# at 4 ranks × 1 thread, 4.4× at 2 × 2, 8.4× at 4 × 2 as at 2 × 1 (results/hf-dist-bench.md): past 2 a
+# core a run crawls and its steps run into the timeout, where they read as a hang.
 THREADS_PER_CORE = 2
 
 
