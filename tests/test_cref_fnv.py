@@ -23,7 +23,7 @@ def c_hashes(cref, bufs: list[np.ndarray], M: int, parts: int = 1) -> np.ndarray
         cref.kc_fnv_keys(base, nbytes.ctypes.data, nbytes.ctypes.data, n, M, out.ctypes.data)
     else:
         for part in range(parts):
-            cref.kc_fnv_share(base, nbytes.ctypes.data, nbytes.ctypes.data, n, M, out.ctypes.data, part, parts)
+            cref.kc_fnv_share(base, nbytes.ctypes.data, nbytes.ctypes.data, n, M, out.ctypes.data, n, part, parts)
     return out
 
 

@@ -38,7 +38,7 @@ SIGNATURES = {
     "kc_route": (None, [P, I64, I64, I64, I32, P, P]),
     "kc_combine": (None, [P, P, I64, I64, I64, P]),
     "kc_fnv_keys": (None, [P, P, P, I64, I64, P]),
-    "kc_fnv_share": (None, [P, P, P, I64, I64, P, I32, I32]),
+    "kc_fnv_share": (None, [P, P, P, I64, I64, P, I64, I32, I32]),
     "kc_step": (I32, [P, P, I64, I64, P, P]),
     "kc_team_share_min": (None, [ctypes.c_double]),
 }

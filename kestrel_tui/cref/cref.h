@@ -67,9 +67,16 @@ int kc_gemv_simd(int level);  /* -1: query; set 0 scalar, 1 AVX2, 2 VNNI, 3 AVX-
 typedef struct { int8_t *qx; float *dx; void *xp; } kc_ws;
 int kc_ws_init(kc_ws *ws, int64_t rows, int64_t inp);  /* for inputs of up to rows x inp; 0 or -1 */
 void kc_ws_free(kc_ws *ws);
+/* after, if not NULL: called by the worker that computed them with each chunk's rows r0..r1 (of job 0;
+ * used with one job), before the chunk counts as done. */
+typedef struct {
+    void (*fn)(void *ctx, int64_t chunk, int64_t chunks, int64_t r0, int64_t r1);
+    void *ctx;
+} kc_after;
 void kc_team_gemv_q4(int team, const kc_job *jobs, int n_jobs, int64_t nb, const float *x, float *y, int64_t y_ld,
-                     kc_ws *ws);
-void kc_team_gemv_f32(int team, const kc_job *jobs, int n_jobs, int64_t inp, const float *x, float *y, int64_t y_ld);
+                     kc_ws *ws, const kc_after *after);
+void kc_team_gemv_f32(int team, const kc_job *jobs, int n_jobs, int64_t inp, const float *x, float *y, int64_t y_ld,
+                      const kc_after *after);
 
 /* ---- team.c: the calling thread and helpers that join its ops when they are running ---- */
 /* fn(ctx, chunk, worker) computes one chunk (outputs no other chunk touches); join(ctx, 0, worker), if
@@ -78,8 +85,10 @@ typedef void (*kc_chunk_fn)(void *ctx, int64_t chunk, int worker);
 int kc_team_begin(int threads);  /* -> the team's size (1: the caller alone) */
 void kc_team_end(int team);
 /* The chunks to cut an op into: 1 (the caller alone) for an op of less than ~50 us (work_ns: its
- * time on one thread, roughly), else a few per worker, so a helper that joins late still finds work;
- * at most `pieces` (what the op can be cut into). */
+ * time on one thread, roughly), else chunks of ~25 us, at least four per worker (so a helper that joins
+ * late still finds work) and at most KC_MAX_CHUNKS; never more than `pieces` (what the op can be cut
+ * into). */
+#define KC_MAX_CHUNKS 64
 int64_t kc_team_chunks(int team, double work_ns, int64_t pieces);
 void kc_team_share_min(double ns);  /* tests: share every op from ns on (0: all); -1: the default */
 /* All chunks 0..chunks (< 65536) of fn, shared by the team; returns when every one is done. */
@@ -157,8 +166,11 @@ int kc_step(const kc_model *model, const int64_t *tokens, int64_t M, int64_t pos
  * base[j] + m * stride[j]. out [M, n_keys]. */
 void kc_fnv_keys(const uint8_t *const *base, const int64_t *bytes, const int64_t *stride, int64_t n_keys,
                  int64_t M, uint64_t *out);
-/* The same work in `parts` shares; this call does share `part`. */
+/* The same work in `parts` shares; this call does share `part`; key j of column m to out[m * out_ld + j]. */
 void kc_fnv_share(const uint8_t *const *base, const int64_t *bytes, const int64_t *stride, int64_t n_keys,
-                  int64_t M, uint64_t *out, int part, int parts);
+                  int64_t M, uint64_t *out, int64_t out_ld, int part, int parts);
+/* n chains h[s] (each started at KC_FNV_OFFSET) continued over len more bytes at p[s]. */
+#define KC_FNV_OFFSET 0xcbf29ce484222325ull
+void kc_fnv_update(uint64_t *h, const uint8_t *const *p, int64_t n, int64_t len);
 
 #endif

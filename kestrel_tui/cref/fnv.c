@@ -6,7 +6,7 @@
  * in runs of equal length (one field across all layers and columns), which is where this pays. */
 #include "cref.h"
 
-#define FNV_OFFSET 0xcbf29ce484222325ull
+#define FNV_OFFSET KC_FNV_OFFSET
 #define FNV_PRIME 0x100000001b3ull
 #define LANES 8
 
@@ -32,11 +32,36 @@ static uint64_t fnv_one(const uint8_t *p, int64_t len)
     return h;
 }
 
-/* Streams s = 0..n of one run: key first + s / M, column s % M. */
+/* n chains continued over len more bytes each: h[s] over p[s][0..len), eight at a time */
+void kc_fnv_update(uint64_t *h, const uint8_t *const *p, int64_t n, int64_t len)
+{
+    for (int64_t s0 = 0; s0 < n; s0 += LANES) {
+        const int k = (int)(n - s0 < LANES ? n - s0 : LANES);
+        uint64_t a[LANES];
+        const uint8_t *q[LANES];
+        for (int s = 0; s < LANES; s++) {
+            a[s] = h[s0 + (s < k ? s : 0)];
+            q[s] = p[s0 + (s < k ? s : 0)];
+        }
+        if (k == 1) {
+            for (int64_t i = 0; i < len; i++)
+                a[0] = (a[0] ^ q[0][i]) * FNV_PRIME;
+        } else {
+            for (int64_t i = 0; i < len; i++)
+                for (int s = 0; s < LANES; s++)
+                    a[s] = (a[s] ^ q[s][i]) * FNV_PRIME;
+        }
+        for (int s = 0; s < k; s++)
+            h[s0 + s] = a[s];
+    }
+}
+
+/* Streams s = 0..n of one run: key first + s / M, column s % M; key j of column m goes to
+ * out[m * out_ld + j]. */
 typedef struct {
     const uint8_t *const *base;
     const int64_t *stride;
-    int64_t n_keys, M;
+    int64_t M, out_ld;
     uint64_t *out;
 } fnv_job;
 
@@ -55,15 +80,15 @@ static void fnv_run_chunk(const fnv_job *jb, int64_t first, int64_t len, int64_t
     }
     for (int s = 0; s < n; s++) {
         int64_t t = s0 + s, key = first + t / jb->M, m = t % jb->M;
-        jb->out[m * jb->n_keys + key] = h[s];
+        jb->out[m * jb->out_ld + key] = h[s];
     }
 }
 
 /* Every key's hash, the work split into `parts` shares of which this caller does share `part`. */
 void kc_fnv_share(const uint8_t *const *base, const int64_t *bytes, const int64_t *stride, int64_t n_keys,
-                  int64_t M, uint64_t *out, int part, int parts)
+                  int64_t M, uint64_t *out, int64_t out_ld, int part, int parts)
 {
-    fnv_job jb = {base, stride, n_keys, M, out};
+    fnv_job jb = {base, stride, M, out_ld, out};
     int64_t chunk = 0;
     for (int64_t first = 0, end; first < n_keys; first = end) {
         for (end = first + 1; end < n_keys && bytes[end] == bytes[first]; end++)
@@ -78,5 +103,5 @@ void kc_fnv_share(const uint8_t *const *base, const int64_t *bytes, const int64_
 void kc_fnv_keys(const uint8_t *const *base, const int64_t *bytes, const int64_t *stride, int64_t n_keys,
                  int64_t M, uint64_t *out)
 {
-    kc_fnv_share(base, bytes, stride, n_keys, M, out, 0, 1);
+    kc_fnv_share(base, bytes, stride, n_keys, M, out, n_keys, 0, 1);
 }

@@ -759,7 +759,17 @@ typedef struct {
     const float *dx;
     float *y;
     kc_ws *ws;
+    const kc_after *after;
 } gemv_op;
+
+/* the chunk's rows of job 0, for op->after */
+static void after_chunk(const gemv_op *op, int64_t c)
+{
+    if (!op->after)
+        return;
+    int64_t t0 = op->n_tiles * c / op->chunks, t1 = op->n_tiles * (c + 1) / op->chunks, out = op->jobs[0].out;
+    op->after->fn(op->after->ctx, c, op->chunks, t0 * TILE_ROWS, t1 * TILE_ROWS < out ? t1 * TILE_ROWS : out);
+}
 
 static void q4_join(void *ctx, int64_t chunk, int worker)
 {
@@ -783,6 +793,7 @@ static void q4_chunk(void *ctx, int64_t c, int worker)
     kc_ws *ws = &op->ws[worker];
     q4_tiles(op->jobs, op->n_jobs, op->nb, op->x ? ws->qx : op->qx, op->x ? ws->dx : op->dx, ws->xp, op->S,
              op->n_tiles * c / op->chunks, op->n_tiles * (c + 1) / op->chunks, op->y, op->y_ld, op->level);
+    after_chunk(op, c);
 }
 
 /* A block dot, and 32 f32 products, take about a nanosecond (AVX2) */
@@ -795,18 +806,18 @@ static double gemv_ns(const kc_job *jobs, int n_jobs, int64_t blocks_per_row)
 }
 
 static void run_q4(int team, const kc_job *jobs, int n_jobs, int64_t nb, const float *x, const int8_t *qx,
-                   const float *dx, float *y, int64_t y_ld, kc_ws *ws)
+                   const float *dx, float *y, int64_t y_ld, kc_ws *ws, const kc_after *after)
 {
     int64_t n_tiles = count_tiles(jobs, n_jobs);
     gemv_op op = {jobs, n_jobs, kc_gemv_simd(-1), nb, x_rows(jobs, n_jobs), n_tiles,
-                  kc_team_chunks(team, gemv_ns(jobs, n_jobs, nb), n_tiles), y_ld, nb * QK, x, qx, dx, y, ws};
+                  kc_team_chunks(team, gemv_ns(jobs, n_jobs, nb), n_tiles), y_ld, nb * QK, x, qx, dx, y, ws, after};
     kc_team_run(team, q4_chunk, q4_join, &op, op.chunks);
 }
 
 void kc_team_gemv_q4(int team, const kc_job *jobs, int n_jobs, int64_t nb, const float *x, float *y, int64_t y_ld,
-                     kc_ws *ws)
+                     kc_ws *ws, const kc_after *after)
 {
-    run_q4(team, jobs, n_jobs, nb, x, NULL, NULL, y, y_ld, ws);
+    run_q4(team, jobs, n_jobs, nb, x, NULL, NULL, y, y_ld, ws, after);
 }
 
 void kc_gemv_q4(const kc_job *jobs, int n_jobs, int64_t nb, const int8_t *qx, const float *dx,
@@ -818,7 +829,7 @@ void kc_gemv_q4(const kc_job *jobs, int n_jobs, int64_t nb, const int8_t *qx, co
     while (ok < team && kc_ws_init(&ws[ok], S, nb * QK) == 0)
         ok++;
     if (ok == team)
-        run_q4(team, jobs, n_jobs, nb, NULL, qx, dx, y, y_ld, ws);
+        run_q4(team, jobs, n_jobs, nb, NULL, qx, dx, y, y_ld, ws, NULL);
     for (int i = 0; i < team && i <= ok; i++)  /* ws[ok], when it failed, holds what it got */
         kc_ws_free(&ws[i]);
     kc_team_end(team);
@@ -866,14 +877,16 @@ static void f32_chunk(void *ctx, int64_t c, int worker)
     (void)worker;
     f32_tiles(op->jobs, op->n_jobs, op->inp, op->x, op->n_tiles * c / op->chunks, op->n_tiles * (c + 1) / op->chunks,
               op->y, op->y_ld, op->level);
+    after_chunk(op, c);
 }
 
-void kc_team_gemv_f32(int team, const kc_job *jobs, int n_jobs, int64_t inp, const float *x, float *y, int64_t y_ld)
+void kc_team_gemv_f32(int team, const kc_job *jobs, int n_jobs, int64_t inp, const float *x, float *y, int64_t y_ld,
+                      const kc_after *after)
 {
     int64_t n_tiles = count_tiles(jobs, n_jobs);
     gemv_op op = {jobs, n_jobs, kc_gemv_simd(-1), 0, 0, n_tiles,
                   kc_team_chunks(team, gemv_ns(jobs, n_jobs, (inp + QK - 1) / QK), n_tiles), y_ld, inp, x, NULL, NULL,
-                  y, NULL};
+                  y, NULL, after};
     kc_team_run(team, f32_chunk, NULL, &op, op.chunks);
 }
 
@@ -881,6 +894,6 @@ void kc_gemv_f32(const kc_job *jobs, int n_jobs, int64_t inp, const float *x, fl
                  int threads)
 {
     int team = kc_team_begin(threads);
-    kc_team_gemv_f32(team, jobs, n_jobs, inp, x, y, y_ld);
+    kc_team_gemv_f32(team, jobs, n_jobs, inp, x, y, y_ld, NULL);
     kc_team_end(team);
 }

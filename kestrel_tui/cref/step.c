@@ -8,6 +8,7 @@
  * count moves no bit). The ops between them (norms, RoPE, the KV rows, routing, the combine) are a few
  * hundred elements each and run on the caller alone: a decode step's matrices are small (the
  * embedded model's are a few thousand rows), so what counts is what each op costs to hand out. */
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -23,6 +24,8 @@ typedef struct {
     int team;                     /* kc_team_begin's */
     kc_ws *ws;                    /* one GEMV workspace per worker */
     const uint8_t **bases;        /* each hashed key's slot */
+    uint64_t *head_h;             /* [M] the logits' chains */
+    const uint8_t **head_cols;    /* [M] */
 } scratch;
 
 static void jobs_of(const kc_lin *const *lins, int n_lins, int64_t rows, kc_job *jobs, int64_t *ld)
@@ -36,15 +39,21 @@ static void jobs_of(const kc_lin *const *lins, int n_lins, int64_t rows, kc_job 
 
 /* y [rows, sum of outs] = the matrices of one input side by side (L2's q/k/v, L8's gate/up), the
  * activation quantized once (Q2) for all of them. */
-static void project(const kc_lin *const *lins, int n_lins, const float *x, int64_t rows, float *y, scratch *s)
+static void project_then(const kc_lin *const *lins, int n_lins, const float *x, int64_t rows, float *y, scratch *s,
+                         const kc_after *after)
 {
     kc_job jobs[4];
     int64_t ld;
     jobs_of(lins, n_lins, rows, jobs, &ld);
     if (lins[0]->q4)
-        kc_team_gemv_q4(s->team, jobs, n_lins, lins[0]->inp / QK, x, y, ld, s->ws);
+        kc_team_gemv_q4(s->team, jobs, n_lins, lins[0]->inp / QK, x, y, ld, s->ws, after);
     else
-        kc_team_gemv_f32(s->team, jobs, n_lins, lins[0]->inp, x, y, ld);
+        kc_team_gemv_f32(s->team, jobs, n_lins, lins[0]->inp, x, y, ld, after);
+}
+
+static void project(const kc_lin *const *lins, int n_lins, const float *x, int64_t rows, float *y, scratch *s)
+{
+    project_then(lins, n_lins, x, rows, y, s, NULL);
 }
 
 /* The jobs of the k selected experts of each of M tokens (L8c): pair p = (token p / k, slot p % k) reads
@@ -85,9 +94,9 @@ static void team_gemv(const kc_lin *lin, const kc_job *jobs, int n_jobs, const f
                       scratch *s)
 {
     if (lin->q4)
-        kc_team_gemv_q4(s->team, jobs, n_jobs, lin->inp / QK, x, y, ld, s->ws);
+        kc_team_gemv_q4(s->team, jobs, n_jobs, lin->inp / QK, x, y, ld, s->ws, NULL);
     else
-        kc_team_gemv_f32(s->team, jobs, n_jobs, lin->inp, x, y, ld);
+        kc_team_gemv_f32(s->team, jobs, n_jobs, lin->inp, x, y, ld, NULL);
 }
 
 static void add(const float *a, const float *b, float *out, int64_t n) {
@@ -220,17 +229,55 @@ static void layer(const kc_model *m, const kc_layer *L, int64_t M, int64_t pos0,
     team_gemv(&L->down, s->jobs_down, s->n_jobs_down, s->act, s->ey, hidden, s);
 }
 
-/* FNV of the probe keys (P3) as a team op: kc_fnv_share's parts */
+/* FNV of the probe keys (P3) as a team op: kc_fnv_share's parts of the keys before and after the
+ * logits, which are hashed while they are computed (head_hash) */
 typedef struct {
     const kc_hashes *h;
     const uint8_t **bases;
-    int64_t M, chunks;
+    int64_t M, chunks, skip;  /* skip: the logits key's index */
 } hash_op;
 
 static void hash_chunk(void *ctx, int64_t c, int worker) {
     const hash_op *o = ctx;
+    const int64_t n = o->h->n_keys, *b = o->h->bytes;
     (void)worker;
-    kc_fnv_share(o->bases, o->h->bytes, o->h->bytes, o->h->n_keys, o->M, o->h->out, (int)c, (int)o->chunks);
+    kc_fnv_share(o->bases, b, b, o->skip, o->M, o->h->out, n, (int)c, (int)o->chunks);
+    kc_fnv_share(o->bases + o->skip + 1, b + o->skip + 1, b + o->skip + 1, n - o->skip - 1, o->M,
+                 o->h->out + o->skip + 1, n, (int)c, (int)o->chunks);
+}
+
+/* The logits' hash (one chain a column, a fifth of a byte's worth of work per lm_head weight byte,
+ * but serial: at 151936 rows ~0.8 ms) follows the lm_head's chunks as they complete: the worker that
+ * finishes a chunk advances the chains through every chunk done in order so far, if no other worker
+ * is doing so. The caller finishes them after the op. */
+typedef struct {
+    _Atomic int done[KC_MAX_CHUNKS];
+    int64_t r0[KC_MAX_CHUNKS], r1[KC_MAX_CHUNKS];
+    _Atomic int busy;
+    int64_t next, M, vocab;  /* next: the first chunk not hashed */
+    const uint8_t *logits;   /* [M, vocab] f32 */
+    uint64_t *h;             /* [M] the chains */
+    const uint8_t **cols;    /* [M] scratch */
+} head_hash;
+
+static void head_advance(head_hash *hh, int64_t chunks) {
+    if (atomic_exchange_explicit(&hh->busy, 1, memory_order_acquire))
+        return;  /* another worker is at it */
+    while (hh->next < chunks && atomic_load_explicit(&hh->done[hh->next], memory_order_acquire)) {
+        const int64_t c = hh->next++, r0 = hh->r0[c];
+        for (int64_t m = 0; m < hh->M; m++)
+            hh->cols[m] = hh->logits + (m * hh->vocab + r0) * sizeof(float);
+        kc_fnv_update(hh->h, hh->cols, hh->M, (hh->r1[c] - r0) * (int64_t)sizeof(float));
+    }
+    atomic_store_explicit(&hh->busy, 0, memory_order_release);
+}
+
+static void head_after(void *ctx, int64_t c, int64_t chunks, int64_t r0, int64_t r1) {
+    head_hash *hh = ctx;
+    hh->r0[c] = r0;
+    hh->r1[c] = r1;
+    atomic_store_explicit(&hh->done[c], 1, memory_order_release);
+    head_advance(hh, chunks);
 }
 
 static void run_step(const kc_model *m, const int64_t *tokens, int64_t M, int64_t pos0, float *const *slot,
@@ -253,15 +300,34 @@ static void run_step(const kc_model *m, const int64_t *tokens, int64_t M, int64_
         else
             kc_rmsnorm(f[KC_X], m->norm, M, hidden, m->eps, s->fin);
     }
+    const int64_t logits_slot = KC_LAYER0 + m->n_layers * KC_NFIELDS;
+    int64_t skip = -1;
+    for (int64_t j = 0; hashes && j < hashes->n_keys; j++)
+        if (hashes->slots[j] == logits_slot)
+            skip = j;
     const kc_lin *head[1] = {m->lm_head};
-    project(head, 1, s->fin, M, slot[KC_LAYER0 + m->n_layers * KC_NFIELDS], s);
-    if (hashes) {  /* key j's columns lie bytes[j] apart in its slot */
-        double bytes = 0;  /* ~0.4 ns a byte, eight chains at a time */
-        for (int64_t j = 0; j < hashes->n_keys; j++)
-            bytes += (double)hashes->bytes[j] * (double)M;
-        hash_op o = {hashes, s->bases, M, kc_team_chunks(s->team, 0.4 * bytes, hashes->n_keys * M)};
-        kc_team_run(s->team, hash_chunk, NULL, &o, o.chunks);
-    }
+    head_hash hh = {.M = M, .vocab = m->vocab, .logits = (const uint8_t *)slot[logits_slot], .h = s->head_h,
+                    .cols = s->head_cols};
+    for (int64_t i = 0; i < M; i++)
+        hh.h[i] = KC_FNV_OFFSET;
+    kc_after after = {head_after, &hh};
+    project_then(head, 1, s->fin, M, slot[logits_slot], s, skip >= 0 ? &after : NULL);
+    if (!hashes)
+        return;
+    /* the chunk count the lm_head's GEMV used: its hooks saw it; 1 when it ran alone */
+    int64_t chunks = 0;
+    while (chunks < KC_MAX_CHUNKS && atomic_load(&hh.done[chunks]))
+        chunks++;
+    head_advance(&hh, chunks);  /* every chunk done: the chains to the end */
+    for (int64_t i = 0; skip >= 0 && i < M; i++)
+        hashes->out[i * hashes->n_keys + skip] = hh.h[i];
+    if (skip < 0)
+        skip = hashes->n_keys;  /* no logits key asked for: every key in the first range */
+    double bytes = 0;  /* ~0.4 ns a byte, eight chains at a time */
+    for (int64_t j = 0; j < hashes->n_keys; j++)
+        bytes += j == skip ? 0 : (double)hashes->bytes[j] * (double)M;
+    hash_op o = {hashes, s->bases, M, kc_team_chunks(s->team, 0.4 * bytes, hashes->n_keys * M), skip};
+    kc_team_run(s->team, hash_chunk, NULL, &o, o.chunks);
 }
 
 static void *grab(void **all, int *n, size_t bytes) {
@@ -311,6 +377,8 @@ int kc_step(const kc_model *m, const int64_t *tokens, int64_t M, int64_t pos0, v
     s.jobs_down = grab(all, &n_all, sizeof(kc_job) * max_jobs);
     s.bases = grab(all, &n_all, sizeof(uint8_t *) * (n_hash ? n_hash : 1));
     s.ws = grab(all, &n_all, sizeof(kc_ws) * nt);
+    s.head_h = grab(all, &n_all, sizeof(uint64_t) * M);
+    s.head_cols = grab(all, &n_all, sizeof(uint8_t *) * M);
     int ok = 1;
     for (int i = 0; i < n_all; i++)
         ok = ok && all[i];

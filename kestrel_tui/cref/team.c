@@ -27,7 +27,7 @@
 #include "cref.h"
 
 #define MAX_HELPERS 63
-#define SPINS 20000  /* pauses a helper waits for the next op before it sleeps: about half a millisecond */
+#define SPINS 2000  /* pauses a helper waits for the next op before it sleeps: some tens of microseconds */
 /* An op shorter than this runs on the caller alone: handing it out costs a few microseconds, and a
  * helper that is descheduled in the middle of its chunk (the machine busy with other work) makes the
  * caller wait for it. */
@@ -115,8 +115,12 @@ int64_t kc_team_chunks(int team, double work_ns, int64_t pieces)
 {
     if (team <= 1 || work_ns < g_share_min || pieces <= 1)
         return 1;
-    int64_t c = 4 * (int64_t)team;
-    return c < pieces ? c : pieces;
+    /* chunks of ~25 us, at least four a worker (a helper that joins late still finds some): the last
+     * chunk is what the others may wait for */
+    double c = work_ns / 25000.0;
+    int64_t n = c < 4.0 * team ? 4 * (int64_t)team : (int64_t)c;
+    n = n < KC_MAX_CHUNKS ? n : KC_MAX_CHUNKS;
+    return n < pieces ? n : pieces;
 }
 
 int kc_team_begin(int threads)
