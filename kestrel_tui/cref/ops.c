@@ -97,62 +97,111 @@ static inline __attribute__((always_inline)) float lane_dot(const float *a, cons
 
 enum { SPAN = 64 };  /* positions scored, then exponentiated, then accumulated at a time */
 
+/* The q8 score's integer dot and the q8 value row's accumulation (step 6), for any x86-64 ... */
+static inline __attribute__((always_inline)) int32_t dot_i8(const int8_t *a, const int8_t *b, int64_t n) {
+    int32_t isum = 0; /* exact in int32: any order */
+    for (int64_t j = 0; j < n; j++)
+        isum += (int32_t)a[j] * (int32_t)b[j];
+    return isum;
+}
+
+static inline __attribute__((always_inline)) void acc_q8(float *acc, const int8_t *vr, float d, float c, float w,
+                                                         int64_t n) {
+    for (int64_t j = 0; j < n; j++)
+        acc[j] = acc[j] * c + w * ((float)vr[j] * d);
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+/* ... and for AVX2: the dot 32 products at a time as |a| * (b with a's sign), summed in int16 pairs
+ * (each at most 2 * 127 * 127: the KV rows and the query are clamped to +-127, Q3/Q4) and in int32,
+ * exact; the accumulation eight lanes at a time, the same four roundings per element. */
+static inline __attribute__((always_inline, target("avx2"))) int32_t dot_i8_avx2(const int8_t *a, const int8_t *b,
+                                                                               int64_t n) {
+    __m256i s = _mm256_setzero_si256();
+    int64_t j = 0;
+    for (; j + 32 <= n; j += 32) {
+        __m256i x = _mm256_loadu_si256((const __m256i *)(a + j)), y = _mm256_loadu_si256((const __m256i *)(b + j));
+        __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
+        s = _mm256_add_epi32(s, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+    }
+    __m128i h = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4E));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xB1));
+    return _mm_cvtsi128_si32(h) + dot_i8(a + j, b + j, n - j);
+}
+
+static inline __attribute__((always_inline, target("avx2"))) void acc_q8_avx2(float *acc, const int8_t *vr, float d,
+                                                                            float c, float w, int64_t n) {
+    const __m256 vd = _mm256_set1_ps(d), vc = _mm256_set1_ps(c), vw = _mm256_set1_ps(w);
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+        __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(vr + j))));
+        __m256 t = _mm256_mul_ps(vw, _mm256_mul_ps(v, vd));
+        _mm256_storeu_ps(acc + j, _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(acc + j), vc), t));
+    }
+    acc_q8(acc + j, vr + j, d, c, w, n - j);
+}
+#else
+#define dot_i8_avx2 dot_i8
+#define acc_q8_avx2 acc_q8
+#endif
+
 /* Step 6 for one (column, query head), evaluated exactly as written there, position by position; only
  * the work is batched: a span of positions' scores first (each one step 6's formula), then their
  * running maxima and the two expf arguments of each position, one kc_expf call for all of them, then
  * the recurrence. l is the value column of an all-ones row in the numpy reference, so l*c + w*1, and
- * w*1 == w. qq [hd] and acc [hd]: the caller's scratch. */
-static inline __attribute__((always_inline)) void attend_head_body(
-        const float *qh, int64_t hd, const void *k, const float *ks, const void *v, const float *vs, int kv_q8,
-        int64_t kv, int64_t nkv, int64_t last, float scale, float *o, int8_t *qq, float *acc) {
-    float dq = 0.0f, s[SPAN], arg[2 * SPAN], e[2 * SPAN];
-    if (kv_q8)
-        kc_quant_rows_q8(qh, 1, hd, qq, &dq); /* query q8: per head, as the KV rows */
-    for (int64_t j = 0; j < hd; j++)
-        acc[j] = 0.0f;
-    float mx = -INFINITY, l = 0.0f;
-    for (int64_t p0 = 0; p0 <= last; p0 += SPAN) {
-        const int n = (int)(last + 1 - p0 < SPAN ? last + 1 - p0 : SPAN);
-        for (int i = 0; i < n; i++) {
-            const int64_t p = p0 + i, row = (p * nkv + kv) * hd;
-            if (kv_q8) {
-                const int8_t *kr = (const int8_t *)k + row;
-                int32_t isum = 0; /* exact in int32: any order */
-                for (int64_t j = 0; j < hd; j++)
-                    isum += (int32_t)qq[j] * (int32_t)kr[j];
-                s[i] = ((float)isum * (dq * ks[p * nkv + kv])) * scale;
-            } else {
-                s[i] = lane_dot(qh, (const float *)k + row, hd) * scale;
-            }
-        }
-        for (int i = 0; i < n; i++) {
-            /* np.maximum's choice: NaN propagates, and on equality the second operand wins
-             * (only the sign of a zero could tell, and expf(+-0) == 1 either way). */
-            const float mn = (mx > s[i] || mx != mx) ? mx : s[i];
-            arg[2 * i] = mx - mn;       /* c = expf(m - m') */
-            arg[2 * i + 1] = s[i] - mn; /* w = expf(s_p - m') */
-            mx = mn;
-        }
-        kc_expf(arg, e, 2 * n);
-        for (int i = 0; i < n; i++) {
-            const int64_t p = p0 + i, row = (p * nkv + kv) * hd;
-            const float c = e[2 * i], w = e[2 * i + 1];
-            l = l * c + w;
-            if (kv_q8) {
-                const int8_t *vr = (const int8_t *)v + row;
-                const float d = vs[p * nkv + kv];
-                for (int64_t j = 0; j < hd; j++)
-                    acc[j] = acc[j] * c + w * ((float)vr[j] * d);
-            } else {
-                const float *vr = (const float *)v + row;
-                for (int64_t j = 0; j < hd; j++)
-                    acc[j] = acc[j] * c + w * vr[j];
-            }
-        }
-    }
-    for (int64_t j = 0; j < hd; j++)
-        o[j] = acc[j] / l;
+ * w*1 == w. qq [hd] and acc [hd]: the caller's scratch. Defined once per pair of DOT/ACC kernels (a
+ * function with a target attribute cannot be inlined into one without). */
+#define DEFINE_ATTEND_BODY(NAME, DOT, ACC, ...)                                                              \
+static inline __attribute__((always_inline, ##__VA_ARGS__)) void NAME(                                       \
+        const float *qh, int64_t hd, const void *k, const float *ks, const void *v, const float *vs, int kv_q8, \
+        int64_t kv, int64_t nkv, int64_t last, float scale, float *o, int8_t *qq, float *acc) {               \
+    float dq = 0.0f, s[SPAN], arg[2 * SPAN], e[2 * SPAN];                                                      \
+    if (kv_q8)                                                                                                 \
+        kc_quant_rows_q8(qh, 1, hd, qq, &dq); /* query q8: per head, as the KV rows */                         \
+    for (int64_t j = 0; j < hd; j++)                                                                           \
+        acc[j] = 0.0f;                                                                                         \
+    float mx = -INFINITY, l = 0.0f;                                                                            \
+    for (int64_t p0 = 0; p0 <= last; p0 += SPAN) {                                                             \
+        const int n = (int)(last + 1 - p0 < SPAN ? last + 1 - p0 : SPAN);                                      \
+        for (int i = 0; i < n; i++) {                                                                          \
+            const int64_t p = p0 + i, row = (p * nkv + kv) * hd;                                               \
+            if (kv_q8) {                                                                                       \
+                const int32_t isum = DOT(qq, (const int8_t *)k + row, hd);                                     \
+                s[i] = ((float)isum * (dq * ks[p * nkv + kv])) * scale;                                        \
+            } else {                                                                                           \
+                s[i] = lane_dot(qh, (const float *)k + row, hd) * scale;                                       \
+            }                                                                                                  \
+        }                                                                                                      \
+        for (int i = 0; i < n; i++) {                                                                          \
+            /* np.maximum's choice: NaN propagates, and on equality the second operand wins                    \
+             * (only the sign of a zero could tell, and expf(+-0) == 1 either way). */                         \
+            const float mn = (mx > s[i] || mx != mx) ? mx : s[i];                                              \
+            arg[2 * i] = mx - mn;       /* c = expf(m - m') */                                                 \
+            arg[2 * i + 1] = s[i] - mn; /* w = expf(s_p - m') */                                               \
+            mx = mn;                                                                                           \
+        }                                                                                                      \
+        kc_expf(arg, e, 2 * n);                                                                                \
+        for (int i = 0; i < n; i++) {                                                                          \
+            const int64_t p = p0 + i, row = (p * nkv + kv) * hd;                                               \
+            const float c = e[2 * i], w = e[2 * i + 1];                                                        \
+            l = l * c + w;                                                                                     \
+            if (kv_q8) {                                                                                       \
+                ACC(acc, (const int8_t *)v + row, vs[p * nkv + kv], c, w, hd);                                 \
+            } else {                                                                                           \
+                const float *vr = (const float *)v + row;                                                      \
+                for (int64_t j = 0; j < hd; j++)                                                               \
+                    acc[j] = acc[j] * c + w * vr[j];                                                           \
+            }                                                                                                  \
+        }                                                                                                      \
+    }                                                                                                          \
+    for (int64_t j = 0; j < hd; j++)                                                                           \
+        o[j] = acc[j] / l;                                                                                     \
 }
+
+DEFINE_ATTEND_BODY(attend_head_body, dot_i8, acc_q8)
+DEFINE_ATTEND_BODY(attend_head_body_avx2, dot_i8_avx2, acc_q8_avx2, target("avx2"))
 
 static void attend_head_base(const float *qh, int64_t hd, const void *k, const float *ks, const void *v,
                              const float *vs, int kv_q8, int64_t kv, int64_t nkv, int64_t last, float scale,
@@ -167,7 +216,7 @@ static KC_V3 void attend_head_v3(const float *qh, int64_t hd, const void *k, con
                                  float *o) {
     int8_t qq[hd];
     float acc[hd];
-    attend_head_body(qh, hd, k, ks, v, vs, kv_q8, kv, nkv, last, scale, o, qq, acc);
+    attend_head_body_avx2(qh, hd, k, ks, v, vs, kv_q8, kv, nkv, last, scale, o, qq, acc);
 }
 
 /* Step 6 as a team op: chunks of (column, head) pairs. Each pair's recurrence is serial and independent
