@@ -7,7 +7,12 @@ counts, top-1 flips; for the rows with an all-reduce, where the reduction order 
 the first differing layer differ, and whether each all-reduce returned exactly the sum of the two
 ranks' partials).
 
-    python scripts/findings_tp.py [--model DIR] [--tokens 16] [--part moe|dense|all] [--json FILE]
+planted: bugs that exist only under parallelism planted in a rank's shard at layer 20
+(hf_dist_rank.ShardFault), the cpu reference against hf-dist TP=2 with the deep keys: where the first
+far key lands, and each rank's share of that layer's split keys against a clean run of the same
+settings (and, for a column-parallel key, against the reference's slice).
+
+    python scripts/findings_tp.py [--model DIR] [--tokens 16] [--part moe|dense|planted|all] [--json FILE]
 
 moe: without --model the embedded default (synthetic Qwen3-MoE, 48 layers, hidden 256, 8 heads / 2 kv
 heads, 16 experts top-4, vocab 2048); dense: a synthetic dense Qwen3 of the same dims with 4 kv heads
@@ -18,6 +23,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import sys
 import time
 from dataclasses import replace as with_fields
@@ -30,20 +36,27 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kestrel_tui.engines.base import EngineSpec  # noqa: E402
 from kestrel_tui.engines.build import make_engine  # noqa: E402
 from kestrel_tui.engines.hf_dist import make_hf_dist_engine, rank_values, sum_key  # noqa: E402
+from kestrel_tui.engines.hf_dist_rank import FAULT_ENV  # noqa: E402
 from kestrel_tui.model.config import default_config  # noqa: E402
 from kestrel_tui.model.hf import load_model  # noqa: E402
 from kestrel_tui.model.weights import synthetic_model  # noqa: E402
 from kestrel_tui.session.session import Session  # noqa: E402
 from kestrel_tui.trace.compare import Status, diff_stats, parse_tolerance  # noqa: E402
 from kestrel_tui.trace.keys import parse_key  # noqa: E402
+from kestrel_tui.trace.ranks import compare_shares, line  # noqa: E402
 
 PROMPT = [1, 2, 3, 4]
 TOL = parse_tolerance("nmse=1e-7")
 BASE = {"prefill": "token", "attn_implementation": "eager", "threads": 1}
+PLANTED = (  # (model, fault, the subject's options); each held against a clean run with the same options
+    ("dense", "1:scale_shard:L20.self_attn.k_proj", {}),
+    ("dense", "*:swap_shards:L20.mlp.down_proj", {}),
+    ("moe", "1:ep_misplace:L20", {"ep": "on"}),
+)
 
 
-def hf_dist(model, path, **options):
-    return make_hf_dist_engine(EngineSpec("hf-dist", path, {**BASE, **options}), model, kv="f32")
+def hf_dist(model, path, deep: bool = False, **options):
+    return make_hf_dist_engine(EngineSpec("hf-dist", path, {**BASE, **options}), model, kv="f32", deep=deep)
 
 
 def where_the_sums_show(res) -> dict:
@@ -159,6 +172,55 @@ def row(name: str, session: Session, picks: dict[str, str]) -> dict:
     return out
 
 
+def hunt(model, path, tokens: int, fault: str | None, options: dict):
+    """The cpu reference against hf-dist TP=2 (deep keys, teacher forcing) with ``fault`` planted."""
+    sub = hf_dist(model, path, deep=True, **options)
+    session = Session(model, PROMPT, tokens, reference=make_engine("cpu", model, kv="f32", deep=True), subject=sub,
+                      kv="f32", deep=True)
+    old = os.environ.pop(FAULT_ENV, None)
+    if fault:
+        os.environ[FAULT_ENV] = fault  # the ranks read it when the group starts
+    try:
+        return session.run(with_fields(session.initial_settings(), prefill="subject"))
+    finally:
+        sub.close()
+        os.environ.pop(FAULT_ENV, None)
+        if old is not None:
+            os.environ[FAULT_ENV] = old
+
+
+def planted(models: dict, tokens: int) -> list[dict]:
+    clean, rows = {}, []
+    for kind, fault, options in PLANTED:
+        model, path = models[kind]
+        key = (kind, tuple(sorted(options.items())))
+        if key not in clean:
+            clean[key] = hunt(model, path, tokens, None, options)
+        base, res = clean[key], hunt(model, path, tokens, fault, options)
+        far = res.tolerance(TOL).first_far
+        k = parse_key(far) if far else None
+        shares = {}
+        for name in (res.comparison.status if k else ()):
+            at = parse_key(name)
+            if (at.t, at.layer) != (k.t, k.layer):
+                continue
+            vs_clean = compare_shares(base.sub, res.sub, name)
+            if vs_clean is not None:
+                vs_ref = compare_shares(res.ref, res.sub, name)
+                shares[at.field] = {"vs_clean_tp2": line(vs_clean), "vs_reference": line(vs_ref)}
+        row = {"row": f"{kind}: {fault}", "subject": res.sub.backend, "first_diff": res.first_diff, "first_far": far,
+               "n_far": res.tolerance(TOL).n_far, "flips": sum(x.flip for x in res.tokens),
+               "clean_first_far": base.tolerance(TOL).first_far, "clean_n_far": base.tolerance(TOL).n_far,
+               "findings": list(res.sub.findings), "shares": shares}
+        rows.append(row)
+        print(f"{row['row']:<44} first far {far or '-':<14} far {row['n_far']:>5} flips {row['flips']}"
+              f" (clean: first far {row['clean_first_far'] or '-'}, far {row['clean_n_far']})", flush=True)
+        for field, s in shares.items():
+            print(f"{'':<44} {field:<6} against the clean run {s['vs_clean_tp2']}; against the reference"
+                  f" {s['vs_reference']}", flush=True)
+    return rows
+
+
 def dense_model():
     cfg = with_fields(default_config(), arch="qwen3", n_experts=0, top_k=0, moe_intermediate=0, intermediate=512,
                       n_kv_heads=4)
@@ -169,7 +231,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", help="an HF qwen3_moe directory for the moe part; default: the embedded model")
     ap.add_argument("--tokens", type=int, default=16)
-    ap.add_argument("--part", choices=("moe", "dense", "all"), default="all")
+    ap.add_argument("--part", choices=("moe", "dense", "planted", "all"), default="all")
     ap.add_argument("--json", metavar="FILE")
     cli = ap.parse_args()
     engines, rows = [], []
@@ -203,6 +265,9 @@ def main() -> None:
         rows.append(row("dense: TP=4 vs TP=1", dense, {"world_size": "4"}))
         four = session(model, hf_dist(model, None, world_size="2"), hf_dist(model, None))
         rows.append(row("dense: TP=4 vs TP=2", four, {"world_size": "4"}))
+    if cli.part in ("planted", "all"):
+        rows += planted({"moe": (load_model(cli.model, "f32"), cli.model), "dense": (dense_model(), None)},
+                        cli.tokens)
     for e in engines:
         e.close()
     if cli.json:
