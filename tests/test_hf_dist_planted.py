@@ -150,7 +150,7 @@ def test_a_scaled_column_parallel_shard(hunt):
     assert _named(compare_shares(clean.sub, res.sub, key)) == [1]
     mine, clean_one = res.sub.rank_values(key)[1], clean.sub.rank_values(key)[1]
     np.testing.assert_allclose(mine, clean_one * SHARD_SCALE, rtol=1e-5)  # the fault is what it says
-    # the per-head norm takes the scale back out: knorm is no further than rounding from the clean run
+    # the per-head norm takes the scale back out: knorm is back within tolerance of the reference
     assert TOL.holds(res.metrics("t0_l1_knorm"))
     assert findings == []  # every replicated key still agrees across the ranks: only the shares tell
 
