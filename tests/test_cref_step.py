@@ -68,8 +68,8 @@ def test_embedded_formats(weights, kv, lib_path):
 
 
 def test_threads_do_not_change_bits(small_model, lib_path, cref):
-    """1 and 3 threads with every op of two or more pieces shared (by default an op of less than ~50 us
-    runs on the calling thread alone, which at these sizes is every op)."""
+    """1 and 3 threads with every op of two or more pieces shared (by default an op of less than ~2 us
+    runs on the calling thread alone, which at these sizes is most of them)."""
     steps = decode_steps([9, 8, 7, 6, 5, 4, 3, 2], [1], [0, 1, 2])
     cref.kc_team_share_min(0)
     try:

@@ -109,7 +109,6 @@ class ProbeViews(Mapping):
         return len(self._names)
 
 
-
 def default_threads() -> int:
     """Every core this process may use: the reference splits rows, heads and columns across them."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

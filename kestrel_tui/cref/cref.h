@@ -84,7 +84,7 @@ void kc_team_gemv_f32(int team, const kc_job *jobs, int n_jobs, int64_t inp, con
 typedef void (*kc_chunk_fn)(void *ctx, int64_t chunk, int worker);
 int kc_team_begin(int threads);  /* -> the team's size (1: the caller alone) */
 void kc_team_end(int team);
-/* The chunks to cut an op into: 1 (the caller alone) for an op of less than ~50 us (work_ns: its
+/* The chunks to cut an op into: 1 (the caller alone) for an op of less than ~2 us (work_ns: its
  * time on one thread, roughly), else chunks of ~25 us, at least four per worker (so a helper that joins
  * late still finds work) and at most KC_MAX_CHUNKS; never more than `pieces` (what the op can be cut
  * into). */

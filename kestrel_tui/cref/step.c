@@ -160,73 +160,78 @@ static void swiglu(const float *gu, int64_t rows, int64_t n, float *act, int tea
     kc_team_run(team, swiglu_chunk, NULL, &o, chunks);
 }
 
-/* One layer after its input norm (L2-L8): q/k/v, the norms and RoPE, the KV rows, attention, o_proj and
- * the residual, the post-attention norm, then the dense MLP or the router, top-k and the experts. The
- * expert sum and the residual are the caller's (with the next norm, on one thread). */
+/* After the q/k/v GEMV (L2-L5): the biases, K and V out of the side-by-side rows, QK-norm and RoPE of
+ * both, the KV rows quantized and written to the cache at pos0. */
+static void qk_rows(const kc_model *m, const kc_layer *L, int64_t M, int64_t pos0, float *const *f, scratch *s) {
+    int64_t hd = m->head_dim, nh = m->n_heads, nkv = m->n_kv, nq = nh * hd, nk = nkv * hd, ld = nq + 2 * nk;
+    add_bias(s->qkv, M, ld, L->q_bias, nq);
+    add_bias(s->qkv + nq, M, ld, L->k_bias, nk);
+    add_bias(s->qkv + nq + nk, M, ld, L->v_bias, nk);
+    float *kraw = f[KC_KRAW], *vrow = s->qn + M * nq;  /* v gathered after q's rows in qn */
+    copy_cols(kraw, s->qkv + nq, M, ld, nk);
+    copy_cols(vrow, s->qkv + nq + nk, M, ld, nk);
+    kc_qknorm(kraw, L->k_norm, M * nkv, hd, m->eps, f[KC_KNORM]);
+    kc_rope(f[KC_KNORM], M, nkv, hd, s->cos, s->sin, f[KC_KPRE]);
+    copy_cols(s->qn, s->qkv, M, ld, nq);
+    kc_qknorm(s->qn, L->q_norm, M * nh, hd, m->eps, s->qnorm);
+    kc_rope(s->qnorm, M, nh, hd, s->cos, s->sin, f[KC_QROPE]);
+    size_t row_bytes = (size_t)nk * (m->kv_q8 ? 1 : sizeof(float));
+    if (m->kv_q8) {
+        kc_quant_rows_q8(f[KC_KPRE], M * nkv, hd, (int8_t *)f[KC_K], f[KC_KS]);
+        kc_quant_rows_q8(vrow, M * nkv, hd, (int8_t *)f[KC_V], f[KC_VS]);
+    } else {
+        memcpy(f[KC_K], f[KC_KPRE], (size_t)M * row_bytes);
+        memcpy(f[KC_V], vrow, (size_t)M * row_bytes);
+        for (int64_t i = 0; i < M * nkv; i++)
+            f[KC_KS][i] = f[KC_VS][i] = 1.0f;
+    }
+    memcpy((uint8_t *)L->k_cache + pos0 * row_bytes, f[KC_K], (size_t)M * row_bytes);
+    memcpy((uint8_t *)L->v_cache + pos0 * row_bytes, f[KC_V], (size_t)M * row_bytes);
+    memcpy(L->ks_cache + pos0 * nkv, f[KC_KS], (size_t)(M * nkv) * sizeof(float));
+    memcpy(L->vs_cache + pos0 * nkv, f[KC_VS], (size_t)(M * nkv) * sizeof(float));
+}
+
+/* After o_proj (L7, L8a-b): its bias and the residual, the post-attention norm, and for a MoE layer the
+ * router, top-k and the selected experts' jobs. */
+static void post_attention(const kc_model *m, const kc_layer *L, int64_t M, const float *x, float *const *f,
+                           scratch *s) {
+    int64_t hidden = m->hidden, k = m->top_k, pairs = M * k;
+    add_bias(s->o, M, hidden, L->o_bias, hidden);
+    add(x, s->o, f[KC_ORES], M * hidden);
+    kc_rmsnorm(f[KC_ORES], L->post_ln, M, hidden, m->eps, f[KC_PNRM]);
+    if (!L->router.w)
+        return;
+    const kc_lin *router[1] = {&L->router};
+    project(router, 1, f[KC_PNRM], M, f[KC_ROUTER], s);  /* a few rows: the caller's alone */
+    kc_route(f[KC_ROUTER], M, L->router.out, k, m->norm_topk, s->idx, f[KC_TOPW]);
+    int32_t *topk = (int32_t *)f[KC_TOPK];
+    for (int64_t p = 0; p < pairs; p++)
+        topk[p] = (int32_t)s->idx[p];
+    expert_jobs(m, L, pairs, L->router.out, s);
+}
+
+/* One layer after its input norm (L2-L8). The expert sum and the residual are the caller's, with the
+ * next norm. */
 static void layer(const kc_model *m, const kc_layer *L, int64_t M, int64_t pos0, const float *x, float *const *f,
                   scratch *s) {
-    int64_t hidden = m->hidden, hd = m->head_dim, nh = m->n_heads, nkv = m->n_kv;
-    int64_t nq = nh * hd, nk = nkv * hd, ld = nq + 2 * nk;
-    const kc_lin *qkv[3] = {&L->q, &L->k, &L->v};
+    const kc_lin *qkv[3] = {&L->q, &L->k, &L->v}, *o[1] = {&L->o};
     project(qkv, 3, f[KC_NRM], M, s->qkv, s);
-    {
-        add_bias(s->qkv, M, ld, L->q_bias, nq);
-        add_bias(s->qkv + nq, M, ld, L->k_bias, nk);
-        add_bias(s->qkv + nq + nk, M, ld, L->v_bias, nk);
-        float *kraw = f[KC_KRAW], *vrow = s->qn + M * nq;  /* v gathered after q's rows in qn */
-        copy_cols(kraw, s->qkv + nq, M, ld, nk);
-        copy_cols(vrow, s->qkv + nq + nk, M, ld, nk);
-        kc_qknorm(kraw, L->k_norm, M * nkv, hd, m->eps, f[KC_KNORM]);
-        kc_rope(f[KC_KNORM], M, nkv, hd, s->cos, s->sin, f[KC_KPRE]);
-        copy_cols(s->qn, s->qkv, M, ld, nq);
-        kc_qknorm(s->qn, L->q_norm, M * nh, hd, m->eps, s->qnorm);
-        kc_rope(s->qnorm, M, nh, hd, s->cos, s->sin, f[KC_QROPE]);
-        size_t row_bytes = (size_t)nk * (m->kv_q8 ? 1 : sizeof(float));
-        if (m->kv_q8) {
-            kc_quant_rows_q8(f[KC_KPRE], M * nkv, hd, (int8_t *)f[KC_K], f[KC_KS]);
-            kc_quant_rows_q8(vrow, M * nkv, hd, (int8_t *)f[KC_V], f[KC_VS]);
-        } else {
-            memcpy(f[KC_K], f[KC_KPRE], (size_t)M * row_bytes);
-            memcpy(f[KC_V], vrow, (size_t)M * row_bytes);
-            for (int64_t i = 0; i < M * nkv; i++)
-                f[KC_KS][i] = f[KC_VS][i] = 1.0f;
-        }
-        memcpy((uint8_t *)L->k_cache + pos0 * row_bytes, f[KC_K], (size_t)M * row_bytes);
-        memcpy((uint8_t *)L->v_cache + pos0 * row_bytes, f[KC_V], (size_t)M * row_bytes);
-        memcpy(L->ks_cache + pos0 * nkv, f[KC_KS], (size_t)(M * nkv) * sizeof(float));
-        memcpy(L->vs_cache + pos0 * nkv, f[KC_VS], (size_t)(M * nkv) * sizeof(float));
-    }
-    kc_team_attention(s->team, f[KC_QROPE], M, nh, nkv, hd, L->k_cache, L->ks_cache, L->v_cache, L->vs_cache, m->kv_q8,
-                      s->pos, m->attn_scale, f[KC_ATTN]);
-    const kc_lin *o[1] = {&L->o};
+    qk_rows(m, L, M, pos0, f, s);
+    kc_team_attention(s->team, f[KC_QROPE], M, m->n_heads, m->n_kv, m->head_dim, L->k_cache, L->ks_cache,
+                      L->v_cache, L->vs_cache, m->kv_q8, s->pos, m->attn_scale, f[KC_ATTN]);
     project(o, 1, f[KC_ATTN], M, s->o, s);
-
-    int64_t ffn_n = L->gate.out, k = m->top_k, pairs = M * k;
-    float *h = f[KC_PNRM];
-    {
-        add_bias(s->o, M, hidden, L->o_bias, hidden);
-        add(x, s->o, f[KC_ORES], M * hidden);
-        kc_rmsnorm(f[KC_ORES], L->post_ln, M, hidden, m->eps, h);
-        if (L->router.w) {
-            const kc_lin *router[1] = {&L->router};
-            project(router, 1, h, M, f[KC_ROUTER], s);  /* a few rows: one tile, the caller's */
-            kc_route(f[KC_ROUTER], M, L->router.out, k, m->norm_topk, s->idx, f[KC_TOPW]);
-            int32_t *topk = (int32_t *)f[KC_TOPK];
-            for (int64_t p = 0; p < pairs; p++)
-                topk[p] = (int32_t)s->idx[p];
-            expert_jobs(m, L, pairs, L->router.out, s);
-        }
-    }
+    post_attention(m, L, M, x, f, s);
+    int64_t ffn_n = L->gate.out, pairs = M * m->top_k;
     if (!L->router.w) {  /* dense MLP: moe is its output; router/topk/topw are empty */
         const kc_lin *gu[2] = {&L->gate, &L->up}, *down[1] = {&L->down};
-        project(gu, 2, h, M, s->gu, s);
+        project(gu, 2, f[KC_PNRM], M, s->gu, s);
         swiglu(s->gu, M, ffn_n, s->act, s->team);
         project(down, 1, s->act, M, f[KC_MOE], s);
         return;
     }
-    team_gemv(&L->gate, s->jobs_gu, s->n_jobs_gu, h, s->gu, L->gate.out + L->up.out, s);
+    team_gemv(&L->gate, s->jobs_gu, s->n_jobs_gu, f[KC_PNRM], s->gu, L->gate.out + L->up.out, s);
     swiglu(s->gu, pairs, ffn_n, s->act, s->team);
-    team_gemv(&L->down, s->jobs_down, s->n_jobs_down, s->act, s->ey, hidden, s);
+    team_gemv(&L->down, s->jobs_down, s->n_jobs_down, s->act, s->ey, m->hidden, s);
 }
 
 /* FNV of the probe keys (P3) as a team op: kc_fnv_share's parts of the keys before and after the
@@ -239,17 +244,18 @@ typedef struct {
 
 static void hash_chunk(void *ctx, int64_t c, int worker) {
     const hash_op *o = ctx;
-    const int64_t n = o->h->n_keys, *b = o->h->bytes;
+    const int64_t n = o->h->n_keys, *b = o->h->bytes, after = o->skip + 1;
     (void)worker;
     kc_fnv_share(o->bases, b, b, o->skip, o->M, o->h->out, n, (int)c, (int)o->chunks);
-    kc_fnv_share(o->bases + o->skip + 1, b + o->skip + 1, b + o->skip + 1, n - o->skip - 1, o->M,
-                 o->h->out + o->skip + 1, n, (int)c, (int)o->chunks);
+    if (after < n)
+        kc_fnv_share(o->bases + after, b + after, b + after, n - after, o->M, o->h->out + after, n, (int)c,
+                     (int)o->chunks);
 }
 
-/* The logits' hash (one chain a column, a fifth of a byte's worth of work per lm_head weight byte,
- * but serial: at 151936 rows ~0.8 ms) follows the lm_head's chunks as they complete: the worker that
- * finishes a chunk advances the chains through every chunk done in order so far, if no other worker
- * is doing so. The caller finishes them after the op. */
+/* The logits' hash (a chain a column: serial, ~4 cycles a byte, ~0.8 ms for a 151936-row lm_head)
+ * follows the lm_head's chunks as they complete: the worker that finishes a chunk advances the chains
+ * through every chunk done in order so far, if no other worker is doing so. The caller finishes them
+ * after the op. */
 typedef struct {
     _Atomic int done[KC_MAX_CHUNKS];
     int64_t r0[KC_MAX_CHUNKS], r1[KC_MAX_CHUNKS];
