@@ -16,10 +16,19 @@ value does not depend on how many others are computed beside it (ordered sums ov
 dimension, attention a head at a time, exp in float64): a TP=2 run's column shards, put together,
 equal the TP=1 run bit for bit, and only the all-reduced sums (o_proj, down_proj, the experts)
 differ, by rounding.
+
+With ``hf_from`` (a checkpoint folder) the modules run transformers' own instead (`hf_ops`): the model
+from_pretrained loads, sharded by its own TP plan when TP>1, does every projection, norm, rotary
+embedding, attention (the modeling file's eager_attention_forward over a cache grown as DynamicCache
+grows it), router and experts call; this tree only names and fuses their outputs as vLLM's and
+SGLang's modules do. Such a dump is the hf engines' computation in a serving engine's module tree and
+file format.
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,6 +98,41 @@ def rms(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * (1.0 / torch.sqrt(ss / x.shape[-1] + eps))[..., None] * w
 
 
+# ---------------------------------------------------------------------------------------------- hf ops
+
+HF = None  # the transformers model whose modules compute (hf_ops); None: the exact ops above
+
+
+@contextlib.contextmanager
+def hf_ops(ckpt: Path | None):
+    """Within: the modules run the checkpoint's transformers model, as the hf (TP=1) and hf-dist (TP>1)
+    engines load it: float32, eager attention, transformers' own TP plan over the process group."""
+    global HF
+    if ckpt is None:
+        yield None
+        return
+    import transformers
+
+    kwargs = dict(dtype=F, attn_implementation="eager")
+    if tp_info()[1] > 1:
+        from transformers.distributed import DistributedConfig
+
+        kwargs["distributed_config"] = DistributedConfig(tp_size=tp_info()[1])
+    HF = transformers.AutoModelForCausalLM.from_pretrained(str(ckpt), **kwargs).eval()
+    try:
+        yield HF
+    finally:
+        HF = None
+
+
+def _hf(path: str) -> nn.Module:
+    return HF.get_submodule(path)
+
+
+def _modeling():
+    return sys.modules[type(HF).__module__]
+
+
 def tp_info() -> tuple[int, int]:
     return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
 
@@ -103,27 +147,36 @@ def all_reduce(x: torch.Tensor) -> torch.Tensor:
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, w):
+    def __init__(self, w, hf: str):
         super().__init__()
         self.weight = nn.Parameter(w, requires_grad=False)
+        self.hf = hf  # the transformers module of the same norm
+
+    def norm(self, x):
+        return rms(x, self.weight) if HF is None else _hf(self.hf)(x)
 
     def forward(self, x, residual=None):
         if residual is None:
-            return rms(x, self.weight)
+            return self.norm(x)
         x = x + residual
-        return rms(x, self.weight), x
+        return self.norm(x), x
 
 
 class Linear(nn.Module):
     """Column- or row-parallel or replicated: the weight is the rank's slice; returns (output, None) as
     vLLM's and SGLang's linear layers do."""
 
-    def __init__(self, w, reduce: bool = False):
+    def __init__(self, w, reduce: bool = False, hf: tuple[str, ...] = ()):
         super().__init__()
         self.weight = nn.Parameter(w, requires_grad=False)
         self.reduce = reduce
+        self.hf = hf  # the transformers modules whose outputs this one's is, side by side (q, k, v; gate, up)
 
     def forward(self, x):
+        if HF is not None:  # transformers' row-parallel layers all-reduce themselves
+            outs = [_hf(p)(x[None]) for p in self.hf]  # [1, T, hidden], as transformers calls them
+            return torch.cat([(o[0] if isinstance(o, tuple) else o).reshape(x.shape[0], -1) for o in outs],
+                             dim=-1), None
         y = linear(x, self.weight)
         return (all_reduce(y) if self.reduce else y), None
 
@@ -137,6 +190,8 @@ class Embedding(nn.Module):
         self.weight = nn.Parameter(w[self.lo:self.lo + self.per].clone(), requires_grad=False)
 
     def forward(self, ids):
+        if HF is not None:
+            return _hf("model.embed_tokens")(ids)
         local = ids - self.lo
         hit = (local >= 0) & (local < self.per)
         out = self.weight[local.clamp(0, self.per - 1)] * hit[:, None]
@@ -150,6 +205,12 @@ class Rotary(nn.Module):
         self.inv = 1.0 / theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd)
 
     def forward(self, positions, q, k):
+        if HF is not None:  # the model's rotary embedding and apply_rotary_pos_emb on [1, heads, T, hd] views
+            T = q.shape[0]
+            cos, sin = HF.model.rotary_emb(q, positions[None])
+            q4, k4 = (t.view(1, T, -1, self.hd).transpose(1, 2) for t in (q, k))
+            q4, k4 = _modeling().apply_rotary_pos_emb(q4, k4, cos, sin)
+            return tuple(t.transpose(1, 2).reshape(T, -1) for t in (q4, k4))
         ang = positions.to(torch.float64)[:, None] * self.inv[None]
         cos, sin = torch.cos(ang).to(F), torch.sin(ang).to(F)
 
@@ -164,12 +225,14 @@ class Rotary(nn.Module):
 class Attention(nn.Module):
     """Causal attention over a per-request cache, one head at a time (a leaf, as vLLM's and SGLang's)."""
 
-    def __init__(self, heads, kv, hd):
+    def __init__(self, heads, kv, hd, hf: str):
         super().__init__()
-        self.heads, self.kv, self.hd = heads, kv, hd
+        self.heads, self.kv, self.hd, self.hf = heads, kv, hd, hf
         self.batch = None  # set per forward: [(request id, row slice)], and the caches
 
     def forward(self, q, k, v):
+        if HF is not None:
+            return self._hf_attention(q, k, v)
         T = q.shape[0]
         q, k, v = (t.view(T, -1, self.hd) for t in (q, k, v))
         out = torch.zeros(T, self.heads, self.hd, dtype=F)
@@ -189,6 +252,26 @@ class Attention(nn.Module):
                 out[row] = _sum_last((p[:, :, None] * V[:n, g]).permute(1, 2, 0))
         return out.reshape(T, -1)
 
+    def _hf_attention(self, q, k, v):
+        """The modeling file's eager_attention_forward, a request at a time, on its Qwen3Attention module;
+        K and V grown as DynamicCache grows them (torch.cat of [1, kv, T, hd] views)."""
+        out = torch.empty(q.shape[0], self.heads * self.hd, dtype=F)
+        caches, layer = self.batch
+        module = _hf(self.hf)
+        for rid, rows in caches["segments"]:
+            T = rows.stop - rows.start
+            q4, k4, v4 = (t[rows].view(1, T, -1, self.hd).transpose(1, 2) for t in (q, k, v))
+            empty = torch.zeros(1, self.kv, 0, self.hd, dtype=F)
+            K, V = caches.get(("hf", rid, layer), (empty, empty))
+            K, V = torch.cat([K, k4], dim=-2), torch.cat([V, v4], dim=-2)
+            caches["hf", rid, layer] = (K, V)
+            n = K.shape[-2]
+            allowed = torch.arange(n)[None] <= torch.arange(n - T, n)[:, None]
+            mask = torch.zeros(T, n, dtype=F).masked_fill(~allowed, torch.finfo(F).min)[None, None]
+            o, _ = _modeling().eager_attention_forward(module, q4, K, V, mask, scaling=module.scaling)
+            out[rows] = o.reshape(T, -1)
+        return out
+
 
 class SelfAttn(nn.Module):
     def __init__(self, sd, pre, r, n):
@@ -199,13 +282,13 @@ class SelfAttn(nn.Module):
         q = sd[f"{pre}.q_proj.weight"][r * self.hl * hd:(r + 1) * self.hl * hd]
         k = sd[f"{pre}.k_proj.weight"][kv0 * hd:(kv0 + self.kl) * hd]
         v = sd[f"{pre}.v_proj.weight"][kv0 * hd:(kv0 + self.kl) * hd]
-        self.qkv_proj = Linear(torch.cat([q, k, v]))
+        self.qkv_proj = Linear(torch.cat([q, k, v]), hf=tuple(f"{pre}.{p}_proj" for p in "qkv"))
         cols = slice(r * self.hl * hd, (r + 1) * self.hl * hd)
-        self.o_proj = Linear(sd[f"{pre}.o_proj.weight"][:, cols].clone(), reduce=True)
+        self.o_proj = Linear(sd[f"{pre}.o_proj.weight"][:, cols].clone(), reduce=True, hf=(f"{pre}.o_proj",))
         self.rotary_emb = Rotary(hd)
-        self.attn = Attention(self.hl, self.kl, hd)
-        self.q_norm = RMSNorm(sd[f"{pre}.q_norm.weight"])
-        self.k_norm = RMSNorm(sd[f"{pre}.k_norm.weight"])
+        self.attn = Attention(self.hl, self.kl, hd, hf=pre)
+        self.q_norm = RMSNorm(sd[f"{pre}.q_norm.weight"], hf=f"{pre}.q_norm")
+        self.k_norm = RMSNorm(sd[f"{pre}.k_norm.weight"], hf=f"{pre}.k_norm")
 
     def forward(self, positions, x):
         hd = DIMS["hd"]
@@ -221,6 +304,11 @@ class SelfAttn(nn.Module):
 class SiluAndMul(nn.Module):
     def forward(self, x):
         g, u = x.chunk(2, dim=-1)
+        if HF is not None:  # the act_fn of transformers' MLP and experts
+            from transformers.activations import ACT2FN
+
+            g, u = g.contiguous(), u.contiguous()  # two tensors, as transformers' two layers give them
+            return ACT2FN[HF.config.hidden_act](g) * u
         return (g.double() * torch.sigmoid(g.double())).to(F) * u
 
 
@@ -229,9 +317,10 @@ class MLP(nn.Module):
         super().__init__()
         I = sd[f"{pre}.gate_proj.weight"].shape[0]
         s = slice(r * I // n, (r + 1) * I // n)
-        self.gate_up_proj = Linear(torch.cat([sd[f"{pre}.gate_proj.weight"][s], sd[f"{pre}.up_proj.weight"][s]]))
+        self.gate_up_proj = Linear(torch.cat([sd[f"{pre}.gate_proj.weight"][s], sd[f"{pre}.up_proj.weight"][s]]),
+                                   hf=(f"{pre}.gate_proj", f"{pre}.up_proj"))
         self.act_fn = SiluAndMul()
-        self.down_proj = Linear(sd[f"{pre}.down_proj.weight"][:, s].clone(), reduce=True)
+        self.down_proj = Linear(sd[f"{pre}.down_proj.weight"][:, s].clone(), reduce=True, hf=(f"{pre}.down_proj",))
 
     def forward(self, x):
         y, _ = self.down_proj(self.act_fn(self.gate_up_proj(x)[0]))
@@ -242,6 +331,11 @@ class TopK(nn.Module):
     """SGLang's TopK: (weights, ids, router logits); softmax, top-k, renormalised."""
 
     def forward(self, logits):
+        if HF is not None:  # Qwen3MoeTopKRouter's steps after its F.linear
+            p = torch.nn.functional.softmax(logits, dtype=torch.float, dim=-1)
+            w, ids = torch.topk(p, DIMS["top_k"], dim=-1)
+            w /= w.sum(dim=-1, keepdim=True)
+            return w.to(logits.dtype), ids.to(torch.int32), logits
         p = torch.softmax(logits.double(), dim=-1)
         w, ids = torch.topk(p, DIMS["top_k"], dim=-1)
         return (w / w.sum(-1, keepdim=True)).to(F), ids.to(torch.int32), logits
@@ -262,8 +356,21 @@ class FusedMoE(nn.Module):
         self.w2 = [sd[f"{pre}.{e}.down_proj.weight"][:, s].clone() for e in range(E)]
         self.quant_method = QuantMethod()
         self.act = SiluAndMul()
+        self.hf = pre
 
     def forward(self, x, weights, ids):
+        if HF is not None:  # transformers' experts module; under its TP plan it all-reduces: keep what it hands in
+            handed, real = [], dist.all_reduce
+
+            def keep(t, *a, **k):
+                handed.append(t.detach().clone())
+                return real(t, *a, **k)
+            dist.all_reduce = keep
+            try:
+                out = _hf(self.hf)(x, ids.long(), weights)
+            finally:
+                dist.all_reduce = real
+            return handed[-1] if handed else out
         out = torch.zeros(x.shape[0], x.shape[1], dtype=F)
         for t in range(x.shape[0]):
             for j in range(ids.shape[1]):
@@ -275,7 +382,7 @@ class FusedMoE(nn.Module):
 class MoEBlock(nn.Module):
     def __init__(self, sd, pre, r, n, engine, dumper=None):
         super().__init__()
-        self.gate = Linear(sd[f"{pre}.gate.weight"])
+        self.gate = Linear(sd[f"{pre}.gate.weight"], hf=(f"{pre}.gate",))
         self.topk = TopK()
         self.experts = FusedMoE(sd, f"{pre}.experts", r, n)
         self.engine, self.dumper, self.layer = engine, dumper, int(pre.split(".")[2])
@@ -295,8 +402,9 @@ class Layer(nn.Module):
         pre = f"model.layers.{li}"
         self.self_attn = SelfAttn(sd, f"{pre}.self_attn", r, n)
         self.mlp = MoEBlock(sd, f"{pre}.mlp", r, n, engine, dumper) if kind == "moe" else MLP(sd, f"{pre}.mlp", r, n)
-        self.input_layernorm = RMSNorm(sd[f"{pre}.input_layernorm.weight"])
-        self.post_attention_layernorm = RMSNorm(sd[f"{pre}.post_attention_layernorm.weight"])
+        self.input_layernorm = RMSNorm(sd[f"{pre}.input_layernorm.weight"], hf=f"{pre}.input_layernorm")
+        self.post_attention_layernorm = RMSNorm(sd[f"{pre}.post_attention_layernorm.weight"],
+                                                hf=f"{pre}.post_attention_layernorm")
         self.layer_id = li
 
     def forward(self, positions, x, residual):
@@ -326,7 +434,7 @@ class Model(nn.Module):
         r, n = tp_info()
         self.embed_tokens = Embedding(sd["model.embed_tokens.weight"])
         self.layers = nn.ModuleList(Layer(sd, li, r, n, kind, engine, dumper) for li in range(DIMS["layers"]))
-        self.norm = RMSNorm(sd["model.norm.weight"])
+        self.norm = RMSNorm(sd["model.norm.weight"], hf="model.norm")
 
     def forward(self, input_ids, positions, batch=None):
         x, residual = self.embed_tokens(input_ids), None
@@ -341,9 +449,13 @@ class LogitsProcessor(nn.Module):
         super().__init__()
         self.engine, self.output_cls = engine, output_cls
 
-    def forward(self, lm_head, hidden):
-        local = linear(hidden, lm_head.weight)
+    def forward(self, lm_head, hidden, last):
         r, n = tp_info()
+        if HF is not None:  # transformers' lm_head over every row, as the hf engines call it; gathered already
+            local = lm_head(hidden)[0][last]
+            return None if self.engine == "vllm" and r != 0 else (
+                local if self.output_cls is None else self.output_cls(next_token_logits=local))
+        local = linear(hidden[last], lm_head.weight)
         if n > 1:
             parts = [torch.empty_like(local) for _ in range(n)]
             dist.all_gather(parts, local)
@@ -359,7 +471,7 @@ class ForCausalLM(nn.Module):
         r, n = tp_info()
         self.model = Model(sd, kind, engine, dumper)
         per = VOCAB // n
-        self.lm_head = Linear(sd["lm_head.weight"][r * per:(r + 1) * per].clone())
+        self.lm_head = Linear(sd["lm_head.weight"][r * per:(r + 1) * per].clone(), hf=("lm_head",))
         self.logits_processor = LogitsProcessor(engine, output_cls)
         self.engine = engine
 
@@ -372,7 +484,7 @@ class ForCausalLM(nn.Module):
         else:
             hidden = self.model(ids, positions, batch)
         last = torch.tensor([rows.stop - 1 for _, rows in segments])
-        return self.logits_processor(self.lm_head, hidden[last])
+        return self.logits_processor(self.lm_head, hidden, last)
 
 
 # ---------------------------------------------------------------------------------------------- serving
@@ -538,8 +650,15 @@ class LogitsOutput:
     next_token_logits: torch.Tensor
 
 
-def run_all(sd: dict, kind: str, prompts: list[list[int]], n_new: int, out: Path) -> dict[str, list[list[int]]]:
-    """This rank's dumps of one batch in the three formats: out/vllm, out/sglang (legacy), out/dumper."""
+def run_all(sd: dict, kind: str, prompts: list[list[int]], n_new: int, out: Path,
+            hf_from: Path | None = None) -> dict[str, list[list[int]]]:
+    """This rank's dumps of one batch in the three formats: out/vllm, out/sglang (legacy), out/dumper;
+    computed by the exact ops, or by transformers' model of the checkpoint folder ``hf_from``."""
+    with hf_ops(hf_from):
+        return _dump_three(sd, kind, prompts, n_new, out)
+
+
+def _dump_three(sd, kind, prompts, n_new, out):
     r, n = tp_info()
     got = {}
     m = ForCausalLM(sd, kind, "vllm").eval()
@@ -555,29 +674,32 @@ def run_all(sd: dict, kind: str, prompts: list[list[int]], n_new: int, out: Path
     return got
 
 
-def _rank_main(rank: int, world: int, port: int, jobs: list[tuple[str, str, list, int, str]], target):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def _rank_main(rank: int, world: int, port: int, jobs: list[tuple], target):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                      WORLD_SIZE=str(world))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        torch.set_num_threads(1)
-        for sd_path, kind, prompts, n_new, out in jobs:
-            target(torch.load(sd_path, weights_only=True), kind, prompts, n_new, Path(out))
+        torch.set_num_threads(1)  # as the hf-dist engine's ranks
+        for sd_path, kind, prompts, n_new, out, hf_from in jobs:
+            target(torch.load(sd_path, weights_only=True), kind, prompts, n_new, Path(out),
+                   *([Path(hf_from)] if hf_from else []))
     finally:
         dist.destroy_process_group()
 
 
-def run_tp(jobs: list[tuple[dict, str, list, int, Path]], world: int = 2, target=run_all) -> None:
-    """``target`` (run_all: the three dumps) of each job (weights, kind, prompts, new tokens, folder) in a
-    TP=world run: `world` processes over gloo on this machine, started once for all the jobs."""
+def run_tp(jobs: list[tuple], world: int = 2, target=run_all) -> None:
+    """``target`` (run_all: the three dumps) of each job (weights, kind, prompts, new tokens, folder[, the
+    checkpoint folder for hf ops]) in a TP=world run: `world` processes over gloo on this machine, started
+    once for all the jobs."""
     import socket
 
     import torch.multiprocessing as mp
 
     args = []
-    for i, (sd, kind, prompts, n_new, out) in enumerate(jobs):
+    for sd, kind, prompts, n_new, out, *hf_from in jobs:
         out.mkdir(parents=True, exist_ok=True)
         torch.save(sd, out / "weights.pt")
-        args.append((str(out / "weights.pt"), kind, prompts, n_new, str(out)))
+        args.append((str(out / "weights.pt"), kind, prompts, n_new, str(out), str(hf_from[0]) if hf_from else ""))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

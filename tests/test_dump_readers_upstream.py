@@ -84,8 +84,14 @@ def load_upstream(src: str):
     return out
 
 
-def run_upstream(sd, kind, prompts, n_new, out: Path):
-    """This rank's dumps by SGLang's own code: out/legacy (TensorDumper), out/dumper (the dumper)."""
+def run_upstream(sd, kind, prompts, n_new, out: Path, hf_from: Path | None = None):
+    """This rank's dumps by SGLang's own code: out/legacy (TensorDumper), out/dumper (the dumper); the
+    fixture's exact ops, or transformers' model of the checkpoint folder ``hf_from`` (fx.hf_ops)."""
+    with fx.hf_ops(hf_from):
+        _run_upstream(sd, kind, prompts, n_new, out)
+
+
+def _run_upstream(sd, kind, prompts, n_new, out: Path):
     legacy, dumper_mod = load_upstream(SOURCE or os.environ["KESTREL_TEST_SGLANG_SOURCE"])
     r, n = fx.tp_info()
     m = fx.ForCausalLM(sd, kind, "sglang", fx.LogitsOutput).eval()
