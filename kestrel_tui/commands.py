@@ -144,6 +144,8 @@ def cmd_diff(args: argparse.Namespace, config: None = None) -> int:
     if cmp.identical:
         console.print(Text.assemble(("identical", "green"), f": {len(a)} keys"))
         return 0
+    if trace_a is not None and trace_b is not None:
+        _check_shapes(args.a, args.b, cmp, trace_a, trace_b)
     console.print(f"{args.a} vs {args.b}")
     console.print(counts_table(cmp.counts))
     first = cmp.first_diff or cmp.first_mismatch
@@ -163,6 +165,29 @@ def cmd_diff(args: argparse.Namespace, config: None = None) -> int:
         raise UsageError(f"--tol {args.tol!r}: a dump file holds hashes only; a tolerance judges raw values, which"
                          f" only a serving engine's dump folder has on both sides")
     return _diff_tolerance(diff, trace_a, trace_b, tol)
+
+
+def _check_shapes(name_a: str, name_b: str, cmp, trace_a, trace_b) -> None:
+    """Two dump folders' shards put together give every key the model's full shape, at any TP size; a
+    key of two shapes means ranks are missing on one side (or the dumps are of two models): one line."""
+    from .text import inert
+
+    first = next((k for k, st in cmp.status.items() if st is Status.DIFF), None)
+    if first is None:
+        return
+    pos = first[:first.index("_") + 1]
+    for key, st in cmp.status.items():
+        if st is not Status.DIFF or not key.startswith(pos):
+            continue
+        ra, rb = trace_a.raw(key), trace_b.raw(key)
+        if ra is None or rb is None or ra.shape == rb.shape:
+            continue
+        ranks = [len(t.rank_values(key) or ()) or 1 for t in (trace_a, trace_b)]
+        small = inert(name_a if ra.size < rb.size else name_b)
+        raise UsageError(f"{key} is {list(ra.shape)} in {inert(name_a)} (from {ranks[0]} rank{'s' * (ranks[0] != 1)})"
+                         f" and {list(rb.shape)} in {inert(name_b)} (from {ranks[1]} rank{'s' * (ranks[1] != 1)}):"
+                         f" a rank's folder is missing from {small}, or the two are dumps of different models;"
+                         f" copy every rank's folder")
 
 
 def _diff_tolerance(diff: list[str], trace_a, trace_b, tol) -> int:

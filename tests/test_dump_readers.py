@@ -307,3 +307,17 @@ def test_diff_reads_two_dump_folders_and_judges_them(dumps, capsys):
     assert code == 1 and "first far: t" in out, out + err
     code, _, err = run_cli(capsys, "diff", one, one.parent.parent / "nothing-here")
     assert code == 2 and "Traceback" not in err and err.count("\n") == 1, err
+
+
+def test_diff_names_a_folder_missing_its_last_rank(dumps, capsys, tmp_path):
+    """TP0 alone reads as a whole TP=1 run; against a whole dump its head-split keys have half the shape."""
+    from clitools import run_cli
+
+    whole = dumps["dense"]["tp2"] / "vllm"
+    half = _copy(dumps, tmp_path=tmp_path)
+    shutil.rmtree(_rank_dir(half, 1))
+    code, out, err = run_cli(capsys, "diff", whole, half)
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert "t0_l0_kraw is [32]" in err and f"a rank's folder is missing from {half}" in err, err
+    code, out, err = run_cli(capsys, "diff", dumps["dense"]["tp1"] / "vllm", whole)  # TP=1 vs TP=2: no error
+    assert code == 1 and "first DIFF" in out, out + err
