@@ -8,6 +8,7 @@ results/replica-exhaustive.md records the runs.
     python scripts/replica_exhaustive.py --merge a.json b.json --json expf.json
     python scripts/replica_exhaustive.py --stride 97 --workers 2          # every exponent, sampled
     python scripts/replica_exhaustive.py --cuda ...                       # the device functions too
+    python scripts/replica_exhaustive.py --c-base ...                     # and the C build for any x86-64
 
 The bit patterns [--start, --stop) are walked in chunks of 2^24 over --workers processes; each
 chunk goes through the numpy replica (in slices of 2^20, so a worker holds a few hundred MB) and
@@ -28,7 +29,11 @@ Each difference falls in one of three classes (docs/numerics.md T1, T2):
   fallback     cosf/sinf at finite |x| >= 3.37e9 / 16779436: not replicated, each side rounds
                its own double cos/sin (numpy's, libm's, the device's) to float32.
 
---json writes, per function and side (c, cuda): the count of each class and its first 100
+The C replicas are built twice (transcend.c: for any x86-64, and for AVX2 + FMA where the CPU has
+them); side "c" is the build this CPU runs (the JSON's c_build says which), and --c-base adds side
+"c_base", the any-x86-64 build forced on the same inputs.
+
+--json writes, per function and side (c, c_base, cuda): the count of each class and its first 100
 inputs as [input bits, numpy bits, other bits], plus the inputs covered, the bit ranges, the
 seconds (wall, and the workers' CPU: the rate that scales with cores) and the workers. --merge
 adds partial files up (ranges must not overlap) so that a run too long for one sitting can be
@@ -89,16 +94,30 @@ def numpy_replica(fn: str, bits: np.ndarray) -> np.ndarray:
     return out
 
 
-def c_replica(lib, fn: str):
-    """The compiled reference's batch function as bits -> bits."""
+SIDES = ("c", "c_base", "cuda")
+
+
+def c_replica(lib, fn: str, base: bool = False):
+    """The compiled reference's batch function as bits -> bits; ``base``: its any-x86-64 build (the SIMD
+    level at 0 while it runs, which turns kc_v3 off; a worker runs one call at a time)."""
     kc = getattr(lib, f"kc_{fn}")
 
     def run(bits: np.ndarray) -> np.ndarray:
         bits = np.ascontiguousarray(bits)
         out = np.empty_like(bits)
-        kc(bits.ctypes.data, out.ctypes.data, bits.size)
+        top = lib.kc_gemv_simd(-1)
+        if base:
+            lib.kc_gemv_simd(0)
+        try:
+            kc(bits.ctypes.data, out.ctypes.data, bits.size)
+        finally:
+            lib.kc_gemv_simd(top)
         return out
     return run
+
+
+def c_build(lib) -> str:
+    return "AVX2 + FMA (KC_V3)" if lib.kc_v3() else "any x86-64"
 
 
 def empty_tallies() -> dict:
@@ -160,15 +179,20 @@ _C_EVAL: dict = {}
 def _init_worker(lib_path: str) -> None:
     lib = cref.load(lib_path)
     _C_EVAL.update({fn: c_replica(lib, fn) for fn in FUNCTIONS})
+    _C_EVAL.update({(fn, "base"): c_replica(lib, fn, base=True) for fn in FUNCTIONS})
 
 
 def _work(task):
-    fn, lo, hi, stride, origin, keep_numpy = task
+    fn, lo, hi, stride, origin, keep_numpy, with_base = task
     t0 = time.process_time()
     bits = bit_patterns(lo, hi, stride, origin)
     tallies, want = check_chunk(fn, bits, _C_EVAL[fn])
-    return {"lo": lo, "hi": hi, "inputs": int(bits.size), "fallback_inputs": fallback_inputs(fn, bits),
-            "c": tallies, "numpy": want if keep_numpy else None, "cpu_seconds": time.process_time() - t0}
+    out = {"lo": lo, "hi": hi, "inputs": int(bits.size), "fallback_inputs": fallback_inputs(fn, bits),
+           "c": tallies, "numpy": want if keep_numpy else None}
+    if with_base:
+        out["c_base"] = classify(fn, bits, want, _C_EVAL[fn, "base"](bits), nan_bits_promised=True)
+    out["cpu_seconds"] = time.process_time() - t0
+    return out
 
 
 def chunks(start: int, stop: int) -> list[tuple[int, int]]:
@@ -195,16 +219,18 @@ def _progress(fn: str, i: int, n: int, done: int, t0: float) -> None:
 
 def run_function(fn: str, args, pool, device) -> dict:
     spans = chunks(args.start, args.stop)
-    tasks = [(fn, lo, hi, args.stride, args.start, device is not None) for lo, hi in spans]
+    tasks = [(fn, lo, hi, args.stride, args.start, device is not None, args.c_base) for lo, hi in spans]
     results = pool.imap_unordered(_work, tasks) if pool else map(_work, tasks)
     t0 = time.perf_counter()
     last = t0
-    c_parts, cuda_parts, inputs, fallback, cpu = [], [], 0, 0, 0.0
+    c_parts, base_parts, cuda_parts, inputs, fallback, cpu = [], [], [], 0, 0, 0.0
     for i, r in enumerate(results, 1):
         inputs += r["inputs"]
         cpu += r["cpu_seconds"]
         fallback += r["fallback_inputs"]
         c_parts.append(r["c"])
+        if "c_base" in r:
+            base_parts.append(r["c_base"])
         if device is not None:
             bits = bit_patterns(r["lo"], r["hi"], args.stride, args.start)
             cuda_parts.append(classify(fn, bits, r["numpy"], device(fn, bits), nan_bits_promised=False))
@@ -215,6 +241,8 @@ def run_function(fn: str, args, pool, device) -> dict:
     record = {"inputs": inputs, "fallback_inputs": fallback, "ranges": [[args.start, args.stop]],
               "stride": args.stride, "seconds": round(time.perf_counter() - t0, 1),
               "cpu_seconds": round(cpu, 1), "workers": args.workers, "c": merge_tallies(c_parts)}
+    if base_parts:
+        record["c_base"] = merge_tallies(base_parts)
     if device is not None:
         record["cuda"] = merge_tallies(cuda_parts)
     return record
@@ -274,7 +302,7 @@ def merge_files(paths: list[str]) -> dict:
         except (OSError, ValueError) as e:
             raise UsageError(f"--merge: cannot read {p} ({e}); give the --json files of earlier runs")
     out = {"what": f"{len(docs)} runs added up"}
-    for k in ("date", "machine", "gpu", "commit", "numpy", "python"):  # each value the parts had
+    for k in ("date", "machine", "c_build", "gpu", "commit", "numpy", "python"):  # each value the parts had
         out[k] = list(dict.fromkeys(d.get(k) for _, d in docs))
     out["functions"] = {}
     for fn in FUNCTIONS:
@@ -282,9 +310,10 @@ def merge_files(paths: list[str]) -> dict:
         if not parts:
             continue
         strides = {r["stride"] for _, r in parts}
-        sides = {tuple(s for s in ("c", "cuda") if s in r) for _, r in parts}
+        sides = {tuple(s for s in SIDES if s in r) for _, r in parts}
         if len(strides) > 1 or len(sides) > 1:
-            raise UsageError(f"--merge: the {fn} parts differ in --stride or --cuda; merge runs made alike")
+            raise UsageError(f"--merge: the {fn} parts differ in --stride, --cuda or --c-base; merge runs made"
+                             " alike")
         ranges = sorted((lo, hi, p) for p, r in parts for lo, hi in r["ranges"])
         for (a_lo, a_hi, a), (b_lo, b_hi, b) in zip(ranges, ranges[1:]):
             if b_lo < a_hi:
@@ -317,7 +346,7 @@ def summary(doc: dict) -> tuple[str, int]:
             "| seconds | workers | M inputs per worker CPU-second |", "|---|---|---|---|---|---|---|---|---|---|"]
     bad = 0
     for fn, rec in doc["functions"].items():
-        for side in ("c", "cuda"):
+        for side in SIDES:
             if side not in rec:
                 continue
             t = rec[side]
@@ -352,6 +381,8 @@ def parse_args(argv):
     ap.add_argument("--stride", type=int, default=1, help="every k-th bit pattern only (a sample; default 1: all)")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes (default: every core)")
     ap.add_argument("--cuda", action="store_true", help="the CUDA device functions against numpy too (PyCUDA)")
+    ap.add_argument("--c-base", action="store_true",
+                    help="the C replicas' any-x86-64 build too, beside the one this CPU runs")
     ap.add_argument("--lib", help="a build of kestrel_tui/cref (default: the installed one, else built now)")
     ap.add_argument("--json", help="write the figures to this file")
     ap.add_argument("--merge", nargs="+", metavar="JSON", help="add up the --json files of partial runs")
@@ -375,6 +406,7 @@ def run(args) -> dict:
     with tempfile.TemporaryDirectory(prefix="kcref-") as tmp:
         lib_path = find_lib(args.lib, tmp)
         _init_worker(lib_path)  # here too: the --workers 1 path, and a bad build fails before the pool
+        doc["c_build"] = c_build(cref.load(lib_path))
         pool = None
         if args.workers > 1:  # before CUDA starts in this process: the workers never touch the device
             pool = multiprocessing.get_context("spawn").Pool(args.workers, _init_worker, (lib_path,))

@@ -147,11 +147,20 @@ def test_main_exit_status_json_and_merge(cref, c_evals, tmp_path, monkeypatch, c
 
     planted = mid - 7
     real = rx.c_replica
-    monkeypatch.setattr(rx, "c_replica", lambda lib, fn: flip_one(real(lib, fn), planted, 1 << 30))
+    monkeypatch.setattr(rx, "c_replica", lambda lib, fn, base=False: flip_one(real(lib, fn), planted, 1 << 30))
     bad = str(tmp_path / "bad.json")
     assert rx.main(common + ["--start", hex(lo), "--stop", hex(hi), "--json", bad]) == 1
     t = json.loads(Path(bad).read_text())["functions"]["expf"]["c"]["differ"]
     assert t["count"] == 1 and t["first"][0][0] == planted and t["first"][0][1] ^ t["first"][0][2] == 1 << 30
+
+    # --c-base: the any-x86-64 build is a side of its own; a difference in it alone fails the run
+    monkeypatch.setattr(rx, "c_replica", lambda lib, fn, base=False: (
+        flip_one(real(lib, fn, base=True), planted, 1) if base else real(lib, fn)))
+    assert rx.main(common + ["--start", hex(lo), "--stop", hex(hi), "--c-base", "--json", bad]) == 1
+    doc = json.loads(Path(bad).read_text())
+    rec = doc["functions"]["expf"]
+    assert rec["c"]["differ"]["count"] == 0 and rec["c_base"]["differ"]["count"] == 1
+    assert doc["c_build"] in ("AVX2 + FMA (KC_V3)", "any x86-64")
 
 
 def test_bad_arguments_are_one_line(capsys):
@@ -169,7 +178,7 @@ def test_device_side_gets_the_numpy_bits(cref, c_evals):
 
     rx._init_worker(cref._name)
     lo = 0x7FBFF000
-    args = argparse.Namespace(start=lo, stop=lo + 8192, stride=1, workers=1)
+    args = argparse.Namespace(start=lo, stop=lo + 8192, stride=1, workers=1, c_base=False)
 
     def device(fn, bits):
         out = c_evals[fn](bits)
