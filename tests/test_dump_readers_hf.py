@@ -29,7 +29,8 @@ REDUCED = 1e-10  # NMSE of a key after an all-reduce
 
 @pytest.fixture(scope="module")
 def made(tmp_path_factory):
-    """kind -> {"ckpt", "model", "tp1", "tp2"}: the checkpoint and the dump folders (vllm/, sglang/, dumper/)."""
+    """kind -> {"ckpt", "model", "sd", "tp1", "tp2"}: the checkpoint, its weights, the dump folders (vllm/,
+    sglang/, dumper/)."""
     root = tmp_path_factory.mktemp("dumps_hf")
     out, jobs = {}, []
     for kind, seed in (("dense", 1), ("moe", 2)):
