@@ -682,7 +682,7 @@ def _rank_main(rank: int, world: int, port: int, jobs: list[tuple], target):
         torch.set_num_threads(1)  # as the hf-dist engine's ranks
         for sd_path, kind, prompts, n_new, out, hf_from in jobs:
             target(torch.load(sd_path, weights_only=True), kind, prompts, n_new, Path(out),
-                   *([Path(hf_from)] if hf_from else []))
+                   Path(hf_from) if hf_from else None)
     finally:
         dist.destroy_process_group()
 
@@ -690,7 +690,7 @@ def _rank_main(rank: int, world: int, port: int, jobs: list[tuple], target):
 def run_tp(jobs: list[tuple], world: int = 2, target=run_all) -> None:
     """``target`` (run_all: the three dumps) of each job (weights, kind, prompts, new tokens, folder[, the
     checkpoint folder for hf ops]) in a TP=world run: `world` processes over gloo on this machine, started
-    once for all the jobs."""
+    once for all the jobs. A target takes the five and hf_from (the checkpoint folder, or None)."""
     import socket
 
     import torch.multiprocessing as mp

@@ -65,12 +65,27 @@ def _bits(a) -> np.ndarray:
     return a.view(np.uint32) if a.dtype.itemsize == 4 else a
 
 
-def _dump_trace(made, kind, world, fmt, hf_trace):
-    d = made[kind]
-    eng = make_dump_engine(EngineSpec(FORMATS[fmt], None, {"folder": str(d[f"tp{world}"] / fmt)}), d["model"],
-                           kv="f32", deep=True)
+def _read(engine: str, folder, model, hf_trace):
+    """The dump in ``folder`` through its engine, on the hf run's tokens."""
+    eng = make_dump_engine(EngineSpec(engine, None, {"folder": str(folder)}), model, kv="f32", deep=True)
     forced = [p.token for p in hf_trace.positions[len(PROMPT):]]
     return eng.run(RunRequest(PROMPT, N, {}, forced=forced))
+
+
+def _held_like_hf(hf, tr, world: int) -> int:
+    """Every key of the dump against the hf engine's: bits before a reduction, NMSE after; the count of
+    keys held to the bits."""
+    assert [p.token for p in tr.positions] == [p.token for p in hf.positions]
+    exact = 0
+    for k in tr.hashes():
+        a, b = np.asarray(hf.raw(k)), np.asarray(tr.raw(k))
+        assert a.shape == b.shape and a.dtype == b.dtype, k
+        if _before_reduce(k, world):
+            assert np.array_equal(_bits(a), _bits(b)), (k, key_metrics(a, b))
+            exact += 1
+        else:  # after an all-reduce: judged by tolerance (on this machine the bits agree too)
+            assert key_metrics(a, b).nmse <= REDUCED, (k, key_metrics(a, b))
+    return exact
 
 
 def _expected_keys(hf, kind, fmt) -> set[str]:
@@ -96,18 +111,9 @@ def _before_reduce(key: str, world: int) -> bool:
 @pytest.mark.parametrize("world", [1, 2])
 def test_dump_keys_equal_the_hf_engines_keys(made, hf_runs, kind, world, fmt):
     hf = hf_runs[kind, world]
-    tr = _dump_trace(made, kind, world, fmt, hf)
-    assert [p.token for p in tr.positions] == [p.token for p in hf.positions]
+    tr = _read(FORMATS[fmt], made[kind][f"tp{world}"] / fmt, made[kind]["model"], hf)
     assert set(tr.hashes()) == _expected_keys(hf, kind, fmt)
-    exact = 0
-    for k in tr.hashes():
-        a, b = np.asarray(hf.raw(k)), np.asarray(tr.raw(k))
-        assert a.shape == b.shape and a.dtype == b.dtype, k
-        if _before_reduce(k, world):
-            assert np.array_equal(_bits(a), _bits(b)), (k, key_metrics(a, b))
-            exact += 1
-        else:  # after an all-reduce: judged by tolerance (on this machine the bits agree too)
-            assert key_metrics(a, b).nmse <= REDUCED, (k, key_metrics(a, b))
+    exact = _held_like_hf(hf, tr, world)
     assert exact == (len(tr.hashes()) if world == 1 else len(tr.positions) * (1 + len(BEFORE_REDUCE)))
 
 
@@ -135,14 +141,6 @@ def test_sglang_s_own_dumpers_of_the_hf_run_equal_the_hf_engines_keys(made, hf_r
     """SGLang's TensorDumper and dumper.py (tests/test_dump_readers_upstream.py runs them) on the same run:
     every key they wrote reads back to the hf engines' bits."""
     hf = hf_runs[kind, world]
-    d = made[kind]
-    eng = make_dump_engine(EngineSpec("sglang-dump", None, {"folder": str(upstream[kind][world] / fmt)}),
-                           d["model"], kv="f32", deep=True)
-    tr = eng.run(RunRequest(PROMPT, N, {}, forced=[p.token for p in hf.positions[len(PROMPT):]]))
+    tr = _read("sglang-dump", upstream[kind][world] / fmt, made[kind]["model"], hf)
     assert set(tr.hashes()) == _expected_keys(hf, kind, "dumper" if fmt == "dumper" else "sglang")
-    for k in tr.hashes():
-        a, b = np.asarray(hf.raw(k)), np.asarray(tr.raw(k))
-        if _before_reduce(k, world):
-            assert np.array_equal(_bits(a), _bits(b)), (k, key_metrics(a, b))
-        else:
-            assert key_metrics(a, b).nmse <= REDUCED, (k, key_metrics(a, b))
+    _held_like_hf(hf, tr, world)
