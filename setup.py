@@ -12,7 +12,8 @@ from setuptools import Extension, find_packages, setup
 SOURCES = sorted(str(p) for p in Path("kestrel_tui/cref").glob("*.c"))
 
 setup(
-    # the CUDA sources live in the top-level kernels/ folder and install as kestrel_tui.kernels
+    # the CUDA sources live in the top-level kernels/ folder, a data folder with no __init__.py (so that
+    # it shadows no `kernels` module); a wheel carries them as kestrel_tui/kernels/, read by path
     packages=find_packages(include=["kestrel_tui*"]) + ["kestrel_tui.kernels"],
     package_dir={"kestrel_tui.kernels": "kernels"},
     package_data={"kestrel_tui": ["app/*.tcss"], "kestrel_tui.kernels": ["*.cu", "*.cuh", "*.h"]},

@@ -26,15 +26,13 @@ from ...errors import UsageError
 
 
 def _kernel_dir() -> Path:
-    """The .cu sources: the installed package kestrel_tui.kernels (setup.py maps the top-level kernels/
-    folder there), or a checkout's kernels/ when the package runs from the source tree uninstalled."""
-    try:
-        from ... import kernels
-
-        if getattr(kernels, "__file__", None):
-            return Path(kernels.__file__).resolve().parent
-    except ImportError:
-        pass
+    """The .cu sources, read by path: an installed wheel carries them as kestrel_tui/kernels/ (setup.py
+    copies the top-level kernels/ folder there); a checkout or an editable install reads kernels/ at the
+    root. kernels/ is a plain data folder, not a package, so it shadows no `kernels` module (Hugging
+    Face's, which transformers imports, among them)."""
+    installed = Path(__file__).resolve().parents[2] / "kernels"
+    if (installed / "common.cuh").is_file():
+        return installed
     return Path(__file__).resolve().parents[3] / "kernels"
 
 
