@@ -9,8 +9,9 @@
  * reduction. SIMD is used where the contract's order is lane-parallel by design (the
  * GEMV's 32 lane accumulators) or where the arithmetic is exact (integer block dots).
  *
- * Files: transcend.c (expf/cosf/sinf replicas, silu), quant.c (f16, q8_0, q8 rows),
- * gemv.c (q4_0 x q8_0 and f32 GEMV), ops.c (norms, rope, attention, routing, combine),
+ * Files: cpu.c (the SIMD level), transcend.c (expf/cosf/sinf replicas, silu),
+ * quant.c (f16, q8_0, q8 rows), gemv.c (q4_0 x q8_0 and f32 GEMV),
+ * ops.c (norms, rope, attention, routing, combine),
  * step.c (one decode step of M columns through every layer), fnv.c (probe hashes).
  */
 #ifndef KESTREL_CREF_H
@@ -18,6 +19,9 @@
 
 #include <stdint.h>
 
+/* ---- cpu.c: the SIMD level, read from the CPU at load time ---- */
+int kc_gemv_simd(int level);  /* -1: query; set 0 scalar, 1 AVX2, 2 VNNI, 3 AVX-512 (capped at the CPU's); -> level in use */
+int kc_avxvnni(void);         /* 1 where the CPU has AVX-VNNI (level 2's 256-bit dot), else 0 */
 /* The elementwise loops' second build, for CPUs with AVX2 and FMA (x86-64 only): the same operations,
  * so the same bits. kc_v3() says whether it runs: SIMD level (kc_gemv_simd) >= 1 and an FMA unit. */
 #if defined(__x86_64__) || defined(__i386__)
@@ -60,7 +64,6 @@ void kc_gemv_q4(const kc_job *jobs, int n_jobs, int64_t nb, const int8_t *qx, co
 /* f32 weights: x [*, inp] float. */
 void kc_gemv_f32(const kc_job *jobs, int n_jobs, int64_t inp, const float *x, float *y, int64_t y_ld,
                  int threads);
-int kc_gemv_simd(int level);  /* -1: query; set 0 scalar, 1 AVX2, 2 VNNI, 3 AVX-512 (capped at the CPU's); -> level in use */
 /* The step's GEMVs: x [rows, nb*32] f32 quantized to q8_0 (Q2) by each worker of the team for itself
  * (a step's GEMV inputs are a few rows: cheaper to quantize twice than to wait for), ws [team] their
  * workspaces. */

@@ -4,7 +4,7 @@
  * whole by one thread, so the thread count moves no bit. Within a tile the columns are looped
  * inside the rows, so a weight row is read from memory once for all columns of a call.
  *
- * SIMD (kc_gemv_simd: scalar, AVX2, VNNI, AVX-512; x86 only, picked at run time so one build
+ * SIMD (kc_gemv_simd, cpu.c: scalar, AVX2, VNNI, AVX-512; x86 only, picked at run time so one build
  * serves every CPU): every level gives the same bits. The integer block dots are exact in any
  * order; the float part is vectorised over 8 consecutive blocks, which sit in 8 different lanes of
  * the lane sum (block b in lane b % 32), so each lane still adds its blocks in ascending order.
@@ -33,59 +33,6 @@
 #define BLOCK 18       /* q4_0 bytes per block: f16 scale, 16 nibble bytes */
 #define TILE_ROWS 16   /* output rows per work item: small enough to balance 2..16 threads */
 #define TILE_COLS 16   /* columns sharing one decode of a weight group in the SIMD tiles */
-/* ---------------------------------------------------------------- level selection */
-
-static int cpu_level(void)
-{
-#ifdef KC_X86
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) {
-        if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl")
-            && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vbmi"))
-            return 3;
-        if ((__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl"))
-            || __builtin_cpu_supports("avxvnni"))
-            return 2;
-        return 1;
-    }
-#endif
-    return 0;
-}
-
-static int g_max, g_level, g_fma;
-/* level 2's dot: AVX-VNNI where the CPU has it (so this level is what an AVX-VNNI-only CPU runs, and
- * tests on a CPU with both reach it), else AVX512-VNNI on 256-bit vectors (e.g. Cascade Lake) */
-static int g_vnni_avx;
-
-#ifdef KC_X86
-static void init_perm(void);
-#endif
-
-/* At load time, so no GEMV ever races the detection. */
-__attribute__((constructor)) static void init_level(void)
-{
-#ifdef KC_X86
-    init_perm();
-#endif
-    g_max = g_level = cpu_level();
-#ifdef KC_X86
-    g_vnni_avx = __builtin_cpu_supports("avxvnni");
-    g_fma = __builtin_cpu_supports("fma");
-#endif
-}
-
-int kc_v3(void)
-{
-    return g_level >= 1 && g_fma;
-}
-
-/* A switch for tests and benchmarks: not to be flipped while a GEMV runs. */
-int kc_gemv_simd(int level)
-{
-    if (level >= 0)
-        g_level = level < g_max ? level : g_max;
-    return g_level;
-}
 
 /* ---------------------------------------------------------------- shared helpers */
 
@@ -329,7 +276,8 @@ typedef struct {
 static int8_t g_perm[3][64];  /* words 0-1 and 2-3 (index into group bytes 0..127, or 80..143 for
                                * block 7), and the scales' bytes in the first 16 */
 
-static void init_perm(void)
+/* At load time, so no GEMV ever races the table. */
+__attribute__((constructor)) static void init_perm(void)
 {
     for (int z = 0; z < 2; z++)
         for (int p = 0; p < 64; p++) {
@@ -720,8 +668,8 @@ static void q4_tiles(const kc_job *jobs, int n_jobs, int64_t nb, const int8_t *q
     if (level > 0) {
         q4_tile_fn fn = q4_tile_avx2, packed_fn = q4_packed_avx2;
         if (level == 2) {
-            fn = g_vnni_avx ? q4_tile_vnniavx : q4_tile_vnni512;
-            packed_fn = g_vnni_avx ? q4_packed_vnniavx : q4_packed_vnni512;
+            fn = kc_avxvnni() ? q4_tile_vnniavx : q4_tile_vnni512;
+            packed_fn = kc_avxvnni() ? q4_packed_vnniavx : q4_packed_vnni512;
         } else if (level >= 3) {
             fn = q4_tile_avx512;
             packed_fn = q4_packed_avx512;
