@@ -1,8 +1,8 @@
 """The cuda backend's acceptance on a GPU: every check, in named sections, in one process.
 
 One JSON of every figure (written again after each section), and a table of the rows printed last. A
-section that crashes is one FAIL row and the next section runs: a device session is short and
-has to report everything it can. Exit 1 if any row fails.
+section that crashes is one FAIL row and the next section runs: time on a GPU machine is short, and
+a run has to report everything it can. Exit 1 if any row fails.
 
 Sections (--only picks sections or groups, run in the order given):
 
@@ -45,12 +45,12 @@ Sections (--only picks sections or groups, run in the order given):
 
 The default is `--only bits,speed,cli`; `--only all` adds the proof. --references-only computes and
 writes the cpu references of the chosen sections (30b, fullsize, fullsize-spread) and touches no GPU:
-run it ahead of the device session on any machine, and carry the folder.
+run it ahead on any machine, and copy the folder along with the tree.
 
     python3 scripts/gpu_acceptance.py --only 30b --references-only        # ahead: .gpuref/ref_30b.json
-    python3 scripts/gpu_acceptance.py --out $OUT/acceptance.json          # on the H200 (carry .gpuref)
-    python3 scripts/gpu_acceptance.py --only full,profile --steps 30 --out $OUT/speed.json
-    python3 scripts/gpu_acceptance.py --only fullsize --out $OUT/proof.json
+    python3 scripts/gpu_acceptance.py --out acceptance.json               # on the H200 (.gpuref in the tree)
+    python3 scripts/gpu_acceptance.py --only full,profile --steps 30 --out speed.json
+    python3 scripts/gpu_acceptance.py --only fullsize --out proof.json
 
 (The scripts it replaces are named in results/gpu-h200.md.)
 """

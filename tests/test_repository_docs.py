@@ -11,8 +11,14 @@ Read from the tracked files (`git ls-files`; skipped outside a git checkout):
     issue number of this project ("session 8", "issue 17", "#12"); upstream projects' issues
     ("vLLM #2008", "llama.cpp PR 1234") are facts about those projects and allowed;
 (d) every results/ page carries a command, a date, a machine and a commit;
-(e) every `git show <commit>:<path>` they cite names a file or folder of that commit (where the
-    clone has the commit).
+(e) every `git show <commit>:<path>` they cite names a file or folder of that commit, and every
+    `git show <tree>:<path>` or `git show <object>` names an object of the clone (where the clone
+    has the commit or the tree; not checked in a shallow clone);
+(f) README.md, docs/, results/, scripts/, tests/, kestrel_tui/ and kernels/ speak the words of the
+    product, not of the workplace it was built in: no `$OUT` (a runner's output folder), no GPU
+    machines lent or loaned, no issue numbers glued to a name (`gpu_issue6.py`, `h200-issue20`), no
+    run folders named by date and work period (`2026-11-30-s7`), no device calls or sessions, no
+    machine time left or spent, no helper reviews or subagents, no folders beside the checkout.
 """
 from __future__ import annotations
 
@@ -129,12 +135,61 @@ def test_cited_history_exists():
             ref = f"{m.group(1)}:{m.group(2).rstrip('.-')}"
             if not PLACEHOLDER.search(ref):
                 refs.setdefault(ref, _where(path, text, m.start()))
-    # a shallow clone may lack a commit: only the refs of commits it has are checked
+    # a shallow clone may lack a commit: only the refs of commits (or trees) it has are checked
     revs = {r.split(":")[0] for r in refs}
-    known = {r for r in revs if subprocess.run(["git", "cat-file", "-e", f"{r}^{{commit}}"], cwd=ROOT,
+    known = {r for r in revs if subprocess.run(["git", "cat-file", "-e", f"{r}^{{tree}}"], cwd=ROOT,
                                                capture_output=True).returncode == 0}
     asked = [r for r in refs if r.split(":")[0] in known]
     out = subprocess.run(["git", "cat-file", "--batch-check"], cwd=ROOT, capture_output=True, text=True,
                          input="".join(f"{r}\n" for r in asked), check=True).stdout.splitlines()
     missing = [f"{refs[r]}: git show {r}" for r, line in zip(asked, out) if line.endswith(" missing")]
     assert not missing, "cited history that the commit does not hold:\n" + "\n".join(missing)
+
+
+GIT_OBJECT = re.compile(r"git show ([0-9a-f]{7,40})(?![\w:^~.])")
+
+
+def test_cited_objects_exist():
+    """A file or folder of history cited by its object id (`git show 9f49f001df`) is in the clone."""
+    shallow = subprocess.run(["git", "rev-parse", "--is-shallow-repository"], cwd=ROOT, capture_output=True,
+                             text=True)
+    if shallow.returncode != 0 or shallow.stdout.strip() != "false":
+        pytest.skip("a shallow clone (or no git): history objects may be absent")
+    refs: dict[str, str] = {}
+    for path, text in _text(_tracked(), CITING).items():
+        for m in GIT_OBJECT.finditer(text):
+            refs.setdefault(m.group(1), _where(path, text, m.start()))
+    missing = [f"{where}: git show {ref}" for ref, where in refs.items()
+               if subprocess.run(["git", "cat-file", "-e", ref], cwd=ROOT, capture_output=True).returncode != 0]
+    assert not missing, "cited objects that the clone does not hold:\n" + "\n".join(missing)
+
+
+# Words of the workplace the code was written in, each with what the product says instead. Each is
+# precise enough to leave the product's own words alone: a Session, a process session (setsid),
+# "device time" of a kernel, a raw store's budget.
+WORKPLACE = [
+    (r"\$\{?OUT\b", "a runner's output folder: write `--out result.json` or name the folder"),
+    (r"(?i)\b(?:lent|lend|lending|loans?|loaned)\b", "a GPU on loan: name the machine (an NVIDIA H200 host)"),
+    (r"(?i)issue[_-]?#?\d+", "an issue number in a name: name the thing by what it does"),
+    (r"(?:\b20\d\d-\d\d-\d\d|…)-s\d+\b", "a run folder named by a work period: cite a commit, a date, a tree id"),
+    (r"(?i)\bdevice\s+(?:calls?|sessions?)\b", "a call of a lending tool: say a run on the machine"),
+    (r"(?i)\b\d+\s+s\s+of\s+(?:\d+\s+s\s+of\s+)?device\s+time\b|\bdevice\s+time\s+(?:was\s+)?(?:left|spent)\b"
+     r"|\bno\s+device\s+time\b", "machine time of a loan (device time is a kernel's): say machine time"),
+    (r"(?i)\b(?:machine|one-GPU)\s+kind\b", "a lending tool's kind: say the machine type"),
+    (r"(?i)\bcarr(?:y|ying|ied)\s+\.\w", "a lending tool's carry: say which folders are in the tree"),
+    (r"(?i)\bsub-?agents?\b|\bhelper\s+(?:reviews?|sessions?)\b|\bother\s+engineers\b",
+     "the people and agents who wrote it: say what was done"),
+    (r"\.\./shared/", "a folder beside the checkout: say what it holds"),
+]
+
+
+def test_no_workplace_words():
+    me = Path(__file__).resolve().relative_to(ROOT).as_posix()
+    found = []
+    for path, text in _text(_tracked(), PRODUCT + ("tests/",)).items():
+        if path == me:
+            continue
+        for rx, instead in WORKPLACE:
+            for m in re.finditer(rx, text):
+                found.append(f"{_where(path, text, m.start())}: {m.group(0)!r} ({instead})")
+    assert not found, "words of the workplace, not of the product:\n" + "\n".join(found)

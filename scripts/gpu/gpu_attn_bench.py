@@ -12,7 +12,8 @@ that they run back to back whatever Python's launch rate (~9 us a launch, more t
 kernel takes; before commit c558faa the figures under ~10 us were that rate). Compare versions
 within one run; the exact kernels run with the exact expf and the exact q8_0 of the output.
 P·V launches without the app's spread (launches.pv_spread_bytes): launched back to back from
-one stream the two measured the same (git show 731bc0e:results/runs/2026-11-30-s7/final2/attn_alone.txt).
+one stream the two measured the same (git show e2fcc3f8df:final2/attn_alone.txt; e2fcc3f8df is the
+run folder's git tree id in commit 731bc0e).
 """
 from __future__ import annotations
 
