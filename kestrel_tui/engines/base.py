@@ -128,6 +128,11 @@ class RunRequest:
     stop: Callable[[], bool] | None = None   # checked between positions (bisection ends early)
     graft: Graft | None = None               # the cause test (session/graft.py); engines with caps.graft
 
+    def __post_init__(self):
+        # every engine's one guard: the session refuses an empty prompt in the user's words before this
+        if not self.prompt:
+            raise ValueError("the prompt is empty; give at least one token")
+
 
 class Engine:
     """Base class: a name, toggles, capabilities, declared keys, and `run`."""

@@ -2,8 +2,8 @@
 
 Their toggles are the op families of backends/toggles.py (fast or exact
 kernels); they honour every session setting, since they share the
-reference's KV format and can be fed its buffers. `run_decode` is their decode
-loop, over a backend.
+reference's KV format and can be fed its buffers. `run_decode` runs a backend
+through the engines' one decode loop (engines/decode.py).
 """
 from __future__ import annotations
 
@@ -19,8 +19,9 @@ from ..backends.toggles import OWNERS, TOGGLES, describe
 from ..errors import UsageError
 from ..model.weights import Model
 from ..trace.rawstore import RawStore
-from ..trace.run import Cancelled, Position, Trace
+from ..trace.run import Position, Trace
 from .base import Capabilities, Engine, Graft, RunRequest, fast_exact
+from .decode import decode_loop
 from .decoders import cpu_impl, make_backend
 
 
@@ -82,7 +83,7 @@ def run_decode(backend: Backend, prompt: list[int], n_tokens: int, *, forced: li
                on_position: Callable[[Position], None] | None = None,
                cancel: threading.Event | None = None, stop: Callable[[], bool] | None = None,
                store: RawStore | None = None, graft: Graft | None = None) -> Trace:
-    """Run the prompt and n_tokens decode positions.
+    """Run the prompt and n_tokens decode positions on ``backend`` (engines/decode.py's loop).
 
     forced: the tokens to consume after the prompt (teacher forcing), else greedy.
     prefill_from: a trace whose prompt positions (hashes, raw buffers and KV rows)
@@ -90,16 +91,10 @@ def run_decode(backend: Backend, prompt: list[int], n_tokens: int, *, forced: li
     takes the reference trace's buffers as inputs. graft: at its sites only, the reference's buffers
     stand in for the backend's own (the cause test).
     """
-    if not prompt:
-        raise ValueError("the prompt is empty; give at least one token")
-    P = len(prompt)
-    backend.reset(P + n_tokens)
-    store = store or RawStore()
-    trace = Trace(backend=backend.describe(), prompt=list(prompt), store=store)
-
-    def check_cancel():
-        if cancel is not None and cancel.is_set():
-            raise Cancelled()
+    req = RunRequest(list(prompt), n_tokens, {}, forced=forced, prefill_from=prefill_from, feed_from=feed_from,
+                     raw=raw, on_position=on_position, cancel=cancel, stop=stop, graft=graft)
+    backend.reset(len(prompt) + n_tokens)
+    trace = Trace(backend=backend.describe(), prompt=list(prompt), store=store or RawStore())
 
     def feed(pos0: int, m: int):
         if feed_from is not None:
@@ -110,29 +105,7 @@ def run_decode(backend: Backend, prompt: list[int], n_tokens: int, *, forced: li
                     for t in range(pos0, pos0 + m)]
         return None
 
-    def record(out, pos0: int, tokens: list[int]):
-        for m, tok in enumerate(tokens):
-            pos = Position(t=pos0 + m, token=tok, prompt=pos0 + m < P, hashes=out.hashes[m],
-                           raw=store.keep(out.raw[m]) if out.raw else None, logits=out.logits[m])
-            trace.positions.append(pos)
-            if on_position:
-                on_position(pos)
+    def step(tokens: list[int], pos0: int):
+        return backend.step(np.array(tokens), pos0, raw=raw, feed=feed(pos0, len(tokens)))
 
-    check_cancel()
-    if prefill_from is not None:
-        src = prefill_from.positions[:P]
-        backend.load_kv(0, [p.raw for p in src])
-        for p in src:
-            trace.positions.append(p)
-            if on_position:
-                on_position(p)
-    else:
-        record(backend.step(np.array(prompt), 0, raw=raw, feed=feed(0, P)), 0, list(prompt))
-    for i in range(n_tokens):
-        check_cancel()
-        if stop is not None and stop():
-            break
-        t = P + i
-        tok = forced[i] if forced is not None else trace.positions[-1].top1
-        record(backend.step(np.array([tok]), t, raw=raw, feed=feed(t, 1)), t, [tok])
-    return trace
+    return decode_loop(req, trace, step, take_prefill=lambda src: backend.load_kv(0, [p.raw for p in src]))
