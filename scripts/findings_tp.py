@@ -8,9 +8,10 @@ the first differing layer differ, and whether each all-reduce returned exactly t
 ranks' partials).
 
 planted: bugs that exist only under parallelism planted in a rank's shard at layer 20
-(tests/rankfaults.py's ShardFault, the hooks module the ranks are handed), the cpu reference against hf-dist TP=2 with the deep keys: where the first
-far key lands, and each rank's share of that layer's split keys against a clean run of the same
-settings (and, for a column-parallel key, against the reference's slice).
+(tests/rankfaults.py's ShardFault, through the hooks module the ranks are handed), the cpu reference
+against hf-dist TP=2 with the deep keys: where the first far key lands, and each rank's share of that
+layer's split keys against a clean run of the same settings (and, for a column-parallel key, against
+the reference's slice).
 
     python scripts/findings_tp.py [--model DIR] [--tokens 16] [--part moe|dense|planted|all] [--json FILE]
 
