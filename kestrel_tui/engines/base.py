@@ -19,6 +19,9 @@ from ..trace.keys import parse_key
 from ..trace.run import Position
 
 OnPosition = Callable[[Position], None]
+# The most CPU threads an engine's option may ask for: far past any machine this runs on, and short of
+# what a library would try to start (a typo of 10**6 threads is one line, not a crash).
+MOST_THREADS = 1024
 
 
 @dataclass(frozen=True)

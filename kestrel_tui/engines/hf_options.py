@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from ..errors import UsageError
-from .base import Toggle, check_toggle_keys
+from .base import MOST_THREADS, Toggle, check_toggle_keys
 
 
 @dataclass(frozen=True)
@@ -180,7 +180,7 @@ HF_DIST = OptionTable("hf-dist", (
     Choice("nccl_proto", ("default", "Simple", "LL", "LL128"), "NCCL_PROTO for the ranks' collectives (default:"
            " NCCL's choice)", only="cuda"),
     *HF_CHOICES,
-    Number("threads", 1, 1, 1024, "torch CPU threads per rank (and OMP_NUM_THREADS)", whole=True),
+    Number("threads", 1, 1, MOST_THREADS, "torch CPU threads per rank (and OMP_NUM_THREADS)", whole=True),
     Number("timeout", 300.0, 0.0, LONGEST_S, "the longest a step may take", above=True, unit="seconds"),
     Number("load_timeout", 900.0, 0.0, LONGEST_S, "the longest the ranks may take to load the model",
            above=True, unit="seconds"),

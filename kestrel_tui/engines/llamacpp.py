@@ -26,7 +26,8 @@ from ..trace.fnv import fnv1a64
 from ..trace.keys import DEEP_FIELDS, FIELDS, layer_fields
 from ..trace.rawstore import RawStore
 from ..trace.run import Cancelled, Trace
-from .base import Capabilities, Engine, EngineFailed, EngineSpec, RunRequest, Toggle, check_toggle_keys
+from .base import (MOST_THREADS, Capabilities, Engine, EngineFailed, EngineSpec, RunRequest, Toggle,
+                   check_toggle_keys)
 from .decode import decode_loop
 
 NEEDS = "llama.cpp engine needs llama-cpp-python: pip install -e '.[llama]' (or pip install llama-cpp-python)"
@@ -106,10 +107,11 @@ def _check_value(name: str, value: object, where: str = "option", gpu: bool = Fa
         raise UsageError(f"llama.cpp engine: unknown {where} {name!r}; choose from {', '.join([*OPTIONS, 'env'])}")
     v = str(value) if isinstance(value, (str, int)) and not isinstance(value, bool) else None
     allowed = OPTIONS[name]
-    if name in NUMBER and v is not None and v.isdigit() and (name == "n_gpu_layers" or int(v) >= 1):
+    lowest, most = (0, None) if name == "n_gpu_layers" else (1, MOST_THREADS if name == "n_threads" else None)
+    if name in NUMBER and v is not None and v.isdigit() and lowest <= int(v) and (most is None or int(v) <= most):
         v = str(int(v))
     elif v is None or allowed is None or v not in allowed:
-        shown = "|".join(allowed) if allowed else "a whole number"
+        shown = "|".join(allowed) if allowed else f"a whole number 1..{MOST_THREADS}"
         extra = " or a whole number >= 1" if name == "n_ubatch" else \
             f" or a whole number 0..{n_layers + 1}" if name == "n_gpu_layers" else ""
         raise UsageError(f"llama.cpp engine: {name}={value!r} is not allowed; choose from {shown}{extra}")
