@@ -5,6 +5,10 @@ reads every probe key through public hooks (module hooks and a wrapper in
 transformers' attention registry), so the subject is HF exactly as users run
 it. The keys mean what the reference's mean (docs/engines-hf.md): k/ks/v/vs
 are what our cache would hold from HF's K and V in the reference's KV format.
+
+`HFFamily` is what this engine and hf-dist (engines/hf_dist.py) share; each states its name, its option
+table (engines/hf_options.py), its capabilities and its run, which feeds the engines' decode loop
+(engines/decode.py) with its step.
 """
 from __future__ import annotations
 
