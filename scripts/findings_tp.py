@@ -8,9 +8,10 @@ the first differing layer differ, and whether each all-reduce returned exactly t
 ranks' partials).
 
 planted: bugs that exist only under parallelism planted in a rank's shard at layer 20
-(hf_dist_rank.ShardFault), the cpu reference against hf-dist TP=2 with the deep keys: where the first
-far key lands, and each rank's share of that layer's split keys against a clean run of the same
-settings (and, for a column-parallel key, against the reference's slice).
+(tests/rankfaults.py's ShardFault, through the hooks module the ranks are handed), the cpu reference
+against hf-dist TP=2 with the deep keys: where the first far key lands, and each rank's share of that
+layer's split keys against a clean run of the same settings (and, for a column-parallel key, against
+the reference's slice).
 
     python scripts/findings_tp.py [--model DIR] [--tokens 16] [--part moe|dense|planted|all] [--json FILE]
 
@@ -23,7 +24,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
 import sys
 import time
 from dataclasses import replace as with_fields
@@ -32,18 +32,19 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # rankfaults: the planted bugs
 
 from kestrel_tui.engines.base import EngineSpec  # noqa: E402
 from kestrel_tui.engines.build import make_engine  # noqa: E402
-from kestrel_tui.engines.hf_dist import make_hf_dist_engine, rank_values, sum_key  # noqa: E402
-from kestrel_tui.engines.hf_dist_rank import FAULT_ENV  # noqa: E402
+from kestrel_tui.engines.hf_dist import make_hf_dist_engine  # noqa: E402
 from kestrel_tui.model.config import default_config  # noqa: E402
 from kestrel_tui.model.hf import load_model  # noqa: E402
 from kestrel_tui.model.weights import synthetic_model  # noqa: E402
 from kestrel_tui.session.session import Session  # noqa: E402
 from kestrel_tui.trace.compare import Status, diff_stats, parse_tolerance  # noqa: E402
 from kestrel_tui.trace.keys import parse_key  # noqa: E402
-from kestrel_tui.trace.ranks import compare_shares, line  # noqa: E402
+from kestrel_tui.trace.ranks import compare_shares, line, rank_values, sum_key  # noqa: E402
+from rankfaults import planted  # noqa: E402
 
 PROMPT = [1, 2, 3, 4]
 TOL = parse_tolerance("nmse=1e-7")
@@ -177,19 +178,14 @@ def hunt(model, path, tokens: int, fault: str | None, options: dict):
     sub = hf_dist(model, path, deep=True, **options)
     session = Session(model, PROMPT, tokens, reference=make_engine("cpu", model, kv="f32", deep=True), subject=sub,
                       kv="f32", deep=True)
-    old = os.environ.pop(FAULT_ENV, None)
-    if fault:
-        os.environ[FAULT_ENV] = fault  # the ranks read it when the group starts
-    try:
-        return session.run(with_fields(session.initial_settings(), prefill="subject"))
-    finally:
-        sub.close()
-        os.environ.pop(FAULT_ENV, None)
-        if old is not None:
-            os.environ[FAULT_ENV] = old
+    with planted(fault):  # the ranks read it when the group starts
+        try:
+            return session.run(with_fields(session.initial_settings(), prefill="subject"))
+        finally:
+            sub.close()
 
 
-def planted(models: dict, tokens: int) -> list[dict]:
+def planted_rows(models: dict, tokens: int) -> list[dict]:
     clean, rows = {}, []
     for kind, fault, options in PLANTED:
         model, path = models[kind]
@@ -266,8 +262,8 @@ def main() -> None:
         four = session(model, hf_dist(model, None, world_size="2"), hf_dist(model, None))
         rows.append(row("dense: TP=4 vs TP=2", four, {"world_size": "4"}))
     if cli.part in ("planted", "all"):
-        rows += planted({"moe": (load_model(cli.model, "f32"), cli.model), "dense": (dense_model(), None)},
-                        cli.tokens)
+        rows += planted_rows({"moe": (load_model(cli.model, "f32"), cli.model), "dense": (dense_model(), None)},
+                             cli.tokens)
     for e in engines:
         e.close()
     if cli.json:

@@ -125,7 +125,7 @@ def test_unknown_process_option_names_the_file_and_line(capsys, tmp_path, gguf):
 def test_unknown_hf_option_names_the_file_and_line(capsys, tmp_path, gguf, monkeypatch):
     from kestrel_tui.engines import hf
 
-    monkeypatch.setattr(hf, "_imports", lambda: None)  # the option check needs no torch: keep the test fast
+    monkeypatch.setattr(hf, "needs_torch", lambda engine: None)  # the option check needs no torch: keep the test fast
     text = (f"model = {q(gguf)}\ntokens = 1\n\n[reference]\nengine = \"cpu\"\n\n[subject]\nengine = \"hf\"\n\n"
             f"[subject.options]\ndevice = \"cpu\"\nbogus = 1\n")
     f = write(tmp_path, text)

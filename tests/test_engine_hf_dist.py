@@ -15,20 +15,21 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from kestrel_tui import procs  # noqa: E402
-from kestrel_tui.engines import hf, hf_dist, profile, registry  # noqa: E402
+from kestrel_tui.engines import hf_dist, hf_options, profile, registry  # noqa: E402
 from kestrel_tui.engines.base import EngineFailed, EngineSpec, RunRequest, Toggle  # noqa: E402
-from kestrel_tui.engines.hf_dist import (  # noqa: E402
-    HEADS, WHOLE, gather, layout_of, make_hf_dist_engine, rank_key, rank_values, sum_key)
+from kestrel_tui.engines.hf_dist import HEADS, WHOLE, gather, layout_of, make_hf_dist_engine  # noqa: E402
 from kestrel_tui.engines.hf_dist_group import RankFailure  # noqa: E402
-from kestrel_tui.engines.hf_dist_rank import FAULT_ENV, PLANNED  # noqa: E402
+from kestrel_tui.engines.hf_dist_rank import PLANNED  # noqa: E402
 from kestrel_tui.engines.profile import load_profile  # noqa: E402
 from kestrel_tui.errors import UsageError  # noqa: E402
 from kestrel_tui.model.hf import load_model  # noqa: E402
 from kestrel_tui.trace.compare import Tolerance, compare, key_metrics  # noqa: E402
 from kestrel_tui.trace.keys import order_key, parse_key, token_keys  # noqa: E402
+from kestrel_tui.trace.ranks import rank_values, sum_key  # noqa: E402
 from kestrel_tui.trace.run import Cancelled  # noqa: E402
 
 from clitools import one_line_error, run_cli  # noqa: E402
+from rankfaults import env as fault_env  # noqa: E402
 from toytools import gone  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -162,7 +163,7 @@ def test_layout_from_the_ranks_plans():
     ("dense", {"ep": "on"}, "ep=on: expert parallelism needs a qwen3_moe model"),
     ("moe", {"world_size": "4"}, "kv heads 2 do not split over 4 ranks"),
     ("dense", {"world_size": "3"}, "world_size='3' is not allowed; choose from 2|1|4"),
-    ("dense", {"threads": 0}, "threads=0: want a whole number >= 1"),
+    ("dense", {"threads": 0}, "threads=0: want a whole number >= 1 and <= 1024"),
     ("dense", {"timeout": "soon"}, "timeout='soon': want a number of seconds > 0"),
     ("dense", {"wrld_size": "2"}, "unknown option 'wrld_size'"),
 ])
@@ -170,6 +171,49 @@ def test_bad_options_are_one_line(ckpt, kind, options, words):
     with pytest.raises(UsageError, match=words) as e:
         make_hf_dist_engine(EngineSpec("hf-dist", ckpt[kind], options), None)
     assert "\n" not in str(e.value) and str(e.value).startswith("hf-dist engine: ")
+
+
+@pytest.mark.parametrize("options, words", [
+    ({"timeout": 1e308}, "timeout=1e+308: want a number of seconds > 0 and <= 86400"),
+    ({"timeout": float("inf")}, "timeout=inf: want a number of seconds > 0 and <= 86400"),
+    ({"load_timeout": "nan"}, "load_timeout='nan': want a number of seconds > 0 and <= 86400"),
+    ({"load_timeout": 0}, "load_timeout=0: want a number of seconds > 0 and <= 86400"),
+    ({"timeout": -5}, "timeout=-5: want a number of seconds > 0 and <= 86400"),
+    ({"timeout": True}, "timeout=True: want a number of seconds > 0 and <= 86400"),
+    ({"threads": 10 ** 9}, "threads=1000000000: want a whole number >= 1 and <= 1024"),
+    ({"threads": 1.5}, "threads=1.5: want a whole number >= 1 and <= 1024"),
+    ({"world_size": 3}, "world_size=3 is not allowed; choose from 2|1|4"),
+    ({"world_size": True}, "world_size=True is not allowed; choose from 2|1|4"),
+])
+def test_every_number_is_finite_and_in_range(ckpt, options, words):
+    """What the option was given and what it takes, in one line: a timeout too large to wait for is refused
+    here, not by a rank that cannot make a deadline of it (an engine failure, exit 3, before)."""
+    with pytest.raises(UsageError) as e:
+        make_hf_dist_engine(EngineSpec("hf-dist", ckpt["dense"], options), None)
+    assert str(e.value) == f"hf-dist engine: {words}"
+
+
+@pytest.mark.parametrize("given, kept", [
+    ({"world_size": 1}, {"world_size": "1"}),  # a TOML integer names the world size its string does
+    ({"world_size": 2.0, "threads": "1"}, {"world_size": "2", "threads": 1}),
+    ({"timeout": 30, "load_timeout": "60.5"}, {"timeout": 30.0, "load_timeout": 60.5}),
+])
+def test_whole_numbers_in_any_form(ckpt, monkeypatch, given, kept):
+    monkeypatch.setattr(hf_dist, "cpu_cores", lambda: 2)
+    eng = make_hf_dist_engine(EngineSpec("hf-dist", ckpt["dense"], given), None)
+    assert {k: eng.options[k] for k in kept} == kept
+    assert all(type(eng.options[k]) is type(v) for k, v in kept.items())
+
+
+def test_the_command_line_refuses_a_timeout_past_a_day(ckpt, monkeypatch, capsys, tmp_path):
+    _table(monkeypatch)
+    prof = tmp_path / "forever.toml"
+    prof.write_text('weights = "f32"\nkv = "f32"\n[reference]\nengine = "cpu"\n[subject]\nengine = "hf-dist"\n'
+                    '[subject.options]\nworld_size = 1\ntimeout = 1e308\n')
+    code, out, err = run_cli(capsys, "run", "--profile", prof, "--model", ckpt["dense"], "--tokens", "2", "--json")
+    assert code == 2 and out == ""
+    assert one_line_error(err) == (f"kestrel-tui run: error: {prof}:9: subject.options.timeout: hf-dist engine:"
+                                   " timeout=1e+308: want a number of seconds > 0 and <= 86400")
 
 
 def test_toggles_fit_the_model(ckpt, monkeypatch):
@@ -209,7 +253,7 @@ def test_a_world_size_beyond_the_cores(ckpt, monkeypatch):
 
 
 def test_a_world_size_beyond_the_cuda_devices(ckpt, monkeypatch):
-    monkeypatch.setattr(hf, "_cuda_ok", lambda: True)
+    monkeypatch.setattr(hf_options, "cuda_ok", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     with pytest.raises(UsageError) as e:
         make_hf_dist_engine(EngineSpec("hf-dist", ckpt["dense"], {"device": "cuda"}), None)
@@ -336,7 +380,8 @@ def test_a_group_serves_runs_and_ends_on_cancel(engines, runs):
 def _fail(ckpt, monkeypatch, faults, **options):
     """A dense TP=2 run with ``faults`` planted, one position a step: (the failure, the ranks' pids, the
     group's folder) after it, with what it kept."""
-    monkeypatch.setenv(FAULT_ENV, faults)
+    for name, value in fault_env(faults).items():
+        monkeypatch.setenv(name, value)
     eng = _engine(ckpt, "dense", prefill="token", **options)
     seen = {}
 

@@ -244,6 +244,7 @@ def test_bad_files_and_options(tmp_path, ggufs):
         ({"options": {"n_batch": "4"}}, ("unknown option 'n_batch'", "n_ubatch", "flash_attn")),
         ({"options": {"flash_attn": "yes"}}, ("flash_attn='yes' is not allowed", "off|on")),
         ({"options": {"n_threads": "0"}}, ("n_threads='0'",)),
+        ({"options": {"n_threads": 100000}}, ("n_threads=100000 is not allowed; choose from a whole number 1..1024",)),
         ({"options": {"kv_type": "f16", "type_k": "f32"}}, ("kv_type or type_k/type_v",)),
         ({"options": {"env": {"FOO": "1"}}}, ("env 'FOO'", "GGML_CPU_DISABLE_FUSION")),
         ({"options": {"type_v": "q8_0", "flash_attn": "off"}},

@@ -1,5 +1,5 @@
 """Bugs that exist only under parallelism, planted in a rank's shard after transformers has sharded the
-model (hf_dist_rank.ShardFault, through the KESTREL_DIST_FAULT test hook), hunted the way a user hunts
+model (tests/rankfaults.py's ShardFault, the hooks module the ranks are handed), hunted the way a user hunts
 them: the cpu reference against hf-dist at 2 ranks over gloo, f32 weights and KV, teacher forcing,
 tolerance NMSE <= 1e-7. Per bug: the first far key is at the layer and field the bug is in, and the
 per-rank view (trace/ranks.compare_shares) names the rank — held against a clean run of the same world
@@ -7,8 +7,6 @@ size (a partial sum means something only there) and, for a column-parallel key, 
 reference's slice too. Tiny Qwen3 / Qwen3-MoE checkpoints made here with transformers' own classes."""
 from __future__ import annotations
 
-import os
-from contextlib import contextmanager
 from dataclasses import replace
 
 import numpy as np
@@ -20,12 +18,13 @@ transformers = pytest.importorskip("transformers")
 from kestrel_tui.engines.base import EngineSpec  # noqa: E402
 from kestrel_tui.engines.build import make_engine  # noqa: E402
 from kestrel_tui.engines.hf_dist import make_hf_dist_engine  # noqa: E402
-from kestrel_tui.engines.hf_dist_rank import FAULT_ENV, SHARD_SCALE, Fault, ShardFault, faults_from  # noqa: E402
 from kestrel_tui.model.hf import load_model  # noqa: E402
 from kestrel_tui.session.session import Session  # noqa: E402
 from kestrel_tui.trace.compare import Tolerance  # noqa: E402
 from kestrel_tui.trace.keys import parse_key  # noqa: E402
 from kestrel_tui.trace.ranks import compare_shares  # noqa: E402
+
+from rankfaults import SHARD_SCALE, Fault, ShardFault, faults_from, planted  # noqa: E402
 
 PROMPT, N, LAYERS = [5, 77, 190, 33], 3, 2
 TOL = Tolerance()
@@ -65,20 +64,6 @@ def ckpt(tmp_path_factory):
     return out
 
 
-@contextmanager
-def _planted(fault: str | None):
-    """KESTREL_DIST_FAULT as the ranks see it when the group starts (the first run), restored after."""
-    old = os.environ.pop(FAULT_ENV, None)
-    if fault:
-        os.environ[FAULT_ENV] = fault
-    try:
-        yield
-    finally:
-        os.environ.pop(FAULT_ENV, None)
-        if old is not None:
-            os.environ[FAULT_ENV] = old
-
-
 @pytest.fixture(scope="module")
 def hunt(ckpt):
     """(kind, fault, world_size, ep) -> the RunResult of the cpu reference against hf-dist with that fault
@@ -92,7 +77,7 @@ def hunt(ckpt):
             sub = make_hf_dist_engine(EngineSpec("hf-dist", ckpt[kind], options), model, kv="f32", deep=True)
             session = Session(model, PROMPT, N, reference=make_engine("cpu", model, kv="f32", deep=True),
                               subject=sub, kv="f32", deep=True)
-            with _planted(fault):
+            with planted(fault):
                 try:
                     res = session.run(replace(session.initial_settings(), prefill="subject"))
                 finally:

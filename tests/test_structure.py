@@ -28,7 +28,9 @@ Checked:
     reference imports the backends' interface, and the backends never import it; and nothing below
     cli.py, commands.py and bench.py imports argparse: the rest takes session/inputs.RunConfig;
 (e) the engines' key maps (hf's CAPTURED / KV_MADE, llama.cpp's NODES / _CAPTURED / KV_MADE) name
-    exactly the field registry's fields (trace/fields.py), both ways.
+    exactly the field registry's fields (trace/fields.py), both ways;
+(f) no module takes another module's private name (one that starts with `_`, not a dunder): no
+    `from X import _name`, no `X._name` on a module X it imported; what two modules share is public.
 """
 from __future__ import annotations
 
@@ -360,3 +362,85 @@ def test_llamacpp_key_map_is_the_registry():
     assert from_graph == set(lc._CAPTURED)
     assert set(lc.KV_MADE.values()) <= from_graph and not set(lc.KV_MADE) & from_graph
     _both_ways("llama.cpp", {"emb", "logits"} | from_graph | set(lc.KV_MADE))
+
+
+# ---- (f) nothing private crosses a module -------------------------------------------------------
+
+# Private names taken across modules in files under other work now; each is fixed by giving the name a
+# public one where it is defined (child_main's _safe_path is taken by engines/hf_dist_rank.py). Once
+# none is left, the xfail below passes, and strict=True fails it until the mark goes.
+PRIVATE_LEFT = (
+    "kestrel_tui/engines/dumps/__init__.py: kestrel_tui.engines.dumps.passes._PASS",
+    "kestrel_tui/engines/dumps/__init__.py: kestrel_tui.engines.dumps.passes._RANK_DIR",
+    "kestrel_tui/engines/hf_dist_rank.py: kestrel_tui.engines.child_main._safe_path",
+    "kestrel_tui/session/sweep.py: kestrel_tui.session.iso._failing",
+)
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _absolute(importer: str, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    base = importer.split(".") if _is_package(importer) else importer.split(".")[:-1]
+    base = base[:len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def private_uses(name: str, tree: ast.AST) -> set[str]:
+    """The other modules' private names module ``name`` takes, as `module._name`: `from X import _name`,
+    and `X._name` where X is a kestrel_tui module it bound by an import."""
+    out, bound = set(), {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            mod = _absolute(name, node)
+            if not (mod == PKG or mod.startswith(PKG + ".")):
+                continue
+            for a in node.names:
+                if f"{mod}.{a.name}" in MODULES:  # a module, bound as a name
+                    bound[a.asname or a.name] = f"{mod}.{a.name}"
+                elif _private(a.name) and mod != name:
+                    out.add(f"{mod}.{a.name}")
+        elif isinstance(node, ast.Import):
+            bound.update({a.asname: a.name for a in node.names if a.asname and a.name in MODULES})
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in bound \
+                and _private(node.attr) and bound[node.value.id] != name:
+            out.add(f"{bound[node.value.id]}.{node.attr}")
+    return out
+
+
+def private_imports() -> list[str]:
+    """Every private name taken across modules in the package, as `file: module._name`."""
+    return sorted(f"{path.relative_to(ROOT.parent)}: {use}" for name, path in MODULES.items()
+                  for use in private_uses(name, ast.parse(path.read_text(), str(path))))
+
+
+def test_the_private_name_check_can_fail():
+    engines_hf = f"{PKG}.engines.hf"
+
+    def uses(src):
+        return private_uses(f"{PKG}.engines.hf_dist", ast.parse(src))
+
+    assert uses("from .hf import _line, make_hf_engine") == {f"{engines_hf}._line"}
+    assert uses("from kestrel_tui.engines.hf import _quiet") == {f"{engines_hf}._quiet"}
+    assert uses("from . import hf\nhf._cuda_ok()") == {f"{engines_hf}._cuda_ok"}
+    assert uses("import kestrel_tui.engines.hf as h\nh._cuda_ok()") == {f"{engines_hf}._cuda_ok"}
+    assert uses("from . import hf\nhf.cuda_ok(); hf.__name__; self._x; from numpy import _x") == set()
+    assert uses("from .hf_dist import _ours") == set()  # its own
+
+
+def test_no_private_name_crosses_a_module_beyond_those_left():
+    found = private_imports()
+    new = sorted(set(found) - set(PRIVATE_LEFT))
+    assert not new, "a module takes another's private name; give it a public one:\n" + "\n".join(new)
+    gone = sorted(set(PRIVATE_LEFT) - set(found))
+    assert not gone, "fixed, so drop from PRIVATE_LEFT:\n" + "\n".join(gone)
+
+
+@pytest.mark.xfail(strict=True, reason="the names in PRIVATE_LEFT, in files under other work now")
+def test_no_private_name_crosses_a_module():
+    bad = private_imports()
+    assert not bad, "a module takes another's private name; give it a public one:\n" + "\n".join(bad)

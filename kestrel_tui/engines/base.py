@@ -19,6 +19,9 @@ from ..trace.keys import parse_key
 from ..trace.run import Position
 
 OnPosition = Callable[[Position], None]
+# The most CPU threads an engine's option may ask for: far past any machine this runs on, and short of
+# what a library would try to start (a typo of 10**6 threads is one line, not a crash).
+MOST_THREADS = 1024
 
 
 @dataclass(frozen=True)
@@ -127,6 +130,11 @@ class RunRequest:
     cancel: threading.Event | None = None
     stop: Callable[[], bool] | None = None   # checked between positions (bisection ends early)
     graft: Graft | None = None               # the cause test (session/graft.py); engines with caps.graft
+
+    def __post_init__(self):
+        # every engine's one guard: the session refuses an empty prompt in the user's words before this
+        if not self.prompt:
+            raise ValueError("the prompt is empty; give at least one token")
 
 
 class Engine:

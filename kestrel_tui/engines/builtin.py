@@ -2,8 +2,8 @@
 
 Their toggles are the op families of backends/toggles.py (fast or exact
 kernels); they honour every session setting, since they share the
-reference's KV format and can be fed its buffers. `run_decode` is their decode
-loop, over a backend.
+reference's KV format and can be fed its buffers. `run_decode` runs a backend
+through the engines' one decode loop (engines/decode.py), as the engines' runs do.
 """
 from __future__ import annotations
 
@@ -19,8 +19,9 @@ from ..backends.toggles import OWNERS, TOGGLES, describe
 from ..errors import UsageError
 from ..model.weights import Model
 from ..trace.rawstore import RawStore
-from ..trace.run import Cancelled, Position, Trace
+from ..trace.run import Position, Trace
 from .base import Capabilities, Engine, Graft, RunRequest, fast_exact
+from .decode import decode_loop
 from .decoders import cpu_impl, make_backend
 
 
@@ -72,9 +73,7 @@ class BuiltinEngine(Engine):
         if req.graft is not None and not self.caps.graft:
             raise UsageError(f"{self.name} subject: no graft (its kernels take every buffer of a step from one"
                              f" place: their own, or in isolate mode the reference's); graft on sim or hf")
-        return run_decode(self.backend(req.values), req.prompt, req.n_tokens, forced=req.forced, raw=req.raw,
-                          prefill_from=req.prefill_from, feed_from=req.feed_from, on_position=req.on_position,
-                          cancel=req.cancel, stop=req.stop, graft=req.graft)
+        return decode_request(self.backend(req.values), req)
 
 
 def run_decode(backend: Backend, prompt: list[int], n_tokens: int, *, forced: list[int] | None = None,
@@ -82,7 +81,7 @@ def run_decode(backend: Backend, prompt: list[int], n_tokens: int, *, forced: li
                on_position: Callable[[Position], None] | None = None,
                cancel: threading.Event | None = None, stop: Callable[[], bool] | None = None,
                store: RawStore | None = None, graft: Graft | None = None) -> Trace:
-    """Run the prompt and n_tokens decode positions.
+    """Run the prompt and n_tokens decode positions on ``backend``.
 
     forced: the tokens to consume after the prompt (teacher forcing), else greedy.
     prefill_from: a trace whose prompt positions (hashes, raw buffers and KV rows)
@@ -90,49 +89,27 @@ def run_decode(backend: Backend, prompt: list[int], n_tokens: int, *, forced: li
     takes the reference trace's buffers as inputs. graft: at its sites only, the reference's buffers
     stand in for the backend's own (the cause test).
     """
-    if not prompt:
-        raise ValueError("the prompt is empty; give at least one token")
-    P = len(prompt)
-    backend.reset(P + n_tokens)
-    store = store or RawStore()
-    trace = Trace(backend=backend.describe(), prompt=list(prompt), store=store)
+    return decode_request(backend, RunRequest(list(prompt), n_tokens, {}, forced=forced, prefill_from=prefill_from,
+                                              feed_from=feed_from, raw=raw, on_position=on_position, cancel=cancel,
+                                              stop=stop, graft=graft), store)
 
-    def check_cancel():
-        if cancel is not None and cancel.is_set():
-            raise Cancelled()
+
+def decode_request(backend: Backend, req: RunRequest, store: RawStore | None = None) -> Trace:
+    """``req`` on ``backend``, through the engines' decode loop (engines/decode.py); its raw buffers in
+    ``store`` (None: a store of its own)."""
+    backend.reset(len(req.prompt) + req.n_tokens)
+    trace = Trace(backend=backend.describe(), prompt=list(req.prompt), store=store or RawStore())
 
     def feed(pos0: int, m: int):
-        if feed_from is not None:
-            return [feed_from.positions[pos0 + i].raw for i in range(m)]
-        if graft is not None:
-            ref = graft.reference.positions
-            return [{k: ref[t].raw[k] for k in graft.keys(t) if k in ref[t].raw}
+        if req.feed_from is not None:
+            return [req.feed_from.positions[pos0 + i].raw for i in range(m)]
+        if req.graft is not None:
+            ref = req.graft.reference.positions
+            return [{k: ref[t].raw[k] for k in req.graft.keys(t) if k in ref[t].raw}
                     for t in range(pos0, pos0 + m)]
         return None
 
-    def record(out, pos0: int, tokens: list[int]):
-        for m, tok in enumerate(tokens):
-            pos = Position(t=pos0 + m, token=tok, prompt=pos0 + m < P, hashes=out.hashes[m],
-                           raw=store.keep(out.raw[m]) if out.raw else None, logits=out.logits[m])
-            trace.positions.append(pos)
-            if on_position:
-                on_position(pos)
+    def step(tokens: list[int], pos0: int):
+        return backend.step(np.array(tokens), pos0, raw=req.raw, feed=feed(pos0, len(tokens)))
 
-    check_cancel()
-    if prefill_from is not None:
-        src = prefill_from.positions[:P]
-        backend.load_kv(0, [p.raw for p in src])
-        for p in src:
-            trace.positions.append(p)
-            if on_position:
-                on_position(p)
-    else:
-        record(backend.step(np.array(prompt), 0, raw=raw, feed=feed(0, P)), 0, list(prompt))
-    for i in range(n_tokens):
-        check_cancel()
-        if stop is not None and stop():
-            break
-        t = P + i
-        tok = forced[i] if forced is not None else trace.positions[-1].top1
-        record(backend.step(np.array([tok]), t, raw=raw, feed=feed(t, 1)), t, [tok])
-    return trace
+    return decode_loop(req, trace, step, take_prefill=lambda src: backend.load_kv(0, [p.raw for p in src]))

@@ -17,14 +17,14 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping, Sequence
 
-import numpy as np
-
 from ..errors import UsageError
 from ..trace.rawstore import RawStore
-from ..trace.run import Cancelled, Position, Trace
-from .base import EngineFailed
-from .hf import HFEngine, _line, _quiet, _torch_flags
-from .hf_hooks import Capture, StepOut, _batch, _flat, _heads, _new_rows, _same, attention_name
+from ..trace.run import Trace
+from .base import EngineFailed, RunRequest
+from .decode import decode_loop
+from .hf import HFEngine
+from .hf_hooks import Capture
+from .hf_torch import first_line, quiet, torch_flags
 
 PAD_ID = 0  # what the padded columns hold: masked out, so any id does
 
@@ -44,58 +44,15 @@ def other_prompts(vocab: int, length: int, n: int, seed: int = 1) -> list[list[i
     return out
 
 
-def _columns(t, view, row: int, pad: int, rows: int, cols: int):
-    """The target's part of a tensor the hooks kept, laid out as a batch of one (the views then apply)."""
-    if view is _batch or view is _flat:   # [B, M, ...]
-        return t[row:row + 1, pad:]
-    if view is _heads:                    # Q [B, H, M, hd]
-        return t[row:row + 1, :, pad:]
-    if view is _new_rows:                 # the cache's K/V [B, n_kv, T, hd]: the target's new rows are the last
-        return t[row:row + 1]
-    if view is _same:                     # the router's [B*M, ...]
-        return t.reshape(rows, cols, *t.shape[1:])[row, pad:]
-    raise ValueError(f"no batch layout for the view {getattr(view, '__name__', view)!r}")
-
-
-class RowCapture(Capture):
-    """The hf hooks on a batched forward: one row's columns kept, in the keys of a single sequence."""
-
-    def batch_step(self, ids, mask, positions, row: int, pad: int, pos0: int, cache, raw: bool = True) -> StepOut:
-        import torch
-
-        self.bufs = {}
-        with torch.inference_mode():
-            out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
-                             **{self._cache_kw: cache})
-        self.bufs["logits", None] = (out.logits, _batch)
-        rows, cols = ids.shape
-        self.bufs = {k: (_columns(t, view, row, pad, rows, cols), view) for k, (t, view) in self.bufs.items()
-                     if not k[0].startswith("_")}
-        step = self._collect(pos0, cols - pad, raw)
-        self.next_tokens = out.logits[:, -1].argmax(-1).tolist()  # every row's greedy next token
-        return step
-
-
 class BatchRunner:
     """The hf engine's checkpoint and settings, loaded once more for batched runs (the engine's own model
     keeps its own hooks, untouched)."""
 
     def __init__(self, engine: HFEngine, values: Mapping[str, str]):
-        import torch
-        from transformers import AutoModelForCausalLM
-
         self.engine, self.values = engine, dict(values)
-        self.settings = s = engine.settings(values)
-        try:
-            with _quiet():
-                m = AutoModelForCausalLM.from_pretrained(engine.model_dir, dtype=getattr(torch, s["dtype"]),
-                                                         attn_implementation=s["attn_implementation"],
-                                                         num_hidden_layers=engine.n_layers)
-        except Exception as e:  # transformers raises many kinds for a directory it cannot take
-            raise UsageError(f"hf engine: transformers cannot load {engine.model_dir}: {_line(e)}") from None
-        m = m.to(s["device"]).eval()
-        m.set_attn_implementation(attention_name(m, s["attn_implementation"]))
-        self.model, self.capture = m, RowCapture(m, engine.kv, engine.deep)
+        self.settings = engine.settings(values)
+        self.model = engine.load_torch_model(self.settings)
+        self.capture = Capture(self.model, engine.kv, engine.deep)
 
     def close(self) -> None:
         self.capture.remove()
@@ -104,12 +61,14 @@ class BatchRunner:
             forced: Sequence[int] | None = None, raw: bool = True,
             cancel: threading.Event | None = None) -> Trace:
         """The target's trace, decoded in a batch with ``others`` (each row greedy; the target takes
-        ``forced`` after its prompt when given)."""
+        ``forced`` after its prompt when given, else its own top-1, which is its row's greedy token)."""
         import torch
         from transformers import DynamicCache
 
         if not prompt or any(not o for o in others):
             raise UsageError("hf batch: every prompt needs at least one token")
+        req = RunRequest(list(prompt), n_tokens, self.values, forced=None if forced is None else list(forced),
+                         raw=raw, cancel=cancel)
         row = target_row(len(others))
         prompts = [list(p) for p in others]
         prompts.insert(row, list(prompt))
@@ -120,45 +79,33 @@ class BatchRunner:
         mask = torch.tensor([[0] * n + [1] * len(p) for n, p in zip(pads, prompts)], device=device)
         # HF's own convention for the padded columns (generate: cumsum - 1, padding at 1): masked either way
         positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
-        store = RawStore()
-        P = len(prompt)
         alone = "alone" if not others else f"row {row} of {len(prompts)}"
-        trace = Trace(backend=f"{self.engine.describe(self.values)}, {alone}", prompt=list(prompt), store=store)
-
-        def record(out: StepOut, pos0: int, tokens: list[int]):
-            for j, tok in enumerate(tokens):
-                trace.positions.append(Position(t=pos0 + j, token=tok, prompt=pos0 + j < P, hashes=out.hashes[j],
-                                                raw=store.keep(out.raw[j]) if out.raw else None,
-                                                logits=np.ascontiguousarray(out.logits[j])))
-
+        trace = Trace(backend=f"{self.engine.describe(self.values)}, {alone}", prompt=list(prompt),
+                      store=RawStore())
         cap = self.capture
 
-        def step(ids, mask, positions, pad: int, pos0: int) -> StepOut:
+        def step(tokens: list[int], pos0: int):
+            nonlocal mask, positions
+            if pos0 == 0:  # the prompts, one forward
+                batch, pad = ids, pads[row]
+            else:  # the target's token beside every other row's greedy one
+                step_ids = list(cap.next_tokens)
+                step_ids[row] = tokens[0]
+                mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
+                positions = positions[:, -1:] + 1
+                batch, pad = torch.tensor([step_ids], device=device).T, 0
             try:
-                return cap.batch_step(ids, mask, positions, row, pad, pos0, cache, raw)
+                return cap.batch_step(batch, mask, positions, row, pad, pos0, cache, raw)
             except (UsageError, KeyboardInterrupt):
                 raise
             except Exception as e:  # a torch / transformers failure mid-run: the positions so far stand
-                raise EngineFailed(f"hf batch failed at position {pos0}: {type(e).__name__}: {_line(e)}",
+                raise EngineFailed(f"hf batch failed at position {pos0}: {type(e).__name__}: {first_line(e)}",
                                    partial=trace) from e
 
-        with _torch_flags(self.settings), _quiet():
+        with torch_flags(self.settings), quiet():
             cap.begin()
             try:
-                if cancel is not None and cancel.is_set():
-                    raise Cancelled()
                 cache = DynamicCache(config=self.model.config)
-                record(step(ids, mask, positions, pads[row], 0), 0, list(prompt))
-                for i in range(n_tokens):
-                    if cancel is not None and cancel.is_set():
-                        raise Cancelled()
-                    step_ids = list(cap.next_tokens)
-                    if forced is not None:
-                        step_ids[row] = forced[i]
-                    mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
-                    positions = positions[:, -1:] + 1
-                    record(step(torch.tensor([step_ids], device=device).T, mask, positions, 0, P + i), P + i,
-                           [step_ids[row]])
+                return decode_loop(req, trace, step)
             finally:
                 cap.end()
-        return trace

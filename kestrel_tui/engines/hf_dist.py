@@ -8,12 +8,15 @@ order, into the same keys the hf engine makes (docs/engines-distributed.md has t
 * a column-parallel key (K, V, Q and the attention output: each rank computes its own heads) is the
   ranks' shards concatenated in rank order, checked against the field registry's shape;
 * a replicated key (norms, residuals, router, logits) must be bit-equal on every rank: a rank that
-  differs is a finding (``findings``), with every rank's copy kept as ``KEY@r<R>``;
+  differs is a finding (``findings``), with every rank's copy kept as ``KEY@R``;
 * ``ores`` and ``x`` are replicated too, but reached through an all-reduce of per-rank partial sums (the
   row-parallel o_proj, the FFN's down projection or its experts): each rank's partial is kept as
-  ``KEY@r<R>`` and what the all-reduce returned as ``KEY@sum``, so the detail panel can show which rank's
-  share differs. A partial is judged only against the same rank of a run with the same world size; the
+  ``KEY@R`` and what the all-reduce returned as ``KEY@sum`` (trace/ranks.py), so the detail panel can
+  show which rank's share differs. A partial is judged only against the same rank of a run with the same world size; the
   key itself is judged like any other, with tolerance against a run of another world size.
+
+The engine is one of the hf family (engines/hf.py): the checkpoint, its checks, the keys and hf's
+options are the family's; the options it adds are its table's (engines/hf_options.py, HF_DIST).
 """
 from __future__ import annotations
 
@@ -24,43 +27,23 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..backends.base import StepOut
 from ..errors import UsageError
 from ..trace.fnv import fnv1a64
 from ..trace.keys import parse_key
-from ..trace.run import Trace
-from . import hf
-from .base import Capabilities, Engine, EngineFailed, EngineSpec, RunRequest, Toggle, check_toggle_keys
-from .hf import HFEngine
+from ..trace.rawstore import RawStore
+from ..trace.ranks import rank_key, rank_values, sum_key
+from ..trace.run import Cancelled, Trace
+from .base import Capabilities, Engine, EngineFailed, EngineSpec, RunRequest, Toggle
+from .decode import decode_loop
+from .hf import HFFamily, make_family_engine
 from .hf_dist_group import Group, RankFailure
 from .hf_dist_rank import RankJob
+from .hf_options import HF, HF_DIST, WORLD_SIZES
 
 NAME = "hf-dist"
-WORLD_SIZES = ("2", "1", "4")
 NCCL_ENV = {"nccl_algo": "NCCL_ALGO", "nccl_proto": "NCCL_PROTO"}
-# option -> allowed values, the default first: the hf engine's, and the parallel ones
-OPTIONS: dict[str, tuple[str, ...]] = {
-    "world_size": WORLD_SIZES,
-    "ep": ("off", "on"),
-    "ep_impl": ("all_reduce", "all_to_all"),
-    "nccl_algo": ("default", "Ring", "Tree"),
-    "nccl_proto": ("default", "Simple", "LL", "LL128"),
-    **hf.OPTIONS,
-}
-NUMBERS = {"threads": 1, "timeout": 300.0, "load_timeout": 900.0}  # option -> default; whole threads, seconds
-EXACT = {**hf.EXACT, "world_size": "1", "ep": "off"}
-OWNS = {**hf.OWNS, "world_size": ("ores", "x", "logits"), "ep": ("x",)}
-HELP = {
-    **hf.HELP,
-    "world_size": "ranks: transformers' tensor-parallel plan over this many processes (1: no plan)",
-    "ep": "expert parallelism: each rank holds 1/N of the experts (the MoE's base_model_ep_plan)",
-    "ep_impl": "how EP brings experts their tokens: an all-reduce of partial outputs, or all-to-all",
-    "nccl_algo": "NCCL_ALGO for the ranks' collectives (default: NCCL's choice)",
-    "nccl_proto": "NCCL_PROTO for the ranks' collectives (default: NCCL's choice)",
-}
-MOE_ONLY = ("ep", "ep_impl")
-CUDA_ONLY = ("device", "nccl_algo", "nccl_proto")
-RESTART = ("world_size", "ep", "ep_impl", "nccl_algo", "nccl_proto", "dtype", "attn_implementation", "device",
-           "tf32", "deterministic")  # settings the ranks are started with: a change starts a new group
+PER_RUN = ("prefill",)  # settings each run reads: a change of any other starts a new group of ranks
 
 # How the ranks' buffers make a key. HEADS: a column-parallel projection's heads, one slice per rank;
 # WHOLE: every rank holds all of it (replicated).
@@ -74,28 +57,6 @@ COLWISE = ("colwise",)
 # at 4 ranks × 1 thread, 4.4× at 2 × 2, 8.4× at 4 × 2 as at 2 × 1 (results/hf-dist-bench.md): past 2 a
 # core a run crawls and its steps run into the timeout, where they read as a hang.
 THREADS_PER_CORE = 2
-
-
-def rank_key(key: str, rank: int) -> str:
-    """The raw entry of ``key`` as rank ``rank`` had it: its partial sum, or its copy of a replicated key
-    the ranks disagree on."""
-    return f"{key}@r{rank}"
-
-
-def sum_key(key: str) -> str:
-    """The raw entry of what the all-reduce returned for ``key``'s branch (the sum of the partials)."""
-    return f"{key}@sum"
-
-
-def rank_values(raw: Mapping[str, np.ndarray] | None, key: str) -> list[np.ndarray] | None:
-    """The per-rank entries of ``key`` in one position's raw values, in rank order (None: there are none)."""
-    if raw is None or rank_key(key, 0) not in raw:
-        return None
-    out, r = [], 0
-    while rank_key(key, r) in raw:
-        out.append(raw[rank_key(key, r)])
-        r += 1
-    return out
 
 
 @dataclass(frozen=True)
@@ -140,41 +101,7 @@ class DistTrace(Trace):
         return tuple(np.split(np.asarray(raw[key]), n, axis=0))
 
 
-# ---------------------------------------------------------------------------------------------- options
-
-def _number(name: str, value: object) -> float:
-    try:
-        x = float(value) if not isinstance(value, bool) else None
-    except (TypeError, ValueError):
-        x = None
-    whole = name == "threads"
-    if x is None or not x > 0 or x != x or x == float("inf") or (whole and x != int(x)):
-        want = "a whole number >= 1" if whole else "a number of seconds > 0"
-        raise UsageError(f"{NAME} engine: {name}={value!r}: want {want}")
-    return int(x) if whole else x
-
-
-def _check_value(name: str, value: object, where: str = "option") -> str:
-    if name in NUMBERS:
-        _number(name, value)
-        return str(value)
-    if name not in OPTIONS:
-        known = ", ".join((*OPTIONS, *NUMBERS))
-        raise UsageError(f"{NAME} engine: unknown {where} {name!r}; choose from {known}")
-    if not isinstance(value, str) or value not in OPTIONS[name]:
-        raise UsageError(f"{NAME} engine: {name}={value!r} is not allowed; choose from {'|'.join(OPTIONS[name])}")
-    if name == "device" and value == "cuda" and not hf._cuda_ok():
-        raise UsageError(f"{NAME} engine: device=cuda, but torch sees no CUDA device; use device=cpu")
-    return value
-
-
-def parse_options(options: Mapping[str, object]) -> dict[str, str]:
-    out = {name: values[0] for name, values in OPTIONS.items()}
-    out.update({name: str(v) for name, v in NUMBERS.items()})
-    for name, value in options.items():
-        out[str(name)] = _check_value(str(name), value)
-    return out
-
+# ---------------------------------------------------------------------------------------------- the machine
 
 def cpu_cores() -> int:
     """The cores this process may run on (its affinity mask where the OS has one)."""
@@ -209,33 +136,27 @@ def machine_problem(world_size: int, device: str, threads: int) -> str | None:
 
 def make_hf_dist_engine(spec: EngineSpec, model=None, kv: str = "q8", deep: bool = False) -> "HFDistEngine":
     """The engine table's factory (registry.py)."""
-    hf._imports()
-    if kv not in ("q8", "f32"):
-        raise UsageError(f"{NAME} engine: kv {kv!r}: choose from q8, f32")
-    opts = parse_options(spec.options)
-    toggles = None
-    if spec.toggles is not None:
-        toggles = tuple(spec.toggles)
-        check_toggle_keys(NAME, toggles, lambda key, v: _check_value(key, v, where="toggle key"))
-    return HFDistEngine(spec.model, model, opts, toggles, kv=kv, deep=deep)
+    return make_family_engine(HFDistEngine, spec, model, kv, deep)
 
 
 # ---------------------------------------------------------------------------------------------- the engine
 
-class HFDistEngine(HFEngine):
-    """The hf engine's model directory, config checks and keys; its runs go to a group of ranks."""
+class HFDistEngine(HFFamily):
+    """The hf family's checkpoint, checks, keys and options (hf's and the parallel ones); its runs go to a
+    group of ranks, each rank holding its share of the model."""
 
     name = NAME
+    table = HF_DIST
+    caps = Capabilities(prefill_from=False, forcing=True, isolate=False, logits=True, raw=True)
 
-    def __init__(self, model_dir, model, options: Mapping[str, str], toggles: tuple[Toggle, ...] | None,
+    def __init__(self, model_dir, model, options: Mapping[str, object], toggles: tuple[Toggle, ...] | None,
                  kv: str = "q8", deep: bool = False):
-        super().__init__(model_dir, model, options, (), kv=kv, deep=deep)
-        self.caps = Capabilities(prefill_from=False, forcing=True, isolate=False, logits=True, raw=True)
-        self.toggles = toggles if toggles is not None else self._default_toggles()
+        super().__init__(model_dir, model, options, toggles, kv=kv, deep=deep)
+        self.shapes = _our_config(self.ours, self.model_dir)
         for t in self.toggles:
             for v in t.values:
-                self._fits(t.key or t.name, v, f"toggle {t.name}")
-        for name in OPTIONS:
+                self._fits(t.key or t.name, self.table.check(t.key or t.name, v), f"toggle {t.name}")
+        for name in ("world_size", "ep"):
             self._fits(name, self.options[name], "option")
         self.notes: tuple[str, ...] = self._shared_cores()
         self.findings: list[str] = []  # the last run's replicated keys the ranks disagreed on
@@ -243,17 +164,18 @@ class HFDistEngine(HFEngine):
         self._group_key = None
         self._lock = threading.Lock()
 
-    def _check_config(self):
-        from transformers import AutoConfig
+    def default_toggles(self) -> tuple[Toggle, ...]:
+        return self.table.default_toggles(self.options, moe=self.moe, fits=self._offered)
 
-        super()._check_config()
-        cfg = AutoConfig.from_pretrained(self.model_dir)
-        self.moe = cfg.model_type == "qwen3_moe"
-        self.heads = (cfg.num_attention_heads, cfg.num_key_value_heads)
-        self.n_experts = getattr(cfg, "num_experts", 0) or 0
-        self.shapes = _our_config(self.ours, self.model_dir)
+    def _offered(self, name: str, value: str) -> bool:
+        """A world size the default toggles offer: one the heads split over and the machine takes."""
+        if name != "world_size":
+            return True
+        n = int(value)
+        return all(h % n == 0 for h in self.heads) and \
+            machine_problem(n, self.options["device"], self.options["threads"]) is None
 
-    def _fits(self, name: str, value: str, where: str) -> None:
+    def _fits(self, name: str, value, where: str) -> None:
         """A world size, EP or device the model and the machine can take (each toggle value, each option)."""
         if name == "world_size":
             n = int(value)
@@ -261,7 +183,7 @@ class HFDistEngine(HFEngine):
             if bad:
                 raise UsageError(f"{NAME} engine: {where} world_size={value}: the model's {' and '.join(bad)}"
                                  f" do not split over {n} ranks; choose a world size that divides them")
-            problem = machine_problem(n, self.options["device"], _number("threads", self.options["threads"]))
+            problem = machine_problem(n, self.options["device"], self.options["threads"])
             if problem:
                 raise UsageError(f"{NAME} engine: {where} {problem}")
         elif name == "ep" and value == "on" and not self.moe:
@@ -270,34 +192,11 @@ class HFDistEngine(HFEngine):
 
     def _shared_cores(self) -> tuple[str, ...]:
         """A note when the starting world size gives the ranks more threads than the machine has cores."""
-        n, threads, cores = int(self.options["world_size"]), _number("threads", self.options["threads"]), cpu_cores()
+        n, threads, cores = int(self.options["world_size"]), self.options["threads"], cpu_cores()
         if self.options["device"] != "cpu" or n * threads <= cores:
             return ()
         return (f"{NAME}: world_size={n} × threads={threads} runs {n * threads} CPU threads on {cores}"
                 f" core{'s' * (cores != 1)}: they take turns, so each step is slower (the bits are the same)",)
-
-    def _default_toggles(self) -> tuple[Toggle, ...]:
-        out = []
-        for name, values in OPTIONS.items():
-            if (name in CUDA_ONLY and not hf._cuda_ok()) or (name in MOE_ONLY and not self.moe):
-                continue
-            if name == "world_size":
-                threads = _number("threads", self.options["threads"])
-                values = tuple(v for v in values if all(h % int(v) == 0 for h in self.heads)
-                               and machine_problem(int(v), self.options["device"], threads) is None)
-                if len(values) < 2:
-                    continue
-            first = self.options[name] if self.options[name] in values else values[0]
-            out.append(Toggle(name, (first, *(v for v in values if v != first)), EXACT.get(name),
-                              OWNS.get(name, ()), HELP[name], key=name))
-        return tuple(out)
-
-    def settings(self, values: Mapping[str, str]) -> dict[str, str]:
-        out = dict(self.options)
-        for t in self.toggles:
-            key = t.key or t.name
-            out[key] = _check_value(key, values.get(t.name, t.default), where="toggle key")
-        return out
 
     def parallel(self, values: Mapping[str, str]) -> Parallel:
         """The world size, backend and plan of a run with these toggle values (and the ranks' pids once
@@ -319,30 +218,20 @@ class HFDistEngine(HFEngine):
 
     @property
     def device_name(self) -> str:
-        import torch
-        import transformers
-
         p = self.parallel({})
-        return (f"{p.world_size} × {self.options['device']} ranks over {p.backend} (transformers"
-                f" {transformers.__version__}, torch {torch.__version__})")
-
-    def torch_model(self, values=None):
-        raise UsageError(f"{NAME} engine: the model lives in the ranks' processes, not here")
-
-    capture = torch_model
+        return f"{p.world_size} × {self.options['device']} ranks over {p.backend} ({self.versions()})"
 
     def prefill_problem(self, reference: Engine) -> str | None:
         return f"{self.name} cannot take another engine's KV rows (each rank holds its own heads)"
 
     # -- the group
-    def _ensure_group(self, s: Mapping[str, str]) -> Group:
+    def _ensure_group(self, s: Mapping[str, object]) -> Group:
         key = _group_key(s)
         if self._group is not None and self._group_key == key:
             return self._group
         self._end_group()
-        n = int(s["world_size"])
+        n, threads = int(s["world_size"]), s["threads"]
         cuda = s["device"] == "cuda"
-        threads = _number("threads", s["threads"])
         problem = machine_problem(n, s["device"], threads)  # a device toggle may have moved the run
         if problem:
             raise UsageError(f"{NAME} engine: {problem}")
@@ -352,13 +241,12 @@ class HFDistEngine(HFEngine):
         for option, var in NCCL_ENV.items():
             if s[option] != "default":
                 env[var] = s[option]
-        step_timeout = _number("timeout", s["timeout"])
+        # the hf options the ranks load and run with; prefill is this engine's loop's
         job = RankJob(model_dir=self.model_dir, n_layers=self.n_layers,
-                      settings={k: s[k] for k in ("attn_implementation", "dtype", "device", "tf32", "deterministic")},
+                      settings={k: s[k] for k in HF.options if k not in PER_RUN},
                       kv=self.kv, deep=self.deep, world_size=n, ep=s["ep"] == "on", ep_impl=s["ep_impl"],
-                      threads=threads, store="",
-                      timeout_s=max(step_timeout * 4, _number("load_timeout", s["load_timeout"])))
-        group = Group(job, env, _number("load_timeout", s["load_timeout"]), step_timeout)
+                      threads=threads, store="", timeout_s=max(s["timeout"] * 4, s["load_timeout"]))
+        group = Group(job, env, s["load_timeout"], s["timeout"])
         try:
             self._layout = layout_of(group.infos, self.heads, self.kv)
         except RankFailure:
@@ -378,19 +266,12 @@ class HFDistEngine(HFEngine):
 
     # -- a run
     def run(self, req: RunRequest):
-        from ..trace.rawstore import RawStore
-        from ..trace.run import Cancelled, Position
-
-        if not req.prompt:
-            raise ValueError("the prompt is empty; give at least one token")
         s = self.settings(req.values)
         n = int(s["world_size"])
         if s["ep"] == "on" and n > 1 and self.n_experts % n:
             raise UsageError(f"{NAME} engine: ep=on with world_size={n}: the model's {self.n_experts} experts do"
                              f" not split over {n} ranks; choose a world size that divides them, or ep=off")
-        store = RawStore()
-        trace = DistTrace(backend=self.describe(req.values), prompt=list(req.prompt), store=store)
-        P = len(req.prompt)
+        trace = DistTrace(backend=self.describe(req.values), prompt=list(req.prompt), store=RawStore())
         self.findings = trace.findings
         at = "while loading the model"
         with self._lock:
@@ -398,31 +279,18 @@ class HFDistEngine(HFEngine):
                 group = self._ensure_group(s)
                 trace.parallel, trace.layout = self.parallel(req.values), self._layout
 
-                def step(ids: list[int], pos0: int):
+                def step(ids: list[int], pos0: int) -> StepOut:
                     nonlocal at
                     at = f"at position {pos0}" if len(ids) == 1 else f"at positions {pos0}-{pos0 + len(ids) - 1}"
-                    payloads = group.step(ids, pos0, req.cancel)
-                    for m, (hashes, raw, found) in enumerate(gather(payloads, pos0, len(ids), self._layout,
-                                                                      self.shapes)):
+                    columns = gather(group.step(ids, pos0, req.cancel), pos0, len(ids), self._layout, self.shapes)
+                    for hashes, raw, found in columns:
                         trace.findings += found
                         trace.partial.update(k for k in hashes if sum_key(k) in raw)
-                        p = Position(t=pos0 + m, token=ids[m], prompt=pos0 + m < P, hashes=hashes,
-                                     raw=store.keep(raw) if req.raw else None,
-                                     logits=np.ascontiguousarray(raw[f"t{pos0 + m}_logits"], np.float32))
-                        trace.positions.append(p)
-                        if req.on_position:
-                            req.on_position(p)
+                    logits = np.stack([np.asarray(raw[f"t{pos0 + m}_logits"], np.float32)
+                                       for m, (_, raw, _) in enumerate(columns)])
+                    return StepOut(logits=logits, hashes=[c[0] for c in columns], raw=[c[1] for c in columns])
 
-                if s["prefill"] == "batched":
-                    step(list(req.prompt), 0)
-                else:
-                    for t, tok in enumerate(req.prompt):
-                        step([tok], t)
-                for i in range(req.n_tokens):
-                    if req.stop is not None and req.stop():
-                        break
-                    tok = req.forced[i] if req.forced is not None else trace.positions[-1].top1
-                    step([tok], P + i)
+                return decode_loop(req, trace, step, token_prefill=s["prefill"] == "token")
             except RankFailure as f:
                 self._end_group()
                 who = f"rank {f.rank} of {n} " if f.rank is not None else ""
@@ -432,11 +300,10 @@ class HFDistEngine(HFEngine):
             except (Cancelled, KeyboardInterrupt):
                 self._end_group()  # a rank may be mid-step: the group cannot be trusted to be in step
                 raise
-        return trace
 
 
-def _group_key(s: Mapping[str, str]) -> tuple:
-    return tuple(s[k] for k in (*RESTART, "threads", "timeout", "load_timeout"))
+def _group_key(s: Mapping[str, object]) -> tuple:
+    return tuple((k, v) for k, v in sorted(s.items()) if k not in PER_RUN)
 
 
 def _our_config(model, model_dir: str):

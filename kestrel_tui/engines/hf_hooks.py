@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..backends.base import StepOut
 from ..backends.ops_exact import kvquant
 from ..trace.fnv import fnv1a64
 from ..trace.keys import layer_fields
@@ -100,13 +101,6 @@ def model_shape(model) -> Shape:
     return Shape(cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads,
                  getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads,
                  frozenset(i for i, L in enumerate(layers) if hasattr(L.mlp, "gate")))
-
-
-@dataclass
-class StepOut:
-    logits: np.ndarray               # [M, vocab] f32
-    hashes: list[dict[str, int]]     # per column
-    raw: list[dict[str, np.ndarray]] | None
 
 
 class Capture:
@@ -392,6 +386,21 @@ class Capture:
         self.bufs["logits", None] = (out.logits, _batch)
         return self._collect(pos0, M, raw)
 
+    def batch_step(self, ids, mask, positions, row: int, pad: int, pos0: int, cache, raw: bool = True) -> StepOut:
+        """One forward of a left-padded batch (engines/hf_batch.py): row ``row``'s columns from ``pad`` on
+        kept, in the keys of a single sequence; ``next_tokens`` then holds every row's greedy next token."""
+        self.bufs = {}
+        with torch.inference_mode():
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                             **{self._cache_kw: cache})
+        self.bufs["logits", None] = (out.logits, _batch)
+        rows, cols = ids.shape
+        self.bufs = {k: (_one_row(t, view, row, pad, rows, cols), view) for k, (t, view) in self.bufs.items()
+                     if not k[0].startswith("_")}
+        step = self._collect(pos0, cols - pad, raw)
+        self.next_tokens = out.logits[:, -1].argmax(-1).tolist()
+        return step
+
     def _collect(self, pos0: int, M: int, raw: bool) -> StepOut:
         bufs = {k: v for k, v in self.bufs.items() if not k[0].startswith("_")}
         arrs = _to_numpy(bufs, M)
@@ -443,6 +452,20 @@ def _heads(a, M):
 
 def _new_rows(a, M):
     return a[0, :, a.shape[2] - M:].swapaxes(0, 1)
+
+
+def _one_row(t, view, row: int, pad: int, rows: int, cols: int):
+    """One row's part of a batch's tensor from column ``pad`` on, laid out as a batch of one (the views
+    then apply)."""
+    if view is _batch or view is _flat:   # [B, M, ...]
+        return t[row:row + 1, pad:]
+    if view is _heads:                    # Q [B, H, M, hd]
+        return t[row:row + 1, :, pad:]
+    if view is _new_rows:                 # the cache's K/V [B, n_kv, T, hd]: the row's new rows are the last
+        return t[row:row + 1]
+    if view is _same:                     # the router's [B*M, ...]
+        return t.reshape(rows, cols, *t.shape[1:])[row, pad:]
+    raise ValueError(f"no batch layout for the view {getattr(view, '__name__', view)!r}")
 
 
 def _to_numpy(bufs: Mapping[tuple, tuple], M: int) -> dict[tuple, np.ndarray]:

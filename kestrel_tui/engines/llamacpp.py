@@ -19,11 +19,16 @@ from pathlib import Path
 import numpy as np
 
 from .. import procs
+from ..backends.base import StepOut
 from ..errors import UsageError
 from ..text import inert
 from ..trace.fnv import fnv1a64
 from ..trace.keys import DEEP_FIELDS, FIELDS, layer_fields
-from .base import Capabilities, Engine, EngineFailed, EngineSpec, RunRequest, Toggle, check_toggle_keys
+from ..trace.rawstore import RawStore
+from ..trace.run import Cancelled, Trace
+from .base import (MOST_THREADS, Capabilities, Engine, EngineFailed, EngineSpec, RunRequest, Toggle,
+                   check_toggle_keys)
+from .decode import decode_loop
 
 NEEDS = "llama.cpp engine needs llama-cpp-python: pip install -e '.[llama]' (or pip install llama-cpp-python)"
 REBUILD = ("rebuild llama-cpp-python: CMAKE_ARGS=\"-DGGML_CUDA=on\""
@@ -102,10 +107,11 @@ def _check_value(name: str, value: object, where: str = "option", gpu: bool = Fa
         raise UsageError(f"llama.cpp engine: unknown {where} {name!r}; choose from {', '.join([*OPTIONS, 'env'])}")
     v = str(value) if isinstance(value, (str, int)) and not isinstance(value, bool) else None
     allowed = OPTIONS[name]
-    if name in NUMBER and v is not None and v.isdigit() and (name == "n_gpu_layers" or int(v) >= 1):
+    lowest, most = (0, None) if name == "n_gpu_layers" else (1, MOST_THREADS if name == "n_threads" else None)
+    if name in NUMBER and v is not None and v.isdigit() and lowest <= int(v) and (most is None or int(v) <= most):
         v = str(int(v))
     elif v is None or allowed is None or v not in allowed:
-        shown = "|".join(allowed) if allowed else "a whole number"
+        shown = "|".join(allowed) if allowed else f"a whole number 1..{MOST_THREADS}"
         extra = " or a whole number >= 1" if name == "n_ubatch" else \
             f" or a whole number 0..{n_layers + 1}" if name == "n_gpu_layers" else ""
         raise UsageError(f"llama.cpp engine: {name}={value!r} is not allowed; choose from {shown}{extra}")
@@ -448,18 +454,10 @@ class LlamaCppEngine(Engine):
 
     # -- a run
     def run(self, req: RunRequest):
-        from ..trace.run import Cancelled, Position, Trace
-        from ..trace.rawstore import RawStore
-
-        if not req.prompt:
-            raise ValueError("the prompt is empty; give at least one token")
         with self._quiet():
             return self._run(req)
 
     def _run(self, req: RunRequest):
-        from ..trace.run import Cancelled, Position, Trace
-        from ..trace.rawstore import RawStore
-
         s = self.settings(req.values)
         P, N = len(req.prompt), req.n_tokens
         ctx, _ = self._context(s, P + N + 1, P)
@@ -467,17 +465,12 @@ class LlamaCppEngine(Engine):
         L.llama_set_n_threads(ctx, int(s["n_threads"]), int(s["n_threads"]))
         L.llama_memory_clear(L.llama_get_memory(ctx), True)
         vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(self._model[1]))
-        store = RawStore()
-        trace = Trace(backend=self.describe(req.values), prompt=list(req.prompt), store=store)
+        trace = Trace(backend=self.describe(req.values), prompt=list(req.prompt), store=RawStore())
         cap = self._cap = _Capture(self.ggml)
         self._cancel = req.cancel
         batch = L.llama_batch_init(max(P, 1), 0, 1)
 
-        def check():
-            if req.cancel is not None and req.cancel.is_set():
-                raise Cancelled()
-
-        def decode(tokens: list[int], pos0: int):
+        def step(tokens: list[int], pos0: int) -> StepOut:
             for i, tok in enumerate(tokens):
                 batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = tok, pos0 + i, 1, 1
                 batch.seq_id[i][0] = 0
@@ -485,38 +478,27 @@ class LlamaCppEngine(Engine):
             cap.begin(pos0)
             self._clear_log()
             with _env("GGML_CUDA_CUBLAS_COMPUTE_TYPE",
-                                     None if s["cublas_compute_type"] == "auto" else s["cublas_compute_type"]):
+                      None if s["cublas_compute_type"] == "auto" else s["cublas_compute_type"]):
                 rc = L.llama_decode(ctx, batch)
-            check()
+            if req.cancel is not None and req.cancel.is_set():  # the abort callback stopped llama_decode
+                raise Cancelled()
             if cap.error is not None:
                 raise EngineFailed(f"llama.cpp engine: reading a tensor at position {pos0} failed:"
                                    f" {type(cap.error).__name__}: {_line(cap.error)}", partial=trace)
             if rc != 0:
                 raise EngineFailed(f"llama.cpp engine: llama_decode returned {rc} at position {pos0}{self._why()}",
                                    partial=trace)
-            for i, tok in enumerate(tokens):
-                ptr = L.llama_get_logits_ith(ctx, i)
-                logits = np.ctypeslib.as_array(ptr, (vocab,)).copy()
-                t = pos0 + i
-                raw = self._keys(cap, t, logits)
-                p = Position(t=t, token=tok, prompt=t < P, hashes={k: fnv1a64(a) for k, a in raw.items()},
-                             raw=store.keep(raw) if req.raw else None, logits=logits)
-                trace.positions.append(p)
-                if req.on_position:
-                    req.on_position(p)
+            logits = [np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, i), (vocab,)).copy()
+                      for i in range(len(tokens))]
+            raws = [self._keys(cap, pos0 + i, a) for i, a in enumerate(logits)]
+            return StepOut(logits=np.stack(logits), hashes=[{k: fnv1a64(a) for k, a in raw.items()} for raw in raws],
+                           raw=raws)
 
         try:
-            check()
-            decode(list(req.prompt), 0)
-            for i in range(N):
-                check()
-                if req.stop is not None and req.stop():
-                    break
-                decode([req.forced[i] if req.forced is not None else trace.positions[-1].top1], P + i)
+            return decode_loop(req, trace, step)
         finally:
             L.llama_batch_free(batch)
             self._cap = self._cancel = None
-        return trace
 
     def _keys(self, cap: "_Capture", t: int, logits: np.ndarray) -> dict[str, np.ndarray]:
         """Position t's keys in the reference's layouts and dtypes."""

@@ -30,7 +30,7 @@ division is correctly rounded). The result is bit-identical to C99 ``fma``
 one round-to-odd double addition and a final rounding to float32 give the
 correctly rounded single-precision result (53 >= 24 + 2 bits).
 
-Internal building blocks (``_split``, ``_two_prod``, ``_fma_tail``) are
+The building blocks (``veltkamp_split``, ``two_prod``, ``fma_tail``) are
 shared with ``transcend.py``, which calls them under preconditions it can
 prove (documented there), skipping the mask; ``_fma64_fast`` is the unmasked
 general algorithm with its exact domain stated.
@@ -54,7 +54,7 @@ _HUGE = np.array(2.0**1022)
 # building blocks (all exact under the stated conditions; no masks, no copies)
 
 
-def _split(a):
+def veltkamp_split(a):
     """Veltkamp split: ``a == hi + lo`` exactly, each with <= 26 significant
     bits. Needs ``|a| < 2**996`` (else ``a*SPLIT`` overflows and hi is NaN)."""
     t = a * _SPLIT
@@ -62,7 +62,7 @@ def _split(a):
     return hi, a - hi
 
 
-def _two_prod(p, ah, al, bh, bl):
+def two_prod(p, ah, al, bh, bl):
     """Dekker: the exact error ``a*b - p`` of ``p = RN(a*b)`` from split
     operands. Exact when ``a*b`` is exactly 0 or ``2**-968 <= |p| <= 2**1022``."""
     return ((ah * bh - p) + ah * bl + al * bh) + al * bl
@@ -85,7 +85,7 @@ def _ro_add(x, y):
     return ((s.view(np.int64) - opp) | nz).view(np.float64)
 
 
-def _fma_tail(p, pl, c):
+def fma_tail(p, pl, c):
     """``RN(c + p + pl)`` where ``p = RN(a*b)`` and ``pl`` its exact error,
     **given |c| >= 2*|p|** (or ``p == 0``) -- the shape of every polynomial
     step ``fma(z, p, A)`` / ``fma(T, p, T)`` in the transcendental replicas,
@@ -120,9 +120,9 @@ def _fma64_fast(a, b, c):
     Returns ``(z, p)`` with ``p = RN(a*b)`` so that callers can mask.
     """
     p = a * b
-    ah, al = _split(a)
-    bh, bl = _split(b)
-    pl = _two_prod(p, ah, al, bh, bl)
+    ah, al = veltkamp_split(a)
+    bh, bl = veltkamp_split(b)
+    pl = two_prod(p, ah, al, bh, bl)
     th = c + p  # TwoSum(c, p): no ordering assumption
     bb = th - c
     tl = (c - (th - bb)) + (p - bb)

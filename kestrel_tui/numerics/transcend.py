@@ -69,7 +69,7 @@ preconditions (proved here, exercised by the tests) instead of the general
 masked ``fma64``:
 
 * every addend dominates its product, |c| >= 2|a*b| (r <= ln2/128 in expf,
-  |r| <= pi/4 in cosf/sinf), as ``_fma_tail`` requires;
+  |r| <= pi/4 in cosf/sinf), as ``fma_tail`` requires;
 * nonzero products exceed 2**-610 in magnitude (x = +-2**-149 is the worst
   case), far above the 2**-968 limit of Dekker's product; nothing overflows
   (expf clamps x first; cosf/sinf zero the huge/inf/nan lanes first);
@@ -93,7 +93,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .fma import _fma_tail, _split, _two_prod, fma64
+from .fma import fma64, fma_tail, two_prod, veltkamp_split
 
 __all__ = ["expf", "cosf", "sinf", "sincosf", "silu"]
 
@@ -127,7 +127,7 @@ _EXP_C1 = _d(0x3FE0000000000000)  # 1/2
 # 14: for |n| < 2**14 both n*C2_HI and n*C2_LO are exact.
 _EXP_C2_HI = _d(0x3F862E42FEFA0000)
 _EXP_C2_LO = np.array(_EXP_C2 - _EXP_C2_HI)
-_EXP_C0_HI, _EXP_C0_LO = (np.array(v) for v in _split(_EXP_C0))
+_EXP_C0_HI, _EXP_C0_LO = (np.array(v) for v in veltkamp_split(_EXP_C0))
 _EXP_X_MAX = _f(0x42B17218)  # 88.7228394f: above it the UCRT returns +inf
 _EXP_X_MIN = np.array(-104.0)  # below it the UCRT returns +0
 _RINT_SHIFT = _d(0x4338000000000000)  # 1.5 * 2**52: (t + S) - S == rint(t)
@@ -195,21 +195,21 @@ def _expf_double(x):
     r = (xd - n * _EXP_C2_HI) - n * _EXP_C2_LO
     z = r * r
     # q = fma(r, C0, C1)
-    rh, rl = _split(r)
+    rh, rl = veltkamp_split(r)
     P = r * _EXP_C0
-    q = _fma_tail(P, _two_prod(P, rh, rl, _EXP_C0_HI, _EXP_C0_LO), _EXP_C1)
+    q = fma_tail(P, two_prod(P, rh, rl, _EXP_C0_HI, _EXP_C0_LO), _EXP_C1)
     # p = fma(q, z, r)
-    qh, ql = _split(q)
-    zh, zl = _split(z)
+    qh, ql = veltkamp_split(q)
+    zh, zl = veltkamp_split(z)
     P = q * z
-    p = _fma_tail(P, _two_prod(P, qh, ql, zh, zl), r)
+    p = fma_tail(P, two_prod(P, qh, ql, zh, zl), r)
     # 2^m * fma(T[j], p, T[j]) == fma(S, p, S) with S = T[j] * 2^m (exact
     # scaling: m in [-152, 128] keeps everything normal in binary64).
     S = (_EXP_T_ADJ.take(kd.view(np.int64) & _I63) + (kd.view(np.uint64) << _U46)).view(np.float64)
-    sh, sl = _split(S)
-    ph, pl = _split(p)
+    sh, sl = veltkamp_split(S)
+    ph, pl = veltkamp_split(p)
     P = S * p
-    out = _fma_tail(P, _two_prod(P, sh, sl, ph, pl), S)
+    out = fma_tail(P, two_prod(P, sh, sl, ph, pl), S)
     nan = np.isnan(x)
     if nan.any():  # T1: a NaN comes out as it went in, quieted (the arithmetic above would pick its own)
         out = np.where(nan, x.astype(np.float64), out)
@@ -259,7 +259,7 @@ _I3 = np.array(3, dtype=np.int64)
 _KIND = np.array([0, 1, 0, 1, 1, 0, 1, 0, 1, 0, 1, 0], dtype=bool)
 _SIGN = np.array([1, -1, -1, 1, 1, 1, -1, -1, -1, -1, 1, 1], dtype=np.float64)
 _K9 = np.where(_KIND, _B9, _A9)
-_K9H, _K9L = _split(_K9)
+_K9H, _K9L = veltkamp_split(_K9)
 _TABLE = np.stack([_K9, _K9H, _K9L, np.where(_KIND, _B7, _A7), np.where(_KIND, _B5, _A5),
                    np.where(_KIND, _B3, _A3), _SIGN, _KIND.astype(np.float64)])
 
@@ -335,22 +335,22 @@ def _trig(x, funcs, double=False):
     k9, k9h, k9l, k7, k5, k3, sign, kind = _TABLE.take(idx, axis=1)
 
     # p = fma(z, fma(z, fma(z, K9, K7), K5), K3)   (K = A or B per element)
-    zh, zl = _split(z)
+    zh, zl = veltkamp_split(z)
     P = z * k9
-    p = _fma_tail(P, _two_prod(P, zh, zl, k9h, k9l), k7)
+    p = fma_tail(P, two_prod(P, zh, zl, k9h, k9l), k7)
     for k in (k5, k3):
-        ph, pl = _split(p)
+        ph, pl = veltkamp_split(p)
         P = z * p
-        p = _fma_tail(P, _two_prod(P, zh, zl, ph, pl), k)
+        p = fma_tail(P, two_prod(P, zh, zl, ph, pl), k)
     # result fma(p, W, V): C(r) -> (z*z, 1 - 0.5*z), S(r) -> (r*z, r)
     W = z * np.where(kind, r, z)
     V = np.where(kind, r, _ONE - _HALF * z)
     if use_b3 is not None:
         p = np.where(use_b3, _B3, p)
-    ph, pl = _split(p)
-    wh, wl = _split(W)
+    ph, pl = veltkamp_split(p)
+    wh, wl = veltkamp_split(W)
     P = p * W
-    res = _fma_tail(P, _two_prod(P, ph, pl, wh, wl), V)
+    res = fma_tail(P, two_prod(P, ph, pl, wh, wl), V)
     if use_v is not None:
         res = np.where(use_v, V, res)
     res = res * sign

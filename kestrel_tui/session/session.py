@@ -395,7 +395,7 @@ class Session:
         eng, notes = self.subject_engine, []
         if settings.mode == "isolate" and not eng.caps.isolate:
             notes.append(f"{eng.name} cannot run isolated: chained instead")
-        elif settings.mode == "isolate" and not self._can_feed():
+        elif settings.mode == "isolate" and not self.can_feed():
             notes.append(f"isolation needs the reference's buffers in the subject's layout (a built-in"
                          f" reference); {self.reference_engine.name} gives none: chained instead")
         if settings.prefill == "reference":
@@ -424,7 +424,7 @@ class Session:
         eng = self.subject_engine
         P = len(self.prompt)
         notes = self.unsupported(settings)
-        isolate = settings.mode == "isolate" and eng.caps.isolate and self._can_feed()
+        isolate = settings.mode == "isolate" and eng.caps.isolate and self.can_feed()
         forced = None
         if (settings.forcing == "teacher" or isolate) and eng.caps.forcing:  # isolation needs identical inputs
             forced = [p.token for p in ref.positions[P:]]
@@ -471,11 +471,15 @@ class Session:
         self.last = result
         return result
 
-    def _can_feed(self) -> bool:
+    def can_feed(self) -> bool:
+        """Whether the reference's buffers are in the subject's layout (a built-in reference of its KV
+        format): what isolation feeds the subject."""
         from ..engines.builtin import BuiltinEngine
 
         ref = self.reference_engine
         return isinstance(ref, BuiltinEngine) and ref.kv == self.kv
+
+    _can_feed = can_feed  # the name session/repro.py still calls
 
     def missing_by_design(self, key: str, status: Status) -> bool:
         """A key missing on a side whose engine never makes it: not a failure (shown missing, not counted).

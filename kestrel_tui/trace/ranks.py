@@ -8,14 +8,39 @@ compared with it share by share: the same rank of a run with the same world size
 matching slice of a whole tensor, for shares that are slices of it. A partial sum is never
 compared bit for bit with a whole tensor: the key it adds up to is judged instead
 (docs/engines-distributed.md).
+
+Each rank's share is kept in a position's raw values under one spelling, whichever engine made it:
+``KEY@R`` for rank R's share (``rank_key``), ``KEY@sum`` for what an all-reduce returned (``sum_key``).
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
 from .compare import key_metrics
+
+
+def rank_key(key: str, rank: int) -> str:
+    """The raw entry of rank ``rank``'s share of ``key``."""
+    return f"{key}@{rank}"
+
+
+def sum_key(key: str) -> str:
+    """The raw entry of what the all-reduce returned for ``key``'s branch (the sum of the partials)."""
+    return f"{key}@sum"
+
+
+def rank_values(raw: Mapping[str, np.ndarray] | None, key: str) -> list[np.ndarray] | None:
+    """The per-rank entries of ``key`` in one position's raw values, in rank order (None: there are none)."""
+    if raw is None or rank_key(key, 0) not in raw:
+        return None
+    out, r = [], 0
+    while rank_key(key, r) in raw:
+        out.append(raw[rank_key(key, r)])
+        r += 1
+    return out
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ from ...trace.keys import token_keys
 from ..base import KV_FIELDS, Backend, StepOut, key_of
 from ..toggles import describe
 from . import launches
-from .launches import FED, _blocks, launch
+from .launches import FED, blocks_for, launch
 from .plan import plan
 from .graph import DecodeGraph
 from .layout import HASH_CHUNK, HASH_PIECE, HashWork, Layout
@@ -85,7 +85,7 @@ def launch_hash(rt, hb: dict, base: int, stream=None, launcher=None) -> None:
     launch(rt.kernel("hash", "fnv_states"), (n, 1, 1), (256, 1, 1), stream, base, p["chunk_key"], p["chunk_off"],
            p["chunk_len"], p["key_first"], p["key_n"], p["snap"], p["start"], p["tickets"], p["out"],
            launcher=launcher)
-    launch(rt.kernel("hash", "fnv_chunks"), (_blocks(n * (HASH_CHUNK // HASH_PIECE), 128), 1, 1), (128, 1, 1),
+    launch(rt.kernel("hash", "fnv_chunks"), (blocks_for(n * (HASH_CHUNK // HASH_PIECE), 128), 1, 1), (128, 1, 1),
            stream, base, p["chunk_key"], p["chunk_off"], p["chunk_len"], p["key_first"], p["piece_pow"],
            p["piece_spow"], p["snap"], p["start"], p["out"], n, launcher=launcher)
 

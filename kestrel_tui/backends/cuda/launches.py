@@ -43,7 +43,8 @@ COMBINE_MAX_K = _C["COMBINE_MAX_K"]  # down_combine_*: a warp a slot
 FED = frozenset({"emb", "x", "nrm", "kraw", "knorm", "kpre", "qrope", "attn", "ores", *KV_FIELDS})
 
 
-def _blocks(n: int, per: int) -> int:
+def blocks_for(n: int, per: int) -> int:
+    """The blocks of ``per`` that cover ``n`` (a grid's size)."""
     return -(-n // per)
 
 
@@ -223,5 +224,5 @@ def scratch_bytes(b, M: int) -> int:
     nh, hd = cfg.n_heads, cfg.head_dim
     if K.attn_split:
         return (2 * M * nh * cap * 4 if K.attn_exact  # S, I
-                else M * nh * _blocks(cap, ATT_FAST_TILE) * (hd + 2) * 4)
+                else M * nh * blocks_for(cap, ATT_FAST_TILE) * (hd + 2) * 4)
     return 4 if K.attn_exact else M * nh * cap * 4

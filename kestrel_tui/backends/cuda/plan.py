@@ -17,7 +17,7 @@ import numpy as np
 
 from ..base import KV_FIELDS
 from .launches import (ATT_FAST_TILE, ATT_FAST_WARPS, ATT_PV_THREADS, ATT_SPLIT_TILE, COMBINE_MAX_K, EXPERT_ROWS,
-                       FED, FUSED_MAX_ROW, HASH_BODY, Copy, Kernels, Launch, Target, _blocks, q4_rows_a_block)
+                       FED, FUSED_MAX_ROW, HASH_BODY, Copy, Kernels, Launch, Target, blocks_for, q4_rows_a_block)
 from .layout import Layout
 from .weights import DeviceLinear
 
@@ -109,11 +109,12 @@ def embedding(s: Step) -> None:
     """The tokens' embeddings and the step's RoPE table."""
     dm, K, M, h = s.b.dm, s.K, s.lay.M, s.b.model.cfg.hidden
     if s.q4:
-        s.emit(K.embed, (_blocks(h, 256), M, 1), (256, 1, 1), dm.embed.w, dm.embed.d, s.T.tokens, s.A("emb"), h // 32)
+        s.emit(K.embed, (blocks_for(h, 256), M, 1), (256, 1, 1), dm.embed.w, dm.embed.d, s.T.tokens, s.A("emb"),
+               h // 32)
     else:
-        s.emit(K.embed, (_blocks(h, 256), M, 1), (256, 1, 1), dm.embed.w, s.T.tokens, s.A("emb"), h)
+        s.emit(K.embed, (blocks_for(h, 256), M, 1), (256, 1, 1), dm.embed.w, s.T.tokens, s.A("emb"), h)
     half = s.b.model.cfg.head_dim // 2
-    s.emit(K.rope_table, (_blocks(half, 64), M, 1), (64, 1, 1), dm.inv_freq, s.A("cos"), s.A("sin"), s.pos0, half,
+    s.emit(K.rope_table, (blocks_for(half, 64), M, 1), (64, 1, 1), dm.inv_freq, s.A("cos"), s.A("sin"), s.pos0, half,
            s.T.dpos)
 
 
@@ -132,7 +133,7 @@ def attention_block(s: Step, li: int, W, x_in: int, pending: ExpertSum | None) -
     if s.q4:  # q, k and v in one launch
         lq, lk, lv = W["q_proj"], W["k_proj"], W["v_proj"]
         rpb = q4_rows_a_block(M, bool(K.quant_exact))
-        s.emit(K.gemv_q4_x3, (sum(_blocks(lin.out, rpb) for lin in (lq, lk, lv)), _blocks(M, 4), 1),
+        s.emit(K.gemv_q4_x3, (sum(blocks_for(lin.out, rpb) for lin in (lq, lk, lv)), blocks_for(M, 4), 1),
                (128, 1, 1), lq.w, lq.d, A("q"), lq.out, lk.w, lk.d, A("kraw", li), lk.out,
                lv.w, lv.d, A("vraw"), lv.out, xq, xd, lq.nb, M)
     else:
@@ -164,7 +165,7 @@ def heads(s: Step, li: int, W) -> None:
     else:
         s.emit(K.qknorm, (nh + nkv, M, 1), (32, 1, 1), A("q"), A("qn"), W["q_norm"],
                In("kraw", li), A("knorm", li), W["k_norm"], nh, nkv, hd, eps)
-        s.emit(K.rotate, (nh + nkv, M, 1), (_blocks(hd // 2, 32) * 32, 1, 1), A("qn"), A("qrope", li),
+        s.emit(K.rotate, (nh + nkv, M, 1), (blocks_for(hd // 2, 32) * 32, 1, 1), A("qn"), A("qrope", li),
                In("knorm", li), A("kpre", li), A("cos"), A("sin"), nh, nkv, hd)
         k_in = In("kpre", li) if s.b.deep else A("kpre", li)
         s.emit(K.kv_rows, (2 * nkv, M, 1), (32, 1, 1), k_in, A("vraw"), A("k", li), A("ks", li),
@@ -196,21 +197,21 @@ def ffn_block(s: Step, li: int, W) -> ExpertSum | None:
         return None
     k, E = cfg.top_k, cfg.n_experts
     gemv(s, W["gate"], pnrm, A("router", li))
-    s.emit(K.router, (M, 1, 1), (_blocks(E, 32) * 32, 1, 1), A("router", li),
+    s.emit(K.router, (M, 1, 1), (blocks_for(E, 32) * 32, 1, 1), A("router", li),
            A("topk", li), A("topw", li), E, k, int(cfg.norm_topk_prob), K.exp_exact)
     P = M * k
     gemv_experts(s, W["gate_proj"], A("g"), W["up_proj"], A("u"), A("topk", li), pnrm, xq, xd, k, P)
     silu(K, s.emit, A("g"), A("u"), A("a"), aq, ad, P * F)
     if s.fold_combine:  # a block takes its rows of all k slots and adds them up
         ld = W["down_proj"]
-        s.emit(K.down_combine, (_blocks(h, EXPERT_ROWS), M, 1), (32 * k, 1, 1), ld.w, ld.d,
+        s.emit(K.down_combine, (blocks_for(h, EXPERT_ROWS), M, 1), (32 * k, 1, 1), ld.w, ld.d,
                A("y"), A("topk", li), A("aq"), A("ad"), h, ld.nb, k, A("topw", li), ores, A("moe", li),
                A("x", li), K.moe_exact)
         return None
     gemv_experts(s, W["down_proj"], A("y"), None, 0, A("topk", li), A("a"), A("aq"), A("ad"), 1, P)
     if s.fuse_combine:  # done by the norm behind it
         return ExpertSum(A("y"), A("topw", li), ores, A("moe", li), A("x", li), k)
-    s.emit(K.combine, (_blocks(h, 256), M, 1), (256, 1, 1), A("y"), A("topw", li),
+    s.emit(K.combine, (blocks_for(h, 256), M, 1), (256, 1, 1), A("y"), A("topw", li),
            ores, A("moe", li), A("x", li), h, k)
     return None
 
@@ -246,7 +247,7 @@ def quant(s: Step, x: int, rows: int, n: int) -> None:
     """The q8_0 of x for the q4_0 GEMV behind it (f32 weights read x itself)."""
     if s.q4:
         total = rows * n
-        s.emit(s.K.quantize, (_blocks(total, 256), 1, 1), (256, 1, 1), x, s.A("xq"), s.A("xd"), total)
+        s.emit(s.K.quantize, (blocks_for(total, 256), 1, 1), (256, 1, 1), x, s.A("xq"), s.A("xd"), total)
 
 
 def gemv(s: Step, lin: DeviceLinear, x: int, y: int, res: int = 0, x_q: int | None = None,
@@ -254,7 +255,7 @@ def gemv(s: Step, lin: DeviceLinear, x: int, y: int, res: int = 0, x_q: int | No
     """y[M, out] = (res +) lin @ x; x: the f32 input (q4_0 reads its quantization x_q/x_d, by default
     the step's xq/xd)."""
     K, M, q4 = s.K, s.lay.M, s.q4
-    grid = (_blocks(lin.out, q4_rows_a_block(M, bool(K.quant_exact)) if q4 else 4), _blocks(M, 4), 1)
+    grid = (blocks_for(lin.out, q4_rows_a_block(M, bool(K.quant_exact)) if q4 else 4), blocks_for(M, 4), 1)
     if q4:
         x_q = s.A("xq") if x_q is None else x_q
         x_d = s.A("xd") if x_d is None else x_d
@@ -267,7 +268,7 @@ def gemv_experts(s: Step, l0: DeviceLinear, y0: int, l1: DeviceLinear | None, y1
                  x_q: int, x_d: int, x_div: int, pairs: int) -> None:
     """The selected experts' l0 (and l1, in the same launch) of `pairs` (column, slot) pairs."""
     K = s.K
-    grid = (_blocks(l0.out, 4 * (EXPERT_ROWS if s.q4 else 1)), pairs, 2 if l1 is not None else 1)
+    grid = (blocks_for(l0.out, 4 * (EXPERT_ROWS if s.q4 else 1)), pairs, 2 if l1 is not None else 1)
     if s.q4:
         s.emit(K.gemv_experts, grid, (128, 1, 1), l0.w, l0.d, y0, l1.w if l1 else 0,
                l1.d if l1 else 0, y1, eidx, x_q, x_d, x_div, l0.out, l0.nb)
@@ -289,19 +290,19 @@ def attention(b, T: Target, emit, q: int, out: int, layer: int, pos0: int, M: in
         span = cap if T.dpos else pos0 + M
         sc = int(T.scores)
         if K.attn_exact:
-            tiles = _blocks(span, ATT_SPLIT_TILE)
+            tiles = blocks_for(span, ATT_SPLIT_TILE)
             S, I = sc, sc + M * nh * cap * 4
             emit(K.split_tiles, (nh, M, tiles), (ATT_SPLIT_TILE, 1, 1), q, c["k"], c["ks"], S, I,
                  cap, pos0, nh, nkv, hd, scale, T.dpos)
             emit(K.split_reduce, (nh, M, hd // 32), (ATT_PV_THREADS, 1, 1), c["v"], c["vs"], S, I,
                  out, cap, pos0, nh, nkv, hd, K.exp_exact, T.dpos, xq, xd, quant, shared=K.pv_spread)
         else:
-            tcap = _blocks(cap, ATT_FAST_TILE)
+            tcap = blocks_for(cap, ATT_FAST_TILE)
             warps = min(nh // nkv, ATT_FAST_WARPS)  # a block: one kv head's query heads
-            emit(K.split_tiles, (nkv, M, _blocks(span, ATT_FAST_TILE)), (32 * warps, 1, 1),
+            emit(K.split_tiles, (nkv, M, blocks_for(span, ATT_FAST_TILE)), (32 * warps, 1, 1),
                  q, c["k"], c["ks"], c["v"],
                  c["vs"], sc, tcap, pos0, nh, nkv, hd, scale, K.exp_exact, T.dpos)
-            emit(K.split_reduce, (nh, M, 1), (_blocks(hd, 32) * 32, 1, 1), sc, out, tcap, pos0, nh,
+            emit(K.split_reduce, (nh, M, 1), (blocks_for(hd, 32) * 32, 1, 1), sc, out, tcap, pos0, nh,
                  hd, K.exp_exact, T.dpos, xq, xd, quant)
         return
     args = (q, c["k"], c["ks"], c["v"], c["vs"], out)
@@ -314,5 +315,5 @@ def attention(b, T: Target, emit, q: int, out: int, layer: int, pos0: int, M: in
 
 
 def silu(K: Kernels, emit, g: int, u: int, a: int, aq: int, ad: int, n: int) -> None:
-    emit(K.silu_mul, (_blocks(n, 256), 1, 1), (256, 1, 1), g, u, a, aq, ad, n, K.exp_exact,
+    emit(K.silu_mul, (blocks_for(n, 256), 1, 1), (256, 1, 1), g, u, a, aq, ad, n, K.exp_exact,
          K.quant_exact)
