@@ -37,7 +37,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_mutually_exclusive_group()
     g.add_argument("--prompt-ids", metavar="1,2,3", help="prompt as comma-separated token ids")
     g.add_argument("--prompt", metavar="TEXT", help="prompt text (needs the model's tokenizer.json)")
-    p.add_argument("--tokens", type=int, metavar="N", help="tokens to generate (default 16)")
+    p.add_argument("--tokens", metavar="N", help="tokens to generate (default 16)")
     p.add_argument("--weights", choices=("q4_0", "f32"), help="weight format (default q4_0)")
     p.add_argument("--kv", choices=("q8", "f32"), help="KV cache format (default q8)")
     p.add_argument("--deep", action="store_true", default=None,
@@ -119,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", choices=("far", "ok"), default="far",
                    help="far: graft far keys until every key is ok or close (default); ok: until all keys agree")
     p.add_argument("--key", metavar="KEY", help="the first key to graft (default: the first far, or first DIFF)")
-    p.add_argument("--limit", type=int, default=8, help="sources grafted at most (default 8)")
+    p.add_argument("--limit", default=8, help="sources grafted at most (default 8)")
     p.add_argument("--exact", help="the subject's toggles switched to exact, as for run")
     p.add_argument("--toggle", action="append", default=[], metavar="NAME=VALUE", help="as for run")
     p.add_argument("--json", action="store_true")
@@ -132,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--key", metavar="KEY", help="the key (default: the first far key, the first DIFF without --tol)")
     p.add_argument("--tol", metavar="SPEC", help="the verdict's tolerance, as for run (default: the profile's, else"
                    " the bits)")
-    p.add_argument("--max-mb", type=float, default=64.0, metavar="MB", help="refuse a bundle larger than this"
+    p.add_argument("--max-mb", default=64.0, metavar="MB", help="refuse a bundle larger than this"
                    " (default 64; a q4_0 lm_head at Qwen3-30B-A3B's vocab is ~168)")
     p.add_argument("--mode", choices=("chain", "isolate"), default="chain")
     p.add_argument("--exact", help="the subject's toggles switched to exact, as for run")
@@ -155,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("iso", help="batch-verify (M columns) vs M=1 decode, full logits byte by byte")
     _model_args(p)
     p.add_argument("--subject", help="sim (default) or cuda")
-    p.add_argument("--m", type=int, default=5, help="batch-verify width M")
+    p.add_argument("--m", default=5, help="batch-verify width M")
     p.add_argument("--exact", default="none")
     p.add_argument("--json", action="store_true")
 
@@ -220,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         process.announce = _say  # a profile's command is named on stderr before it runs
         process.reset_announced()
     try:
+        check_options(args)
         return getattr(commands, f"cmd_{args.cmd}")(args, run_config_of(args))
     except UsageError as e:
         _say(f"kestrel-tui {args.cmd}: error: {inert(e, ERROR_LIMIT)}")
@@ -237,6 +238,32 @@ def main(argv: list[str] | None = None) -> int:
             with contextlib.suppress(ValueError, OSError, TypeError):
                 # after a stop signal more may follow while the interpreter ends: the work is done
                 signal.signal(sig, signal.SIG_IGN if _signalled else handler)
+
+
+def _checked_options() -> dict:
+    """dest -> (flag, check): the options whose text is checked once parsed, so that a refused value is
+    one line and exit 2 like every other bad input (argparse would print its usage and exit itself)."""
+    from .engines.profile import TOKENS
+    from .session.graft import LIMIT
+    from .session.iso import WIDTH
+    from .session.repro import MAX_MB
+
+    return {"tokens": ("--tokens", TOKENS.parse), "limit": ("--limit", LIMIT.parse),
+            "max_mb": ("--max-mb", MAX_MB.parse), "m": ("--m", WIDTH.parse), "key": ("--key", _key)}
+
+
+def _key(text: str, flag: str) -> str:
+    if not text.strip():
+        raise UsageError(f"{flag} {text!r}: no key named; name one (t<T>_l<L>_<field>, t<T>_emb, t<T>_logits),"
+                         f" or leave {flag} out for the first far key")
+    return text
+
+
+def check_options(args: argparse.Namespace) -> None:
+    """Each checked option given (or defaulted) replaced by its checked value; else UsageError."""
+    for dest, (flag, check) in _checked_options().items():
+        if getattr(args, dest, None) is not None:
+            setattr(args, dest, check(getattr(args, dest), flag))
 
 
 def run_config_of(args: argparse.Namespace):

@@ -586,13 +586,14 @@ def cmd_repro(args: argparse.Namespace, config: RunConfig) -> int:
 def cmd_sweep(args: argparse.Namespace, config: RunConfig) -> int:
     from .engines.base import EngineFailed
     from .session.session import Failure, SideFailed
-    from .session.sweep import COLUMNS, parse_values, sweep
+    from .session.sweep import COLUMNS, parse_values, sweep, value_limit
     from .trace.compare import Tolerance
 
     _check_subject(args, config)
     session = _session(config)
     settings = _settings(args, session)
-    values = parse_values(args.what, args.values) if args.values else None
+    values = (parse_values(args.what, args.values, value_limit(session, args.what)) if args.values is not None
+              else None)
     try:
         with console.status(f"sweep {args.what}") as status:
             result = sweep(session, args.what, values, config.tolerance or Tolerance(), settings,
@@ -642,8 +643,6 @@ def cmd_iso(args: argparse.Namespace, config: RunConfig) -> int:
         raise UsageError(f"--subject {name!r}: iso runs batch-verify inside a built-in backend;"
                          f" choose {' or '.join(iso_subjects)}")
     spec = side_specs(config)["subject"]
-    if args.m < 1:
-        raise UsageError(f"--m {args.m}: the batch-verify width must be at least 1")
     model = load_model(config)
     prompt = resolve_prompt(config, model, n_new=args.m, flag="--m")  # iso decodes M tokens, not --tokens
     exact = parse_exact(args.exact)

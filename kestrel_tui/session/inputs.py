@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from ..bounds import Number, shown
 from ..engines.base import EngineSpec
 from ..engines.decoders import CPU_IMPLS
 from ..engines.registry import BUILTIN
@@ -21,6 +22,7 @@ from ..trace.compare import Tolerance
 DEFAULT_PROMPT_LEN = 16
 # What an option left unset means (a profile may set it instead).
 DEFAULTS = {"tokens": 16, "weights": "q4_0", "kv": "q8", "deep": False}
+TOKEN_ID = Number(whole=True, lo=0)
 
 @dataclass(frozen=True)
 class RunConfig:
@@ -105,10 +107,13 @@ def run_config(*, profile: str | None = None, model: str | None = None, weights:
 
 
 def _parse_ids(text: str) -> list[int]:
-    try:
-        return [int(tok) for tok in text.split(",") if tok.strip()]
-    except ValueError:
-        raise UsageError(f"--prompt-ids {text!r}: expected comma-separated integers like 1,2,3") from None
+    """Token ids as typed (the vocabulary is checked once the model is loaded)."""
+    ids = [tok.strip() for tok in text.split(",") if tok.strip()]
+    bad = next((tok for tok in ids if TOKEN_ID.problem(tok) is not None), None)
+    if bad is not None:
+        raise UsageError(f"--prompt-ids {shown(text)}: {shown(bad)} {TOKEN_ID.problem(bad)}; expected"
+                         f" comma-separated token ids (whole numbers >= 0) like 1,2,3")
+    return [int(tok) for tok in ids]
 
 
 def default_prompt(vocab: int, n: int = DEFAULT_PROMPT_LEN) -> list[int]:
