@@ -24,6 +24,7 @@ from ..trace.keys import MAX_INDEX
 from ..trace.run import Cancelled
 
 WIDTH = Number(whole=True, lo=1, hi=MAX_INDEX, unit="columns")  # M; the model's context bounds it further
+DEFAULT_WIDTH = 5
 
 
 def _failing(what: str, fn):
