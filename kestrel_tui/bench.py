@@ -124,12 +124,12 @@ def run_bench_cuda(args: argparse.Namespace, config) -> int:
     console.print(f"model {model.name} ({cfg.n_layers} layers, hidden {cfg.hidden}, {cfg.n_experts} experts"
                   f" top-{cfg.top_k}, vocab {cfg.vocab}, q4_0) on {rt.name}; context {ctx}, {config.tokens} steps")
     bw = perf.copy_bandwidth(rt)
-    from .engines.base import EngineSpec
+    from .backends.cuda.options import CudaOptions
     from .session.inputs import side_specs
 
     spec = side_specs(config, "cuda")["subject"]  # a profile's cuda subject brings its own switches
-    options = config.cuda_for(spec if spec.engine == "cuda" else EngineSpec("cuda"))
-    r = perf.decode_bench(model, ctx=ctx, steps=max(4, config.tokens), log=lambda *_: None, options=options)
+    cuda_options = CudaOptions.of(spec.options if spec.engine == "cuda" else {}, config.cuda_options)
+    r = perf.decode_bench(model, ctx=ctx, steps=max(4, config.tokens), log=lambda *_: None, options=cuda_options)
     need = perf.active_bytes(cfg, ctx)
     floor_ms = need["total"] / (bw["gbps_rw"] * 1e9) * 1e3
     fast, exact = r["fast"], r["exact"]

@@ -19,157 +19,216 @@ import argparse
 import contextlib
 import signal
 import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
 
-from . import procs
+from . import commands, procs
+from .backends.cuda.options import CudaOptions
 from .engines.decoders import CPU_IMPLS
+from .engines.profile import CHOICES, TOKENS
 from .engines.registry import names
 from .errors import UsageError
+from .session.graft import DEFAULT_LIMIT, LIMIT
+from .session.inputs import DEFAULT_SUBJECT, DEFAULTS, run_config
+from .session.iso import DEFAULT_WIDTH, WIDTH
+from .session.repro import DEFAULT_MAX_MB, MAX_MB
+from .session.session import FORCINGS, MODES, PREFILLS
 from .text import inert
 from .terminal import err_console
 
 
-def _model_args(p: argparse.ArgumentParser) -> None:
-    # unset flags stay None: a --profile may set them, else session/inputs.py DEFAULTS apply (run_config)
-    p.add_argument("--profile", metavar="FILE.toml", help="a TOML profile naming the reference, the subject"
-                   " and its toggles (docs/profiles.md); the flags given here win over it")
-    p.add_argument("--model", metavar="PATH", help="HF model directory (config.json + *.safetensors) or a"
-                   " .gguf file; default: the embedded synthetic Qwen3-MoE")
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--prompt-ids", metavar="1,2,3", help="prompt as comma-separated token ids")
-    g.add_argument("--prompt", metavar="TEXT", help="prompt text (needs the model's tokenizer.json)")
-    p.add_argument("--tokens", type=int, metavar="N", help="tokens to generate (default 16)")
-    p.add_argument("--weights", choices=("q4_0", "f32"), help="weight format (default q4_0)")
-    p.add_argument("--kv", choices=("q8", "f32"), help="KV cache format (default q8)")
-    p.add_argument("--deep", action="store_true", default=None,
-                   help="also probe MoE internals and pre-quantization K")
-    p.add_argument("--cpu-impl", choices=CPU_IMPLS, help="the cpu engine's implementation of the contract"
-                   " (the same bits): auto (default) takes the compiled one where it is built, numpy the numpy one")
-    p.add_argument("--reference", dest="renamed_reference", help=argparse.SUPPRESS)  # the old --cpu-impl
-    p.add_argument("--cuda-options", metavar="NAME=on|off,...", help="a cuda side's runtime switches (the same"
-                   " bits either way): graph, pdl, fuse, pv_spread")
-    p.add_argument("--no-cache", action="store_true", help="compute the reference even when the reference cache"
-                   " (~/.cache/kestrel-tui/reference) holds it")
+# ---- the command line's vocabulary: every option once, every command a list of them
+
+@dataclass(frozen=True)
+class Arg:
+    """One option: its flags, argparse's keywords (one default, from the constant it stands for) and the
+    check its text goes through once parsed (a refusal is one line and exit 2, as any bad input is)."""
+    flags: tuple[str, ...]
+    kw: Mapping[str, object] = field(default_factory=dict)
+    check: Callable[[object, str], object] | None = None
+    name: str = ""  # the table's name for it, where two options share a dest (--out, repro's FOLDER)
+
+    @property
+    def dest(self) -> str:
+        return str(self.kw.get("dest") or self.flags[0].lstrip("-").replace("-", "_"))
+
+    @property
+    def key(self) -> str:
+        return self.name or self.dest
+
+
+def _key(text: str, flag: str) -> str:
+    if not text.strip():
+        raise UsageError(f"{flag} {text!r}: no key named; name one (t<T>_l<L>_<field>, t<T>_emb, t<T>_logits),"
+                         f" or leave {flag} out for the first far key")
+    return text
+
+
+_SUBJECTS = names(flag_subject=True)
+_TOL_GRAMMAR = ("SPEC: nmse=X (the default criterion), ulp=N, rel=X, comma-combined (all must hold), then"
+                " PATTERN:CRITERIA rules for some keys (docs/profiles.md)")
+
+ARGS: dict[str, Arg] = {a.key: a for a in (
+    # the run's inputs; unset ones stay None: a --profile may set them, else session/inputs.py DEFAULTS apply
+    Arg(("--profile",), dict(metavar="FILE.toml", help="a TOML profile naming the reference, the subject and its"
+                             " toggles (docs/profiles.md); the flags given here win over it")),
+    Arg(("--model",), dict(metavar="PATH", help="HF model directory (config.json + *.safetensors) or a .gguf file;"
+                           " default: the embedded synthetic Qwen3-MoE")),
+    Arg(("--prompt-ids",), dict(metavar="1,2,3", help="prompt as comma-separated token ids")),
+    Arg(("--prompt",), dict(metavar="TEXT", help="prompt text (needs the model's tokenizer.json)")),
+    Arg(("--tokens",), dict(metavar="N", help=f"tokens to generate (default {DEFAULTS['tokens']})"), TOKENS.parse),
+    Arg(("--weights",), dict(choices=CHOICES["weights"], help=f"weight format (default {DEFAULTS['weights']})")),
+    Arg(("--kv",), dict(choices=CHOICES["kv"], help=f"KV cache format (default {DEFAULTS['kv']})")),
+    Arg(("--deep",), dict(action="store_true", default=None, help="also probe MoE internals and pre-quantization K")),
+    Arg(("--cpu-impl",), dict(choices=CPU_IMPLS, help=f"the cpu engine's implementation of the contract (the same"
+                              f" bits): {CPU_IMPLS[0]} (default) takes the compiled one where it is built, numpy"
+                              f" the numpy one")),
+    Arg(("--reference",), dict(dest="renamed_reference", help=argparse.SUPPRESS)),  # the old --cpu-impl
+    Arg(("--cuda-options",), dict(metavar="NAME=on|off,...", help=f"a cuda side's runtime switches (the same bits"
+                                  f" either way): {', '.join(f.name for f in fields(CudaOptions))}")),
+    Arg(("--no-cache",), dict(action="store_true", help="compute the reference even when the reference cache"
+                              " (~/.cache/kestrel-tui/reference) holds it")),
+    # the subject and how it runs
+    Arg(("--subject",), dict(help=f"{', '.join(_SUBJECTS)} (default {DEFAULT_SUBJECT}); a profile names any"
+                             f" engine")),
+    Arg(("--exact",), dict(help="the subject's toggles switched to exact: all, none or a comma list (default: each"
+                           " toggle's default, all fast for the built-ins)")),
+    Arg(("--toggle",), dict(action="append", default=[], metavar="NAME=VALUE", help="set one of the subject's"
+                            " toggles to a value (after --exact; repeatable), e.g. --toggle dtype=bfloat16")),
+    Arg(("--mode",), dict(choices=MODES, default=MODES[0], help=f"{MODES[0]} (default): every op reads the"
+                          f" subject's own inputs; {MODES[1]}: the reference's, so a DIFF is the op's own")),
+    Arg(("--prefill",), dict(choices=PREFILLS, default=PREFILLS[0], help=f"who runs the prompt: {PREFILLS[0]}"
+                             f" (default: its KV rows are copied to the subject) or {PREFILLS[1]}")),
+    Arg(("--forcing",), dict(choices=FORCINGS, default=FORCINGS[0], help=f"{FORCINGS[0]} (default): the subject"
+                             f" consumes the reference's tokens; {FORCINGS[1]}: its own")),
+    Arg(("--tol",), dict(metavar="SPEC")),  # its help says what it does in each command: COMMANDS
+    Arg(("--target",), dict(choices=("ok", "far"))),
+    Arg(("--key",), dict(metavar="KEY"), _key),
+    Arg(("--json",), dict(action="store_true", help="print the result as JSON (machine-readable)")),
+    # one command's own
+    Arg(("--out",), dict(required=True, metavar="FILE")),
+    Arg(("out",), dict(metavar="FOLDER", help="the bundle folder to create (never overwritten)"), name="bundle"),
+    Arg(("--backend",), dict(help="cpu (reference, default), sim, cuda or hf; with --profile: reference or"
+                             " subject (default subject)")),
+    Arg(("a",), dict(metavar="A", help="a dump file, or a vLLM / SGLang dump folder"
+                     " (docs/engines-serving-dumps.md)")),
+    Arg(("b",), dict(metavar="B")),
+    Arg(("--tui",), dict(action="store_true", help="open the grid over the two files")),
+    Arg(("--limit",), dict(default=DEFAULT_LIMIT, metavar="N", help=f"sources grafted at most (default"
+                           f" {DEFAULT_LIMIT})"), LIMIT.parse),
+    Arg(("--max-mb",), dict(default=DEFAULT_MAX_MB, metavar="MB", help=f"refuse a bundle larger than this (default"
+                            f" {DEFAULT_MAX_MB:g}; a q4_0 lm_head at Qwen3-30B-A3B's vocab is ~168)"), MAX_MB.parse),
+    Arg(("--what",), dict(metavar="SETTING")),
+    Arg(("--values",), dict(metavar="LIST", help="comma-separated, ranges A..B (1..8); default: the setting's own"
+                            " (docs/sweep.md: how many a sweep takes)")),
+    Arg(("--m",), dict(default=DEFAULT_WIDTH, metavar="M", help=f"batch-verify width (default {DEFAULT_WIDTH})"),
+        WIDTH.parse),
+)}
+
+# the options of a command that runs a model; a tuple is a choice of one of them
+RUN_INPUTS = ("profile", "model", ("prompt_ids", "prompt"), "tokens", "weights", "kv", "deep", "cpu_impl",
+              "renamed_reference", "cuda_options", "no_cache")
+SUBJECT = ("subject", "exact", "toggle")
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str
+    help: str
+    args: tuple
+    own: Mapping[str, Mapping[str, object]] = field(default_factory=dict)  # this command's words for an option
+    tol: str | None = None  # what --tol does here; its default is commands.TOLERANCE_DEFAULT's
+
+
+COMMANDS = (
+    Command("tui", "the interactive debugger (default)", (*RUN_INPUTS, "subject"),
+            {"subject": dict(choices=("auto", *_SUBJECTS), help="auto (default): cuda when usable, else sim; hf:"
+                             " transformers on --model's HF dir")}),
+    Command("dump", "write a reference L2 dump file (<tag> <hash16> per key)", (*RUN_INPUTS, "out", "backend", "exact"),
+            {"out": dict(help="dump file to create (never overwritten)"),
+             "exact": dict(help="exact toggles: all (the built-ins' default), none or a list; with --profile the"
+                                " side's own settings unless given")}),
+    Command("generate", "greedy-decode with the reference and print the tokens", RUN_INPUTS),
+    Command("diff", "compare two dump files (or serving engines' dump folders); exit 0 identical, 1 DIFF, 2 bad"
+            " input", ("a", "b", "tol", "tui"),
+            tol="two dump folders: judge the DIFF keys with their raw values, as for run; exit 0 when every one is"
+                " close"),
+    Command("run", "reference vs subject, headless; exit 0 all ok, 1 DIFF, 2 bad input, 3 an engine failed",
+            (*RUN_INPUTS, *SUBJECT, "mode", "prefill", "forcing", "tol", "json"),
+            tol="judge DIFF keys with raw values close/far; exit 0 when every DIFF key is close, 1 when one is far"
+                " or could not be judged"),
+    Command("bisect", "switch ops to exact one by one until all keys agree", (*RUN_INPUTS, *SUBJECT, "target", "tol",
+            "prefill", "forcing", "json"),
+            {"target": dict(default="ok", help="ok: until all keys agree (default); far: until no key is far (see"
+                                               " --tol)"),
+             "exact": dict(help="the toggles exact at the start: all, none or a comma list (default: each toggle's"
+                                " default)")},
+            tol="with --target far: the tolerance a key is far by"),
+    Command("graft", "the cause test: graft the reference's values at the first far key, rerun, and name every"
+            " source in order; exit 0 when all are found, 1 when the limit left one",
+            (*RUN_INPUTS, *SUBJECT, "tol", "target", "key", "limit", "json"),
+            {"subject": dict(help=f"{DEFAULT_SUBJECT} (default) or hf; a profile names any engine that takes a"
+                                  f" graft"),
+             "target": dict(default="far", help="far: graft far keys until every key is ok or close (default); ok:"
+                                                " until all keys agree"),
+             "key": dict(help="the first key to graft (default: the first far, or first DIFF)")},
+            tol="the tolerance a source is far by; --target ok follows DIFF keys instead"),
+    Command("repro", "a repro bundle of one key: the op's inputs and outputs from both sides, case.json and a"
+            " numpy-only replay.py that prints the same verdict (docs/repro.md)",
+            ("bundle", *RUN_INPUTS, *SUBJECT, "key", "tol", "max_mb", "mode", "json"),
+            {"key": dict(help="the key (default: the first far key, the first DIFF without a tolerance)")},
+            tol="the verdict's tolerance"),
+    Command("sweep", "one setting over its values: per value the first DIFF, first far, far count, logits NMSE and"
+            " flips, marking where the answer changes (docs/sweep.md); exit 1 if it does",
+            (*RUN_INPUTS, *SUBJECT, "what", "values", "tol", "json"),
+            {"what": dict(required=True, help="toggle:NAME (a subject toggle), m (the batch-verify width), prompt"
+                                              " (the prompt length) or batch (hf: the prompt among N others)")},
+            tol="the tolerance far is judged by"),
+    Command("iso", "batch-verify (M columns) vs M=1 decode, full logits byte by byte", (*RUN_INPUTS, "subject",
+            "exact", "m", "json"),
+            {"subject": dict(help=f"{' or '.join(names(builtin=True, flag_subject=True))} (default"
+                                  f" {DEFAULT_SUBJECT})"),
+             "exact": dict(default="none", help="the subject's ops switched to exact: all, none (default) or a"
+                                                " comma list")}),
+    Command("export", "write the model as a GGUF file (llama.cpp reads the same bytes)", ("model", "weights", "out"),
+            {"weights": dict(help=f"tensor type of every matrix: {CHOICES['weights'][0]} (default) or"
+                                  f" {CHOICES['weights'][1]}"),
+             "out": dict(metavar="FILE.gguf", help="GGUF file to create (never overwritten)")}),
+    Command("bench", "print speed figures", (*RUN_INPUTS, "what", "subject"),
+            {"what": dict(choices=("reference", "toggle", "all"), default="reference", metavar=None,
+                          help="reference (default): the reference's decode step, beside transformers'; toggle:"
+                               " the time from switching an op to its first DIFF (sim); all: both"),
+             "subject": dict(choices=names(bench=True), default="cpu", help="cuda: full-size GPU decode figures")}),
+)
+
+
+def _tol_help(cmd: Command) -> str:
+    default = commands.TOLERANCE_DEFAULT[cmd.name]
+    fallback = "the bits (ok/DIFF)" if default is None else default.spec()
+    return f"{cmd.tol}; default: the profile's tolerance, else {fallback}. {_TOL_GRAMMAR}"
+
+
+def _add(p: argparse.ArgumentParser, cmd: Command, name: str) -> None:
+    arg = ARGS[name]
+    kw = {**arg.kw, **cmd.own.get(name, {})}
+    if name == "tol":
+        kw["help"] = _tol_help(cmd)
+    kw = {k: v for k, v in kw.items() if v is not None or k == "default"}
+    p.add_argument(*arg.flags, **kw)
 
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="kestrel-tui", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd")
-
-    p = sub.add_parser("tui", help="the interactive debugger (default)")
-    _model_args(p)
-    p.add_argument("--subject", choices=("auto", *names(flag_subject=True)),
-                   help="auto (default): cuda when usable, else sim; hf: transformers on --model's HF dir")
-
-    p = sub.add_parser("dump", help="write a reference L2 dump file (<tag> <hash16> per key)")
-    _model_args(p)
-    p.add_argument("--out", required=True, metavar="FILE", help="dump file to create (never overwritten)")
-    p.add_argument("--backend", default=None, help="cpu (reference, default), sim, cuda or hf; with --profile:"
-                   " reference or subject (default subject)")
-    p.add_argument("--exact", help="exact toggles: all (the built-ins' default), none or a list; with"
-                   " --profile the side's own settings unless given")
-
-    p = sub.add_parser("generate", help="greedy-decode with the reference and print the tokens")
-    _model_args(p)
-
-    p = sub.add_parser("diff", help="compare two dump files (or serving engines' dump folders); exit 0 identical,"
-                       " 1 DIFF, 2 bad input")
-    p.add_argument("a", metavar="A", help="a dump file, or a vLLM / SGLang dump folder (docs/engines-serving-dumps.md)")
-    p.add_argument("b", metavar="B")
-    p.add_argument("--tol", metavar="SPEC", help="two dump folders: judge the DIFF keys with their raw values, as"
-                   " for run; exit 0 when every one is close")
-    p.add_argument("--tui", action="store_true", help="open the grid over the two files")
-
-    p = sub.add_parser("run", help="reference vs subject, headless; exit 0 all ok, 1 DIFF, 2 bad input,"
-                       " 3 an engine failed")
-    _model_args(p)
-    p.add_argument("--subject", help="sim (default), cuda or hf; a profile names any engine")
-    p.add_argument("--exact", help="the subject's toggles switched to exact: all, none or a comma list"
-                   " (default: each toggle's default, all fast for the built-ins)")
-    p.add_argument("--toggle", action="append", default=[], metavar="NAME=VALUE",
-                   help="set one of the subject's toggles to a value (after --exact; repeatable),"
-                   " e.g. --toggle dtype=bfloat16")
-    p.add_argument("--mode", choices=("chain", "isolate"), default="chain")
-    p.add_argument("--prefill", choices=("reference", "subject"), default="reference")
-    p.add_argument("--forcing", choices=("teacher", "free"), default="teacher")
-    p.add_argument("--tol", metavar="SPEC", help="judge DIFF keys with raw values close/far: nmse=1e-7 (the default"
-                   " criterion), ulp=N, rel=X, comma-combined (all must hold); exit 0 when every DIFF key is close,"
-                   " 1 when one is far or could not be judged")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-
-    p = sub.add_parser("bisect", help="switch ops to exact one by one until all keys agree")
-    _model_args(p)
-    p.add_argument("--subject", help="sim (default), cuda or hf; a profile names any engine")
-    p.add_argument("--target", choices=("ok", "far"), default="ok",
-                   help="ok: until all keys agree (default); far: until no key is far (see --tol)")
-    p.add_argument("--tol", metavar="SPEC", help="with --target far: the tolerance, as for run (default nmse=1e-7)")
-    p.add_argument("--prefill", choices=("reference", "subject"), default="reference")
-    p.add_argument("--forcing", choices=("teacher", "free"), default="teacher")
-    p.add_argument("--exact", help="the toggles exact at the start: all, none or a comma list (default: each"
-                   " toggle's default)")
-    p.add_argument("--toggle", action="append", default=[], metavar="NAME=VALUE",
-                   help="a toggle's value at the start (repeatable), e.g. --toggle dtype=bfloat16")
-    p.add_argument("--json", action="store_true")
-
-    p = sub.add_parser("graft", help="the cause test: graft the reference's values at the first far key, rerun,"
-                       " and name every source in order; exit 0 when all are found, 1 when the limit left one")
-    _model_args(p)
-    p.add_argument("--subject", help="sim (default) or hf; a profile names any engine that takes a graft")
-    p.add_argument("--tol", metavar="SPEC", help="the tolerance a source is far by (default nmse=1e-7; the"
-                   " profile's); --target ok follows DIFF keys instead")
-    p.add_argument("--target", choices=("far", "ok"), default="far",
-                   help="far: graft far keys until every key is ok or close (default); ok: until all keys agree")
-    p.add_argument("--key", metavar="KEY", help="the first key to graft (default: the first far, or first DIFF)")
-    p.add_argument("--limit", type=int, default=8, help="sources grafted at most (default 8)")
-    p.add_argument("--exact", help="the subject's toggles switched to exact, as for run")
-    p.add_argument("--toggle", action="append", default=[], metavar="NAME=VALUE", help="as for run")
-    p.add_argument("--json", action="store_true")
-
-    p = sub.add_parser("repro", help="a repro bundle of one key: the op's inputs and outputs from both sides,"
-                       " case.json and a numpy-only replay.py that prints the same verdict (docs/repro.md)")
-    _model_args(p)
-    p.add_argument("out", metavar="FOLDER", help="the bundle folder to create (never overwritten)")
-    p.add_argument("--subject", help="sim (default), cuda or hf; a profile names any engine")
-    p.add_argument("--key", metavar="KEY", help="the key (default: the first far key, the first DIFF without --tol)")
-    p.add_argument("--tol", metavar="SPEC", help="the verdict's tolerance, as for run (default: the profile's, else"
-                   " the bits)")
-    p.add_argument("--max-mb", type=float, default=64.0, metavar="MB", help="refuse a bundle larger than this"
-                   " (default 64; a q4_0 lm_head at Qwen3-30B-A3B's vocab is ~168)")
-    p.add_argument("--mode", choices=("chain", "isolate"), default="chain")
-    p.add_argument("--exact", help="the subject's toggles switched to exact, as for run")
-    p.add_argument("--toggle", action="append", default=[], metavar="NAME=VALUE", help="as for run")
-    p.add_argument("--json", action="store_true")
-
-    p = sub.add_parser("sweep", help="one setting over its values: per value the first DIFF, first far, far count,"
-                       " logits NMSE and flips, marking where the answer changes (docs/sweep.md); exit 1 if it does")
-    _model_args(p)
-    p.add_argument("--subject", help="sim (default), cuda or hf; a profile names any engine")
-    p.add_argument("--what", required=True, metavar="SETTING", help="toggle:NAME (a subject toggle), m (the"
-                   " batch-verify width), prompt (the prompt length) or batch (hf: the prompt among N others)")
-    p.add_argument("--values", metavar="LIST", help="comma-separated, ranges A..B (1..8); default: the setting's own")
-    p.add_argument("--tol", metavar="SPEC", help="the tolerance far is judged by, as for run (default nmse=1e-7;"
-                   " the profile's)")
-    p.add_argument("--exact", help="the subject's other toggles switched to exact, as for run")
-    p.add_argument("--toggle", action="append", default=[], metavar="NAME=VALUE", help="as for run")
-    p.add_argument("--json", action="store_true")
-
-    p = sub.add_parser("iso", help="batch-verify (M columns) vs M=1 decode, full logits byte by byte")
-    _model_args(p)
-    p.add_argument("--subject", help="sim (default) or cuda")
-    p.add_argument("--m", type=int, default=5, help="batch-verify width M")
-    p.add_argument("--exact", default="none")
-    p.add_argument("--json", action="store_true")
-
-    p = sub.add_parser("export", help="write the model as a GGUF file (llama.cpp reads the same bytes)")
-    p.add_argument("--model", metavar="PATH", help="HF model directory or .gguf file; default: the embedded"
-                   " synthetic Qwen3-MoE")
-    p.add_argument("--weights", choices=("q4_0", "f32"), default="q4_0",
-                   help="tensor type of every matrix: Q4_0 (default) or F32")
-    p.add_argument("--out", required=True, metavar="FILE.gguf", help="GGUF file to create (never overwritten)")
-
-    p = sub.add_parser("bench", help="print speed figures")
-    _model_args(p)
-    p.add_argument("--what", choices=("reference", "toggle", "all"), default="reference")
-    p.add_argument("--subject", choices=names(bench=True), default="cpu", help="cuda: full-size GPU decode figures")
+    for cmd in COMMANDS:
+        p = sub.add_parser(cmd.name, help=cmd.help, description=cmd.help)
+        for name in cmd.args:
+            if isinstance(name, tuple):
+                group = p.add_mutually_exclusive_group()
+                for one in name:
+                    _add(group, cmd, one)
+            else:
+                _add(p, cmd, name)
     return ap
 
 
@@ -210,7 +269,6 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
         argv = ["tui", *argv]
     args = build_parser().parse_args(argv)
-    from . import commands
     from .engines import process
 
     procs.sweep()  # what a tool killed before it could clean up left behind
@@ -220,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         process.announce = _say  # a profile's command is named on stderr before it runs
         process.reset_announced()
     try:
+        check_options(args)
         return getattr(commands, f"cmd_{args.cmd}")(args, run_config_of(args))
     except UsageError as e:
         _say(f"kestrel-tui {args.cmd}: error: {inert(e, ERROR_LIMIT)}")
@@ -239,23 +298,25 @@ def main(argv: list[str] | None = None) -> int:
                 signal.signal(sig, signal.SIG_IGN if _signalled else handler)
 
 
+def check_options(args: argparse.Namespace) -> None:
+    """Each checked option given (or defaulted) replaced by its checked value; else UsageError."""
+    for arg in ARGS.values():
+        if arg.check is not None and getattr(args, arg.dest, None) is not None:
+            setattr(args, arg.dest, arg.check(getattr(args, arg.dest), arg.flags[0]))
+
+
 def run_config_of(args: argparse.Namespace):
     """The run's settings, once: the command's model options over its --profile (session/inputs.py);
     None for a command that loads no model (diff)."""
-    from .session.inputs import run_config
-
     if not hasattr(args, "model"):
         return None
     if getattr(args, "renamed_reference", None):
         raise UsageError(f"--reference {args.renamed_reference}: the option is now --cpu-impl (it picks the cpu"
                          f" engine's implementation; the reference side is a profile's [reference]); use"
                          f" --cpu-impl {args.renamed_reference}")
-    return run_config(profile=getattr(args, "profile", None), model=args.model, weights=args.weights,
-                      kv=getattr(args, "kv", None), deep=getattr(args, "deep", None),
-                      tokens=getattr(args, "tokens", None), prompt_ids=getattr(args, "prompt_ids", None),
-                      prompt=getattr(args, "prompt", None), cpu_impl=getattr(args, "cpu_impl", None),
-                      cuda_options=getattr(args, "cuda_options", None), tol=getattr(args, "tol", None),
-                      no_cache=getattr(args, "no_cache", False), subject=getattr(args, "subject", None))
+    given = [n for item in (*RUN_INPUTS, "subject", "tol") for n in (item if isinstance(item, tuple) else (item,))]
+    return run_config(**{name: getattr(args, name) for name in given
+                         if name != "renamed_reference" and getattr(args, name, None) is not None})
 
 
 def _drop_working_directory() -> None:

@@ -16,9 +16,22 @@ from .backends.toggles import parse_exact
 from .session.inputs import RunConfig, cache_from_options, engines_from_options, resolve_prompt
 from .engines.registry import names
 from .model.weights import Model
-from .trace.compare import NAN_ULP, Status
+from .trace.compare import NAN_ULP, Status, Tolerance
 
 ENGINE_FAILED = 3  # the exit status of a run an engine did not finish: not a DIFF, not bad input
+# What a command judges by when neither --tol nor the profile gives a tolerance (docs/decisions.md): the
+# commands that ask whether the bits agree judge bits (None); the ones that look for far keys, nmse=1e-7.
+TOLERANCE_DEFAULT: dict[str, Tolerance | None] = {"diff": None, "run": None, "repro": None, "bisect": Tolerance(),
+                                                  "graft": Tolerance(), "sweep": Tolerance()}
+
+
+def _tolerance(args: argparse.Namespace, config: RunConfig | None) -> Tolerance | None:
+    """--tol, else the profile's, else the command's default."""
+    if config is None:  # diff: no profile
+        from .trace.compare import parse_tolerance
+
+        return parse_tolerance(args.tol) if args.tol is not None else TOLERANCE_DEFAULT[args.cmd]
+    return config.tolerance if config.tolerance is not None else TOLERANCE_DEFAULT[args.cmd]
 
 
 def _engine_failed(args: argparse.Namespace, failure, line: str | None = None, report: dict | None = None) -> int:
@@ -131,9 +144,9 @@ def _diff_side(path: str, other=None):
 
 
 def cmd_diff(args: argparse.Namespace, config: None = None) -> int:
-    from .trace.compare import Status, compare, parse_tolerance
+    from .trace.compare import Status, compare
 
-    tol = parse_tolerance(args.tol) if args.tol is not None else None
+    tol = _tolerance(args, config)
     a, trace_a = _diff_side(args.a)
     b, trace_b = _diff_side(args.b, trace_a)
     if args.tui:
@@ -286,7 +299,7 @@ def cmd_run(args: argparse.Namespace, config: RunConfig) -> int:
     from .session.session import SideFailed
 
     _check_subject(args, config)
-    tol = config.tolerance  # --tol, else the profile's
+    tol = _tolerance(args, config)
     session = _session(config)
     settings = _settings(args, session)
     try:
@@ -463,13 +476,12 @@ def print_tolerance(summary) -> None:
 def cmd_bisect(args: argparse.Namespace, config: RunConfig) -> int:
     from .session.bisect import bisect
     from .session.session import SideFailed
-    from .trace.compare import Tolerance
 
     _check_subject(args, config)
     far = args.target == "far"
     if args.tol is not None and not far:  # the profile's tolerance is only for --target far
         raise UsageError(f"--tol {args.tol!r}: a tolerance needs --target far (bisect --target ok wants all keys ok)")
-    tol = (config.tolerance or Tolerance()) if far else None
+    tol = _tolerance(args, config) if far else None
     session = _session(config)
     if tol is not None:
         hash_only = [f"the {side} ({e.name})" for side, e in (("reference", session.reference_engine),
@@ -522,13 +534,12 @@ def cmd_bisect(args: argparse.Namespace, config: RunConfig) -> int:
 def cmd_graft(args: argparse.Namespace, config: RunConfig) -> int:
     from .session.graft import graft
     from .session.session import SideFailed
-    from .trace.compare import Tolerance
 
     _check_subject(args, config)
     far = args.target == "far"
     if args.tol is not None and not far:
         raise UsageError(f"--tol {args.tol!r}: --target ok follows DIFF keys, which need no tolerance; drop one")
-    tol = (config.tolerance or Tolerance()) if far else None
+    tol = _tolerance(args, config) if far else None
     session = _session(config)
     if not session.subject_engine.caps.graft:
         raise UsageError(f"graft: the subject {session.subject_engine.name} cannot take the reference's values at a"
@@ -572,7 +583,8 @@ def cmd_repro(args: argparse.Namespace, config: RunConfig) -> int:
     if result.failed is not None:
         return _engine_failed(args, result.failed)
     with console.status("writing the bundle"):
-        bundle = write_bundle(session, result, args.out, key=args.key, tol=config.tolerance, max_mb=args.max_mb)
+        bundle = write_bundle(session, result, args.out, key=args.key, tol=_tolerance(args, config),
+                              max_mb=args.max_mb)
     if args.json:
         print(json.dumps({"path": str(bundle.path), "key": bundle.key, "op": bundle.op, "bytes": bundle.nbytes,
                           "verdict": bundle.verdict, "inputs_note": bundle.inputs_note or None}, indent=2))
@@ -586,16 +598,16 @@ def cmd_repro(args: argparse.Namespace, config: RunConfig) -> int:
 def cmd_sweep(args: argparse.Namespace, config: RunConfig) -> int:
     from .engines.base import EngineFailed
     from .session.session import Failure, SideFailed
-    from .session.sweep import COLUMNS, parse_values, sweep
-    from .trace.compare import Tolerance
+    from .session.sweep import COLUMNS, parse_values, sweep, value_limit
 
     _check_subject(args, config)
     session = _session(config)
     settings = _settings(args, session)
-    values = parse_values(args.what, args.values) if args.values else None
+    values = (parse_values(args.what, args.values, value_limit(session, args.what)) if args.values is not None
+              else None)
     try:
         with console.status(f"sweep {args.what}") as status:
-            result = sweep(session, args.what, values, config.tolerance or Tolerance(), settings,
+            result = sweep(session, args.what, values, _tolerance(args, config), settings,
                            on_row=lambda row: status.update(f"sweep {args.what}: {row.value} done"))
     except SideFailed as e:
         return _engine_failed(args, e.failure)
@@ -628,7 +640,8 @@ def _bisect_not_reached(session, last, tol) -> str:
 
 
 def cmd_iso(args: argparse.Namespace, config: RunConfig) -> int:
-    from .session.inputs import side_specs
+    from .backends.cuda.options import CudaOptions
+    from .session.inputs import DEFAULT_SUBJECT, side_specs
     from .session.iso import iso
     from .session.session import Failure
     from .engines.base import EngineFailed
@@ -636,25 +649,23 @@ def cmd_iso(args: argparse.Namespace, config: RunConfig) -> int:
 
     if config.profile is not None:
         _check_subject(args, config)
-    name = config.profile.subject.engine if config.profile is not None else config.subject or "sim"
+    name = config.profile.subject.engine if config.profile is not None else config.subject or DEFAULT_SUBJECT
     iso_subjects = names(builtin=True, flag_subject=True)
     if name not in iso_subjects:
         raise UsageError(f"--subject {name!r}: iso runs batch-verify inside a built-in backend;"
                          f" choose {' or '.join(iso_subjects)}")
     spec = side_specs(config)["subject"]
-    if args.m < 1:
-        raise UsageError(f"--m {args.m}: the batch-verify width must be at least 1")
     model = load_model(config)
     prompt = resolve_prompt(config, model, n_new=args.m, flag="--m")  # iso decodes M tokens, not --tokens
-    exact = parse_exact(args.exact)
-    opts = config.cuda_for(spec) if spec.engine == "cuda" else None
-    if opts is None and config.cuda_flag:
-        raise UsageError(f"--cuda-options {config.cuda_flag}: the iso subject is {spec.engine}, not cuda;"
+    if spec.engine != "cuda" and config.cuda_options:
+        raise UsageError(f"--cuda-options {config.cuda_options}: the iso subject is {spec.engine}, not cuda;"
                          f" drop it, or run --subject cuda")
+    exact = parse_exact(args.exact)
+    cuda_options = CudaOptions.of(spec.options, config.cuda_options) if spec.engine == "cuda" else None
     try:
         with console.status(f"iso M={args.m}"):
-            cols = iso(lambda: make_backend(spec.engine, model, kv=config.kv, exact=exact, cuda_options=opts), prompt,
-                       args.m)
+            cols = iso(lambda: make_backend(spec.engine, model, kv=config.kv, exact=exact, cuda_options=cuda_options),
+                       prompt, args.m)
     except EngineFailed as e:
         return _engine_failed(args, Failure("subject", spec.engine, str(e)))
     if args.json:

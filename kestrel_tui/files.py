@@ -12,8 +12,10 @@ while a worker writes) is kept as .partial the same way (procs.cleanup).
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import secrets
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
@@ -22,6 +24,8 @@ from . import procs
 from .errors import UsageError
 
 PARTIAL_SUFFIX = ".partial"
+TMP_HEX = 4  # random bytes in a temporary name: .<name>.<8 hex digits>.tmp
+NAME_EXTRA = len(".") + 1 + 2 * TMP_HEX + len(".tmp")  # how much longer than its name that is
 
 
 class PartialFileError(UsageError):
@@ -53,19 +57,58 @@ def _keep_partial(tmp: Path, final: Path) -> Path | None:
 
 
 def check_new_path(path: str | os.PathLike, what: str = "file") -> Path:
-    """The checks worth making before long work: no file there yet, and its folder exists."""
+    """The checks worth making before long work: the file system takes the name and the longer names
+    it is written under (_reserve, _keep_partial), no file is there yet, and its folder exists.
+    Whatever the file system says (a path too long, a file where a folder should be, no permission,
+    a symlink loop) is one line."""
     out = Path(path)
-    if out.exists():
+    longest = max(NAME_EXTRA, len(PARTIAL_SUFFIX) + len(".999"))
+    size, name_max = len(os.fsencode(out.name)), _name_max(out.parent)
+    if size + longest > name_max:
+        shown = out.name if len(out.name) <= 40 else out.name[:40] + "…"
+        raise UsageError(f"{shown}: a name of {size} bytes; this file system takes {name_max}, and kestrel-tui"
+                         f" writes the {what} under a name {longest} bytes longer first; shorten it to"
+                         f" {name_max - longest} bytes or less")
+    try:
+        os.lstat(out)  # lstat: a dangling symlink is something there too
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        raise _path_error(out, e) from None
+    else:
         raise UsageError(f"{out}: already exists; kestrel-tui never overwrites a {what} — choose another name")
-    if not out.parent.is_dir():
-        raise UsageError(f"{out.parent}: no such directory for {out.name}; create it or choose another path")
+    try:
+        folder = os.stat(out.parent)
+    except FileNotFoundError:
+        raise UsageError(f"{out.parent}: no such directory for {out.name}; create it or choose another path") from None
+    except OSError as e:
+        raise _path_error(out, e) from None
+    if not stat.S_ISDIR(folder.st_mode):
+        raise UsageError(f"{out.parent}: not a directory, so it cannot hold {out.name}; choose another path")
     return out
+
+
+def _name_max(folder: Path) -> int:
+    """The longest file name, in bytes, the file system at ``folder`` takes (255, the usual, where it
+    will not say: the folder is missing, or the path too long)."""
+    try:
+        return os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        return 255
+
+
+def _path_error(out: Path, e: OSError) -> UsageError:
+    """The file system's refusal of ``out`` as one line, with the way out."""
+    fix = {errno.ENAMETOOLONG: "shorten the path", errno.ENOTDIR: "a part of the path is a file, not a folder;"
+           " choose another path", errno.EACCES: "choose a folder you may write in",
+           errno.ELOOP: "the path goes round a symbolic link loop; choose another path"}
+    return UsageError(f"{out}: {e.strerror or e}; {fix.get(e.errno, 'choose another path')}")
 
 
 def _reserve(path: str | os.PathLike, what: str) -> tuple[Path, Path, int]:
     """Check ``path`` and create its hidden temporary file (O_EXCL): (final, tmp, open fd)."""
     final = check_new_path(path, what)
-    tmp = final.with_name(f".{final.name}.{secrets.token_hex(4)}.tmp")
+    tmp = final.with_name(f".{final.name}.{secrets.token_hex(TMP_HEX)}.tmp")
     try:
         # not mkstemp: its 0600 would outlive the rename; 0666 & ~umask is what open() gives
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
@@ -105,7 +148,12 @@ def _publish(tmp: Path, final: Path) -> None:
             partial = _keep_partial(tmp, final)
             raise PartialFileError(f"{final}: appeared while it was being written; the new file is kept"
                                    f" as {partial}", partial) from None
-        os.rename(tmp, final)
+        try:
+            os.rename(tmp, final)
+        except OSError as e:
+            partial = _keep_partial(tmp, final)
+            kept = f"; the file is kept as {partial}" if partial else ""
+            raise PartialFileError(f"{final}: not written ({e.strerror or e}){kept}", partial) from None
         return
     os.unlink(tmp)
 

@@ -454,7 +454,7 @@ def test_a_checkpoint_the_ranks_cannot_load(ckpt, tmp_path):
 
 def _table(monkeypatch):
     """The engine table with hf-dist in it, as the profile loader and make_engine read it."""
-    def factory(spec, model, kv, deep, impl, cuda=None):
+    def factory(spec, model, kv, deep, impl, cuda_options=None):
         return make_hf_dist_engine(spec, model, kv=kv, deep=deep)
 
     monkeypatch.setitem(registry.ENGINE_TABLE, "hf-dist", registry.EngineEntry("hf-dist", factory,

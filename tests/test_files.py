@@ -99,3 +99,78 @@ def test_a_file_still_being_written_when_the_tool_ends_is_kept_as_partial(tmp_pa
         g.write("x")
     procs.cleanup()
     assert (tmp_path / "b.txt").read_text() == "x"
+
+
+# ---- what the file system refuses is one line, at the path check and at creation
+
+def test_a_name_the_file_system_refuses_is_one_line(tmp_path):
+    """300 characters: the file system's own "File name too long"; 250: its temporary name (14 longer)
+    would be. Either way one line, before anything is written, naming the most the name may have."""
+    from kestrel_tui.files import NAME_EXTRA, check_new_path
+
+    name_max = os.pathconf(tmp_path, "PC_NAME_MAX")
+    for n in (name_max + 45, name_max - 5, name_max - NAME_EXTRA + 1):
+        with pytest.raises(UsageError) as e:
+            with create_whole(tmp_path / ("x" * n)):
+                pass
+        msg = str(e.value)
+        assert "\n" not in msg and f"a name of {n} bytes" in msg and f"to {name_max - NAME_EXTRA} bytes or less" in msg
+    assert check_new_path(tmp_path / ("x" * (name_max - NAME_EXTRA))) and names(tmp_path) == []
+    with create_whole(tmp_path / ("x" * (name_max - NAME_EXTRA))) as f:  # the longest allowed is written
+        f.write("x")
+    assert names(tmp_path) == ["x" * (name_max - NAME_EXTRA)]
+
+
+def test_a_path_longer_than_the_system_takes_is_one_line(tmp_path):
+    """The app's export writes into a folder under the export folder: a path past PATH_MAX is refused by
+    the same check (exports.write_screenshot goes through create_whole)."""
+    from kestrel_tui.app.export import write_screenshot
+
+    deep = tmp_path.joinpath(*["d" * 200] * 25)  # 5000+ characters: longer than any PATH_MAX of Linux
+    with pytest.raises(UsageError) as e:
+        write_screenshot(deep, "<svg/>")
+    assert "\n" not in str(e.value) and "File name too long; shorten the path" in str(e.value)
+
+
+def test_a_file_where_a_folder_should_be_and_a_link_loop_are_one_line(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(UsageError, match=r"afile/out\.txt: Not a directory; a part of the path is a file"):
+        with create_whole(tmp_path / "afile" / "out.txt"):
+            pass
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    with pytest.raises(UsageError, match="symbolic link loop"):
+        with create_whole(tmp_path / "a" / "out.txt"):
+            pass
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    with pytest.raises(UsageError, match="already exists"):  # a dangling link is something there too
+        with create_whole(tmp_path / "dangling"):
+            pass
+
+
+def test_no_permission_is_one_line(tmp_path, monkeypatch):
+    """EACCES (the tests may run as root, whom permissions do not stop: the file system's answer is
+    made here)."""
+    locked = tmp_path / "locked"
+    real_stat, real_lstat = os.stat, os.lstat
+
+    def refuse(real):
+        def stat_(path, *a, **kw):
+            if str(path).startswith(str(locked)):
+                raise PermissionError(13, "Permission denied", str(path))
+            return real(path, *a, **kw)
+        return stat_
+    monkeypatch.setattr(os, "stat", refuse(real_stat))
+    monkeypatch.setattr(os, "lstat", refuse(real_lstat))
+    with pytest.raises(UsageError, match=r"locked/out\.txt: Permission denied; choose a folder you may write in"):
+        with create_whole(locked / "out.txt"):
+            pass
+
+
+@pytest.mark.parametrize("argv", [["dump", "--tokens", "1", "--out"], ["export", "--out"], ["repro", "--tokens", "1"]])
+def test_the_commands_refuse_a_long_name_in_one_line(capsys, tmp_path, argv):
+    from clitools import one_line_error, run_cli
+
+    name = "y" * 300 + (".gguf" if argv[0] == "export" else "")
+    code, _, err = run_cli(capsys, *argv, tmp_path / name, "--no-cache" if argv[0] != "export" else "--weights=f32")
+    assert code == 2 and "a name of" in one_line_error(err) and names(tmp_path) == []

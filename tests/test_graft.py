@@ -44,6 +44,30 @@ def test_sim_graft_ends_at_the_next_op_the_sim_changes(small_model):
     assert result.remaining == left
 
 
+def test_a_start_key_that_is_ok_or_missing_is_refused(small_model):
+    """--key names where grafting starts: a key whose bits agree is the source of nothing."""
+    session = Session(small_model, default_prompt(small_model.cfg.vocab), 2, subject="sim")
+    settings = RunSettings(exact=frozenset(TOGGLES) - {"norm"})
+    plain = session.run(settings, record=False)
+    ok = next(k for k, st in plain.comparison.status.items() if st is Status.OK)
+    with pytest.raises(UsageError) as e:
+        graft(session, settings, start=ok)
+    assert str(e.value) == (f"--key {ok}: ok in this run, not DIFF, so nothing comes from it; graft starts at a DIFF"
+                            f" key (the first is {plain.first_diff})")
+    for key in ("", "t999_l0_x"):
+        with pytest.raises(UsageError, match="the run has no such key"):
+            graft(session, settings, start=key)
+    assert graft(session, settings, limit=1, start=plain.first_diff).start == plain.first_diff
+
+
+@pytest.mark.parametrize("key", ["", "  "])
+def test_an_empty_key_is_refused_not_taken_as_the_default(capsys, tmp_path, key):
+    code, out, err = run(capsys, "graft", "--key", key, "--tokens", "1", "--no-cache")
+    assert code == 2 and out == "" and f"--key {key!r}: no key named" in one_line_error(err)
+    code, out, err = run(capsys, "repro", tmp_path / "b", "--key", key, "--tokens", "1", "--no-cache")
+    assert code == 2 and out == "" and f"--key {key!r}: no key named" in one_line_error(err)
+
+
 def test_a_subject_that_cannot_graft_says_so(small_model):
     session = Session(small_model, [1, 2], 2, subject=make_engine("cpu", small_model))
     with pytest.raises(UsageError, match="cannot take the reference's values"):

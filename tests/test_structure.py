@@ -56,7 +56,7 @@ LAYERS = (
     ("backends", ("backends",)),
     ("numerics", ("numerics",)),
     ("model, trace", ("model", "trace")),
-    ("foundations", ("", "errors", "files", "readers", "text", "procs")),
+    ("foundations", ("", "errors", "bounds", "files", "readers", "text", "procs")),
 )
 
 

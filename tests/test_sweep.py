@@ -169,6 +169,57 @@ def test_parse_values():
             parse_values("m", bad)
 
 
+@pytest.mark.parametrize("text, says", [
+    ("1..3000000", "3000000 values, but a sweep of m takes at most 4096 (one run per value"),
+    ("1..99999999999999999999", "99999999999999999999 values, but a sweep of m takes at most 4096"),
+    ("1..4000,1..4000", "8000 values"),
+    ("١..٣", "'١..٣' is not a whole number or a range A..B (digits 0-9)"),
+    ("1_0", "'1_0' is not a whole number"),
+])
+def test_values_are_counted_before_any_list_is_made(text, says):
+    """A range's size is its two ends' difference: refused past the limit without a list of that size."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        with pytest.raises(UsageError) as e:
+            parse_values("m", text)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert says in str(e.value) and "\n" not in str(e.value) and peak < 1 << 20
+
+
+def test_the_limit_is_what_this_run_can_take(tiny):
+    from kestrel_tui.session.sweep import value_limit
+
+    s = _session(tiny, n_tokens=2)
+    ctx = tiny.cfg.max_positions
+    assert value_limit(s, "m") == (ctx - 4, f"the widest M: the model's context of {ctx} less the prompt's 4 tokens")
+    assert value_limit(s, "prompt") == (4, "the prompt's 4 tokens")
+    assert value_limit(s, "toggle:norm") == (2, "norm has 2 values")
+    with pytest.raises(UsageError, match=f"5 values, but a sweep of prompt takes at most 4 \\(the prompt's 4 tokens\\)"):
+        parse_values("prompt", "1..5", value_limit(s, "prompt"))
+    with pytest.raises(UsageError, match="3 values, but a sweep of toggle:norm takes at most 2"):
+        parse_values("toggle:norm", "fast,exact,fast", value_limit(s, "toggle:norm"))
+    assert parse_values("m", f"1..{ctx - 4}", value_limit(s, "m"))[-1] == ctx - 4
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--what", "m", "--values", "1..100000000"], "--values '1..100000000': 100000000 values, but a sweep of m takes"
+                                                  " at most 4080 (the widest M: the model's context of 4096 less the"
+                                                  " prompt's 16 tokens)"),
+    (["--what", "m", "--values", "1..99999999999999999999"], "99999999999999999999 values"),
+    (["--what", "m", "--values", ""], "--values '': no values"),
+    (["--what", "m", "--values", " , "], "no values"),
+])
+def test_sweep_command_refuses_values_in_one_line(capsys, argv, says):
+    from clitools import one_line_error, run_cli
+
+    code, out, err = run_cli(capsys, "sweep", *argv, "--tokens", "1", "--no-cache")
+    assert code == 2 and out == "" and says in one_line_error(err)
+
+
 # ---------------------------------------------------------------- batch composition on hf
 
 

@@ -152,11 +152,12 @@ def test_parse_ok(spec, want):
     ("nmse=1e-7,", "'' is not name=value"),
     ("foo=1", "unknown criterion 'foo'"),
     ("nmse=abc", "nmse='abc' is not a number"),
-    ("nmse=-1", "nmse='-1' must be"),
-    ("rel=nan", "rel='nan' must be"),
-    ("rel=inf", "rel='inf' must be"),
+    ("nmse=-1", "nmse='-1' is below 0; nmse takes a number >= 0"),
+    ("rel=nan", "rel='nan' is not finite; rel takes a number >= 0"),
+    ("rel=inf", "rel='inf' is not finite"),
+    ("rel=1e400", "rel='1e400' is not finite"),
     ("ulp=1.5", "ulp='1.5' is not a whole number"),
-    ("ulp=-1", "ulp='-1' must be >= 0"),
+    ("ulp=-1", "ulp='-1' is below 0; ulp takes a whole number of ULPs >= 0"),
     ("nmse=1,nmse=2", "nmse given twice"),
 ])
 def test_parse_errors(spec, needle):
@@ -169,7 +170,9 @@ def test_parse_errors(spec, needle):
 def test_cli_bad_tol_one_line_exit_2(capsys):
     assert main(["run", "--tokens", "2", "--tol", "ulp=x"]) == 2
     out, err = capsys.readouterr()
-    assert out == "" and err.strip() == "kestrel-tui run: error: --tol 'ulp=x': ulp='x' is not a whole number of ULPs"
+    assert out == "" and err.strip() == ("kestrel-tui run: error: --tol 'ulp=x': ulp='x' is not a whole number; ulp"
+                                         " takes a whole number of ULPs >= 0 (criteria: nmse=X, ulp=N or rel=X,"
+                                         " comma-combined, e.g. nmse=1e-7,ulp=4)")
 
 
 # ---- end to end: cpu vs sim all fast -----------------------------------------

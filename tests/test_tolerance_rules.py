@@ -3,6 +3,8 @@ first match judging a key; --json names the rule that judged each key."""
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kestrel_tui.errors import UsageError
 from kestrel_tui.session.inputs import default_prompt
@@ -37,7 +39,7 @@ def test_the_first_matching_rule_judges_a_key():
     (":ulp=1", "names no keys"),
     ("emb:", "empty tolerance"),
     ("emb:ulp=1 emb:ulp=2", "emb given twice"),
-    ("emb:ulp=-1", "must be >= 0"),
+    ("emb:ulp=-1", "is below 0"),
 ])
 def test_bad_rules_are_one_line(spec, says):
     with pytest.raises(UsageError, match="^--tol ") as e:
@@ -99,3 +101,44 @@ def test_a_misspelt_rule_in_a_profile_is_one_line_at_its_line(capsys, tmp_path):
     code, _, err = run(capsys, "run", "--profile", prof)
     line = one_line_error(err)
     assert code == 2 and f"{prof}:2: tolerance:" in line and "did you mean logits?" in line
+
+
+# ---- a spec means what it says: fuzzed
+
+@pytest.mark.parametrize("spec, says", [
+    ("t*_l*_*:nmse=1e-7:ulp=4", "'t*_l*_*:nmse=1e-7:ulp=4' has 2 ':'; a rule is PATTERN:CRITERIA with one ':'"),
+    ("a:b:ulp=1", "has 2 ':'"),
+    ("ulp=١", "ulp='١' is not a whole number, written with the digits 0-9; ulp takes a whole number of ULPs >= 0"
+              " (criteria: nmse=X, ulp=N or rel=X"),
+    ("logits:nmse=١e-5", "nmse='١e-5' is not a number, written with the digits 0-9"),
+    ("nmse=1_0", "written without '_'"),
+    ("t*,x:ulp=1", "the pattern 't*,x' holds characters no key has"),
+    ("tÿ*:ulp=1", "the pattern 'tÿ*' holds characters no key has"),
+])
+def test_a_spec_that_reads_otherwise_is_refused_with_the_grammar(spec, says):
+    with pytest.raises(UsageError) as e:
+        parse_tolerance(spec)
+    assert says in str(e.value) and "\n" not in str(e.value) and str(e.value).startswith(f"--tol {spec!r}: ")
+
+
+_GLOBS = ["t*_l*_*", "t1?_*", "t*_l3_*", "[!t]*", "*"]
+_PIECES = st.sampled_from(["nmse", "ulp", "rel", "default", "=", ",", ":", " ", "1e-7", "4", "0", "1.5", "-1",
+                           "nan", "inf", "1e400", "١", "٤", "１", "1_0", "logits", "emb", "attn", "x", *_GLOBS])
+
+
+@settings(max_examples=3000, deadline=None)
+@given(spec=st.lists(_PIECES, max_size=10).map("".join))
+def test_fuzzed_specs_parse_to_what_they_say_or_one_line(spec):
+    """Accepted: every rule's pattern is one a key can match (printable ASCII, no ':', ',' or '='), every
+    number was written in ASCII digits and is finite, and the spec prints back to the same tolerance."""
+    try:
+        t = parse_tolerance(spec)
+    except UsageError as e:
+        assert "\n" not in str(e) and str(e).startswith(f"--tol {spec!r}: ")
+        return
+    assert "".join(spec.split()).isascii(), spec
+    for pattern, rule in t.rules:
+        assert pattern.isascii() and pattern.isprintable() and not set(pattern) & set(":,="), spec
+    for criteria in (t, *(rule for _, rule in t.rules)):
+        assert all(v is None or (v >= 0 and v != float("inf")) for v in (criteria.nmse, criteria.rel, criteria.ulp))
+    assert parse_tolerance(t.spec()) == t

@@ -7,11 +7,12 @@ from .decoders import BACKENDS, CPU_IMPLS, cpu_impl, make_backend  # noqa: F401 
 from .registry import ENGINE_TABLE, ENGINES  # noqa: F401 (ENGINES re-exported)
 
 
-def make_engine(spec, model: Model | None, kv: str = "q8", deep: bool = False, impl: str = "auto", cuda=None):
+def make_engine(spec, model: Model | None, kv: str = "q8", deep: bool = False, impl: str = "auto",
+                cuda_options: str | None = None):
     """An EngineSpec -> an Engine. ``model`` is the loaded model of spec.model (the built-ins decode it;
     hf and process read their own files and use it only for its shape). ``impl``: the cpu engine's
-    implementation of the contract (cpu_impl); ``cuda``: a cuda engine's CudaOptions (None: from the
-    environment and the spec's options)."""
+    implementation of the contract (cpu_impl); ``cuda_options``: the run's --cuda-options, over a cuda
+    engine's own options and the environment (CudaOptions.of)."""
     from .base import EngineSpec
 
     spec = spec if isinstance(spec, EngineSpec) else EngineSpec(str(spec))
@@ -21,4 +22,4 @@ def make_engine(spec, model: Model | None, kv: str = "q8", deep: bool = False, i
     if spec.options and not entry.options:
         raise UsageError(f"engine {spec.engine}: takes no options (got {', '.join(map(str, spec.options))});"
                          f" its toggles are the op families")
-    return entry.factory(spec, model, kv=kv, deep=deep, impl=impl, cuda=cuda)
+    return entry.factory(spec, model, kv=kv, deep=deep, impl=impl, cuda_options=cuda_options)

@@ -31,8 +31,19 @@ def cpu_impl(impl: str = "auto") -> tuple[str, str | None]:
     return "compiled", None
 
 
+def check_decoder(name: str, model: Model) -> None:
+    """What a built-in decoder refuses before any device work: a model the cuda kernels do not implement
+    would be decoded as another model, silently. Asked by the engine table when a cuda engine is built
+    (before the reference runs) and by make_backend (the app's auto probe makes a backend alone)."""
+    problem = cuda_unsupported(model.cfg) if name == "cuda" else None
+    if problem:
+        raise UsageError(f"cuda subject: {problem}; the sim subject is the fallback (--subject sim)")
+
+
 def make_backend(name: str, model: Model, kv: str = "q8", exact: str | frozenset = "all",
                  deep: bool = False, impl: str = "auto", cuda_options=None) -> Backend:
+    """A built-in decoder; ``cuda_options``: a cuda one's CudaOptions (None: the environment's)."""
+    check_decoder(name, model)
     toggles = parse_exact(exact) if isinstance(exact, str) else frozenset(exact)
     if name == "cpu":
         if cpu_impl(impl)[0] == "compiled":
@@ -45,9 +56,6 @@ def make_backend(name: str, model: Model, kv: str = "q8", exact: str | frozenset
 
         return NumpyBackend(model, kv=kv, ops=sim_ops(toggles), name=f"sim ({describe(toggles)})", deep=deep)
     if name == "cuda":
-        problem = cuda_unsupported(model.cfg)
-        if problem:  # refused before any device work: the kernels would silently decode another model
-            raise UsageError(f"cuda subject: {problem}; the sim subject is the fallback (--subject sim)")
         from ..backends.cuda import make_cuda_backend
 
         return make_cuda_backend(model, kv=kv, exact=toggles, deep=deep, options=cuda_options)

@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import procs
+from ..bounds import SECONDS
 from ..errors import UsageError
 from ..text import inert, inert_tail
 from ..trace.dump import DumpError, DumpTail
@@ -114,10 +115,12 @@ def _env_name(opt: str, v: object) -> str:
 
 
 def _seconds(opt: str, v: object) -> float | None:
+    """A timeout; left out, none (inf or nan would switch it off unseen: refused)."""
     if v is None:
         return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-        raise _bad(f"`{opt}` {v!r}: expected a positive number of seconds")
+    problem = "is a string" if isinstance(v, str) else SECONDS.problem(v)  # TOML numbers are unquoted
+    if problem is not None:
+        raise _bad(f"`{opt}` {v!r}: {problem}; want {SECONDS.allowed()}, or leave it out for no limit")
     return float(v)
 
 

@@ -18,9 +18,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..bounds import Number
 from ..errors import UsageError
 from ..readers import parse_toml, read_regular
 from ..trace.compare import Tolerance
+from ..trace.keys import MAX_INDEX
 from .base import EngineSpec, Toggle
 from .registry import ENGINE_TABLE, ENGINES, names as engine_names
 
@@ -31,6 +33,8 @@ TOP_KEYS = ("description", "model", "weights", "kv", "tokens", "prompt", "prompt
 SIDE_KEYS = ("engine", "model", "options")
 TOGGLE_KEYS = ("name", "key", "values", "fast", "exact", "default", "owns", "help")
 CHOICES = {"weights": ("q4_0", "f32"), "kv": ("q8", "f32")}  # as the command line's --weights / --kv
+# The tokens to generate, here and on the command line: a key's position is at most MAX_INDEX.
+TOKENS = Number(whole=True, lo=1, hi=MAX_INDEX, unit="tokens")
 
 # A toggle name travels in --exact lists and in the app's key bindings: no commas, spaces or '='.
 _NAME = re.compile(r"[A-Za-z0-9_.\-]+\Z")
@@ -212,8 +216,8 @@ class _Checker:
             if s[k] is not None and s[k] not in choices:
                 self.fail((k,), f"{s[k]!r} is not one of {', '.join(choices)}", f"write {k} = \"{choices[0]}\"")
         tokens = self.typed(doc, (), "tokens", int, "a whole number")
-        if tokens is not None and tokens < 1:
-            self.fail(("tokens",), f"{tokens} is below 1", "generate at least one token: tokens = 16")
+        if tokens is not None and TOKENS.problem(tokens) is not None:
+            self.fail(("tokens",), f"{tokens} {TOKENS.problem(tokens)}", f"write {TOKENS.allowed()}, e.g. tokens = 16")
         deep = self.typed(doc, (), "deep", bool, "true or false")
         prompt_ids = self.prompt_ids(doc)
         if prompt_ids is not None and s["prompt"] is not None:

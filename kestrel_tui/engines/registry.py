@@ -12,10 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 
-from ..errors import UsageError
 
-# (spec, model, kv=, deep=, impl=, cuda=) -> Engine; make_engine has already refused a name the table
-# lacks and options given to an engine that takes none
+# (spec, model, kv=, deep=, impl=, cuda_options=) -> Engine; make_engine has already refused a name the
+# table lacks and options given to an engine that takes none
 Factory = Callable[..., object]
 
 
@@ -31,43 +30,37 @@ class EngineEntry:
     bench: bool = False           # `kestrel-tui bench --subject NAME` has speed figures for it
 
 
-def _builtin(spec, model, kv, deep, impl, cuda=None):
-    from .builtin import BuiltinEngine
-
-    return BuiltinEngine(spec.engine, model, kv=kv, deep=deep, impl=impl, cuda_options=cuda)
-
-
-def _cuda(spec, model, kv, deep, impl, cuda=None):
+def _builtin(spec, model, kv, deep, impl, cuda_options=None):
+    """cpu, sim, cuda; a cuda engine's switches are made here, from the side's options and the run's
+    --cuda-options text (``cuda_options``), and a model its kernels cannot run is refused now."""
     from ..backends.cuda.options import CudaOptions
-    from ..model.config import cuda_unsupported
+    from .builtin import BuiltinEngine
+    from .decoders import check_decoder
 
-    if cuda is None:  # built without a run's config (session/inputs.py RunConfig.cuda_for): the spec's own
-        cuda = CudaOptions.from_env().set(dict(spec.options))
-    problem = cuda_unsupported(model.cfg)
-    if problem:  # refused when the engine is built, before any device work
-        raise UsageError(f"cuda subject: {problem}; the sim subject is the fallback (--subject sim)")
-    return _builtin(spec, model, kv, deep, impl, cuda=cuda)
+    check_decoder(spec.engine, model)
+    return BuiltinEngine(spec.engine, model, kv=kv, deep=deep, impl=impl,
+                         cuda_options=CudaOptions.of(spec.options, cuda_options) if spec.engine == "cuda" else None)
 
 
-def _hf(spec, model, kv, deep, impl, cuda=None):
+def _hf(spec, model, kv, deep, impl, cuda_options=None):
     from .hf import make_hf_engine
 
     return make_hf_engine(spec, model, kv=kv, deep=deep)
 
 
-def _hf_dist(spec, model, kv, deep, impl, cuda=None):
+def _hf_dist(spec, model, kv, deep, impl, cuda_options=None):
     from .hf_dist import make_hf_dist_engine
 
     return make_hf_dist_engine(spec, model, kv=kv, deep=deep)
 
 
-def _process(spec, model, kv, deep, impl, cuda=None):
+def _process(spec, model, kv, deep, impl, cuda_options=None):
     from .process import make_process_engine
 
     return make_process_engine(spec, model, kv=kv, deep=deep)
 
 
-def _llamacpp(spec, model, kv, deep, impl, cuda=None):
+def _llamacpp(spec, model, kv, deep, impl, cuda_options=None):
     from dataclasses import replace
 
     from .child import Job, OutOfProcess
@@ -79,7 +72,7 @@ def _llamacpp(spec, model, kv, deep, impl, cuda=None):
                                    replace(spec, model=inner.path), inner.ours.cfg, kv, deep))
 
 
-def _dump(spec, model, kv, deep, impl, cuda=None):
+def _dump(spec, model, kv, deep, impl, cuda_options=None):
     from .dumps.engine import dump_factory
 
     return dump_factory(spec, model, kv=kv, deep=deep)
@@ -89,7 +82,7 @@ def _dump(spec, model, kv, deep, impl, cuda=None):
 ENGINE_TABLE: dict[str, EngineEntry] = {e.name: e for e in (
     EngineEntry("cpu", _builtin, builtin=True, options=False, bench=True),
     EngineEntry("sim", _builtin, builtin=True, options=False, flag_subject=True),
-    EngineEntry("cuda", _cuda, builtin=True, flag_subject=True, bench=True),
+    EngineEntry("cuda", _builtin, builtin=True, flag_subject=True, bench=True),
     EngineEntry("hf", _hf, flag_subject=True),
     EngineEntry("hf-dist", _hf_dist, flag_subject=True),  # N ranks, its own process group (not engines/child.py)
     EngineEntry("process", _process),  # its command comes from a profile

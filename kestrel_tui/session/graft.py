@@ -16,7 +16,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..bounds import Number
 from ..errors import UsageError
+from ..text import inert
 from ..trace.compare import Status, Tolerance
 from ..trace.keys import parse_key
 from .session import RunResult, RunSettings, Session
@@ -24,6 +26,7 @@ from .session import RunResult, RunSettings, Session
 Site = tuple[str, "int | None"]
 PAIRED = {"k": ("k", "ks"), "ks": ("k", "ks"), "v": ("v", "vs"), "vs": ("v", "vs")}
 DEFAULT_LIMIT = 8
+LIMIT = Number(whole=True, lo=1, unit="sources")  # more than the run has sites just grafts them all
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,19 @@ def first_source(result: RunResult, tol: Tolerance | None, grafted: frozenset[Si
     return None
 
 
+def _check_start(key: str, first: RunResult, found: str | None) -> None:
+    """A --key graft starts at: a key of the run whose bits differ (an ok key is no source of anything)."""
+    status = first.comparison.status.get(key)
+    if status is Status.DIFF:
+        return
+    shown = inert(key, 80)
+    start = f"the first is {found}" if found is not None else "this run has none"
+    if status is None:
+        raise UsageError(f"--key {shown}: the run has no such key; name one of its DIFF keys ({start})")
+    raise UsageError(f"--key {shown}: {status.value} in this run, not DIFF, so nothing comes from it; graft starts"
+                     f" at a DIFF key ({start})")
+
+
 def graft(session: Session, settings: RunSettings, tol: Tolerance | None = None, limit: int = DEFAULT_LIMIT,
           start: str | None = None, on_source: Callable[[Source], None] | None = None,
           cancel=None) -> GraftResult:
@@ -90,12 +106,12 @@ def graft(session: Session, settings: RunSettings, tol: Tolerance | None = None,
     if not session.subject_engine.caps.graft:
         raise UsageError(f"graft: the subject {session.subject} cannot take the reference's values at a key"
                          f" (engines that can: sim, hf)")
-    if limit < 1:
-        raise UsageError(f"--limit {limit}: graft at least one source")
+    LIMIT.parse(limit, "--limit")
     first = session.run(settings, record=False, cancel=cancel)
-    out = GraftResult("far" if tol is not None else "ok", start or first_source(first, tol, frozenset()), last=first)
-    if out.start is not None and out.start not in first.comparison.status:
-        raise UsageError(f"--key {out.start}: the run has no such key; name one of its DIFF keys")
+    found = first_source(first, tol, frozenset())
+    out = GraftResult("far" if tol is not None else "ok", start if start is not None else found, last=first)
+    if start is not None:
+        _check_start(start, first, found)
     grafted: frozenset[Site] = frozenset()
     key = out.start
     while key is not None and len(out.sources) < limit:

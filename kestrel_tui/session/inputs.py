@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from ..bounds import Number, shown
 from ..engines.base import EngineSpec
 from ..engines.decoders import CPU_IMPLS
 from ..engines.registry import BUILTIN
@@ -21,6 +22,8 @@ from ..trace.compare import Tolerance
 DEFAULT_PROMPT_LEN = 16
 # What an option left unset means (a profile may set it instead).
 DEFAULTS = {"tokens": 16, "weights": "q4_0", "kv": "q8", "deep": False}
+DEFAULT_SUBJECT = "sim"  # --subject left out, without a profile
+TOKEN_ID = Number(whole=True, lo=0)
 
 @dataclass(frozen=True)
 class RunConfig:
@@ -32,10 +35,9 @@ class RunConfig:
     tokens: int = DEFAULTS["tokens"]
     prompt_ids: tuple[int, ...] | None = None  # checked against the vocabulary once the model is loaded
     prompt: str | None = None               # text for the model's tokenizer; neither: default_prompt
-    cpu_impl: str = "auto"                  # CPU_IMPLS
-    cuda_flag: str | None = None            # --cuda-options, over a cuda side's own options (cuda_for)
-    tolerance: Tolerance | None = None      # --tol, else the profile's; None: plain ok/DIFF
-    tolerance_from_profile: bool = False    # bisect judges with it only when asked to target "no far key"
+    cpu_impl: str = CPU_IMPLS[0]            # checked where it is read (engines/decoders.cpu_impl)
+    cuda_options: str | None = None         # --cuda-options, over a cuda side's own (CudaOptions.of)
+    tolerance: Tolerance | None = None      # --tol, else the profile's; None: the command's default
     subject: str | None = None              # --subject without a profile (None: the command's default)
     cache: bool = True                      # the reference cache (session/refcache.py); --no-cache: False
     profile: object | None = None           # engines/profile.Profile
@@ -47,13 +49,6 @@ class RunConfig:
             return flag
         line = self.profile.line_of(name)
         return f"{self.profile.path}:{line}: {name}" if line is not None else f"{self.profile.path}: {name}"
-
-    def cuda_for(self, spec: EngineSpec):
-        """A cuda side's runtime switches: the environment's defaults, the side's own options, then
-        --cuda-options (backends/cuda/options.py). The one place a run's CudaOptions is made."""
-        from ..backends.cuda.options import CudaOptions
-
-        return CudaOptions.from_env().set(dict(spec.options)).parse(self.cuda_flag)
 
 
 def run_config(*, profile: str | None = None, model: str | None = None, weights: str | None = None,
@@ -90,25 +85,23 @@ def run_config(*, profile: str | None = None, model: str | None = None, weights:
     values = {name: DEFAULTS[name] if given[name] is None and name in DEFAULTS else given[name] for name in given}
     if values["prompt_ids"] is not None:
         values["prompt_ids"] = tuple(values["prompt_ids"])
-    impl = cpu_impl or "auto"
-    if impl not in CPU_IMPLS:
-        raise UsageError(f"--cpu-impl {impl}: choose from {', '.join(CPU_IMPLS)}")
-    config = RunConfig(**values, cpu_impl=impl, cuda_flag=cuda_options or None,
-                       tolerance=tolerance if tolerance is not None else getattr(loaded, "tolerance", None),
-                       tolerance_from_profile=tolerance is None and getattr(loaded, "tolerance", None) is not None,
-                       subject=subject, cache=not no_cache, profile=loaded, from_profile=frozenset(taken))
-    if cuda_options:
-        config.cuda_for(EngineSpec("cuda"))  # a misspelt switch is one line here, whatever the sides
-    if loaded is not None and loaded.subject.engine == "cuda":
-        config.cuda_for(loaded.subject)
-    return config
+    if cuda_options:  # a misspelt switch is one line here, before any model (a profile's own: load_profile)
+        from ..backends.cuda.options import CudaOptions
+
+        CudaOptions.of(flag=cuda_options)
+    return RunConfig(**values, cpu_impl=cpu_impl or CPU_IMPLS[0], cuda_options=cuda_options or None,
+                     tolerance=tolerance if tolerance is not None else getattr(loaded, "tolerance", None),
+                     subject=subject, cache=not no_cache, profile=loaded, from_profile=frozenset(taken))
 
 
 def _parse_ids(text: str) -> list[int]:
-    try:
-        return [int(tok) for tok in text.split(",") if tok.strip()]
-    except ValueError:
-        raise UsageError(f"--prompt-ids {text!r}: expected comma-separated integers like 1,2,3") from None
+    """Token ids as typed (the vocabulary is checked once the model is loaded)."""
+    ids = [tok.strip() for tok in text.split(",") if tok.strip()]
+    bad = next((tok for tok in ids if TOKEN_ID.problem(tok) is not None), None)
+    if bad is not None:
+        raise UsageError(f"--prompt-ids {shown(text)}: {shown(bad)} {TOKEN_ID.problem(bad)}; expected"
+                         f" comma-separated token ids (whole numbers >= 0) like 1,2,3")
+    return [int(tok) for tok in ids]
 
 
 def default_prompt(vocab: int, n: int = DEFAULT_PROMPT_LEN) -> list[int]:
@@ -173,7 +166,7 @@ def side_specs(config: RunConfig, subject: str | None = None) -> dict[str, Engin
     profile = config.profile
     if profile is not None:
         return {"reference": profile.reference, "subject": profile.subject}
-    name = subject or config.subject or "sim"
+    name = subject or config.subject or DEFAULT_SUBJECT
     if name == "process":
         raise UsageError("--subject process: a process engine needs its command; name it in a profile"
                          " (--profile FILE, see docs/profiles.md)")
@@ -188,8 +181,8 @@ def engines_from_options(config: RunConfig, model: Model, subject: str | None = 
 
     profile = config.profile
     specs = side_specs(config, subject)
-    if config.cuda_flag and not any(specs[side].engine == "cuda" for side in sides):
-        raise UsageError(f"--cuda-options {config.cuda_flag}: no side of this run is cuda"
+    if config.cuda_options and not any(specs[side].engine == "cuda" for side in sides):
+        raise UsageError(f"--cuda-options {config.cuda_options}: no side of this run is cuda"
                          f" ({', '.join(specs[s].engine for s in sides)}); drop it, or run --subject cuda")
     built = {"reference": None, "subject": None}
     for side in sides:
@@ -203,8 +196,8 @@ def engines_from_options(config: RunConfig, model: Model, subject: str | None = 
                 f" ({config.model}); give both sides the same model, or run this one as hf or llama.cpp"),
                 option_hint=None) from None
         try:
-            cuda = config.cuda_for(spec) if spec.engine == "cuda" else None
-            built[side] = make_engine(spec, model, kv=config.kv, deep=config.deep, impl=config.cpu_impl, cuda=cuda)
+            built[side] = make_engine(spec, model, kv=config.kv, deep=config.deep, impl=config.cpu_impl,
+                                      cuda_options=config.cuda_options)
         except UsageError as e:
             if profile is None:
                 raise

@@ -17,9 +17,14 @@ import numpy as np
 from ..backends.base import Backend
 from ..engines.base import EngineFailed
 from ..engines.builtin import run_decode
+from ..bounds import Number
 from ..errors import UsageError
 from ..trace.compare import compare, diff_stats
+from ..trace.keys import MAX_INDEX
 from ..trace.run import Cancelled
+
+WIDTH = Number(whole=True, lo=1, hi=MAX_INDEX, unit="columns")  # M; the model's context bounds it further
+DEFAULT_WIDTH = 5
 
 
 def _failing(what: str, fn):

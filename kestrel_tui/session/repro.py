@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import procs
+from ..bounds import Number
 from ..errors import UsageError
 from ..files import check_new_path
 from ..model.weights import Linear, Model, rope_attention_factor
@@ -38,6 +39,9 @@ from .session import RunResult, Session
 
 FORMAT = 1
 DEFAULT_MAX_MB = 64.0
+# A bundle is an attachment: the largest op input at real size (an f32 lm_head, 151936 x 4096) is
+# 2.3 GiB, and past 64 GiB a bundle is no longer one. nan or inf would switch the bound off unseen.
+MAX_MB = Number(lo=0, above=True, hi=65536, unit="MB")
 MB = 2**20
 TEMPLATE = Path(__file__).with_name("replay_template.py")
 SIDES = ("reference", "subject")
@@ -496,8 +500,7 @@ def write_bundle(session: Session, result: RunResult, folder: str | os.PathLike,
     judges by bits. Raises UsageError (one line) for a folder that exists, a key the run lacks, a
     side without raw values, or a bundle over ``max_mb``."""
     final = check_new_path(folder, "bundle folder")
-    if max_mb <= 0:
-        raise UsageError(f"--max-mb {max_mb:g}: give a size in MB above 0")
+    MAX_MB.parse(max_mb, "--max-mb")
     key = key or default_key(result, tol)
     if key not in result.comparison.status:
         raise UsageError(f"repro --key {inert(key, 60)}: the run has no such key; name one of its keys"

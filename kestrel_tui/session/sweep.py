@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..bounds import Number, shown
 from ..engines.base import EngineFailed, Toggle
 from ..errors import UsageError
 from ..trace.compare import Status, Tolerance, compare, key_metrics
@@ -38,6 +39,14 @@ from .session import RunResult, RunSettings, Session, SideFailed, summarize
 KINDS = ("toggle:NAME", "m", "prompt", "batch")
 DEFAULT_M = tuple(range(1, 9))
 DEFAULT_BATCH = (0, 1, 2, 3)
+# A sweep is one run per value: 4096 of them take hours on the embedded model (8 widths: about 20 s,
+# docs/sweep.md), so more is a typo rather than a plan; the kinds' own limits (value_limit) are often lower.
+MAX_VALUES = 4096
+_MAX_VALUES_WHY = f"one run per value; a sweep runs at most {MAX_VALUES}"
+# The other prompts a batch sweep puts beside the subject's: a batch of 256 rows is vLLM's default
+# max_num_seqs, the most requests it schedules in one batch.
+MAX_OTHERS = 255
+VALUE = Number(whole=True)  # a value of m, prompt or batch as typed; the kind checks its range
 COLUMNS = ("value", "first DIFF", "first far", "far", "max NMSE logits", "flips", "answer")
 
 
@@ -154,25 +163,56 @@ def kinds(session: Session) -> tuple[str, ...]:
     return tuple(out)
 
 
-def parse_values(what: str, text: str) -> list:
+def parse_values(what: str, text: str, limit: tuple[int, str] | None = None) -> list:
     """``--values``: comma-separated; for m, prompt and batch whole numbers or ranges A..B (``1..8``,
-    ``1,2,4..6``); for a toggle its values' names."""
+    ``1,2,4..6``); for a toggle its values' names. The values are counted before any list is made:
+    more than ``limit`` (value_limit's: how many this run can take, and why) or MAX_VALUES is one line."""
     items = [s.strip() for s in text.split(",") if s.strip()]
     if not items:
-        raise UsageError(f"--values {text!r}: no values; give them comma-separated, e.g. 1..8 or fast,exact")
+        raise UsageError(f"--values {shown(text)}: no values; give them comma-separated, e.g. 1..8 or fast,exact")
+    spans = items if what.startswith("toggle:") else [_span(text, item) for item in items]
+    count = len(items) if what.startswith("toggle:") else sum(b - a + 1 for a, b in spans)
+    most, why = limit if limit is not None and limit[0] < MAX_VALUES else (MAX_VALUES, _MAX_VALUES_WHY)
+    if count > most:
+        raise UsageError(f"--values {shown(text)}: {count} values, but a sweep of {what} takes at most {most}"
+                         f" ({why}); give fewer")
     if what.startswith("toggle:"):
         return items
-    out: list[int] = []
-    for item in items:
-        lo, dots, hi = item.partition("..")
-        try:
-            a, b = (int(lo), int(hi)) if dots else (int(item), int(item))
-        except ValueError:
-            raise UsageError(f"--values {text!r}: {item!r} is not a whole number or a range A..B") from None
-        if b < a:
-            raise UsageError(f"--values {text!r}: the range {item} runs backwards; write {b}..{a}")
-        out.extend(range(a, b + 1))
-    return out
+    return [v for a, b in spans for v in range(a, b + 1)]
+
+
+def _span(text: str, item: str) -> tuple[int, int]:
+    """One item of --values: ``N`` or ``A..B``, as (first, last)."""
+    lo, dots, hi = item.partition("..")
+    ends = (lo, hi) if dots else (item, item)
+    if any(VALUE.problem(e) is not None for e in ends):
+        raise UsageError(f"--values {shown(text)}: {shown(item)} is not a whole number or a range A..B"
+                         f" (digits 0-9)")
+    a, b = (VALUE.parse(e, "--values") for e in ends)
+    if b < a:
+        raise UsageError(f"--values {shown(text)}: the range {item} runs backwards; write {b}..{a}")
+    return a, b
+
+
+def value_limit(session: Session, what: str, prompt: Sequence[int] | None = None,
+                others: Sequence[Sequence[int]] | None = None) -> tuple[int, str]:
+    """How many values a sweep of ``what`` can take in this session, and what sets that (for messages):
+    the toggle's values, the widest M, the prompt's length, the other prompts there are."""
+    kind, toggle = parse_what(session, what)
+    ctx, n_prompt = session.model.cfg.max_positions, len(session.prompt)
+    if toggle is not None:
+        return len(toggle.values), f"{toggle.name} has {len(toggle.values)} values"
+    if kind == "m":
+        return max(ctx - n_prompt, 0), f"the widest M: the model's context of {ctx} less the prompt's {n_prompt} tokens"
+    if kind == "prompt":
+        full = len(prompt if prompt is not None else session.prompt)
+        room = ctx - session.n_tokens
+        if full <= room:
+            return full, f"the prompt's {full} tokens"
+        return max(room, 0), f"the model's context of {ctx} less {session.n_tokens} positions"
+    if others is not None:
+        return len(others) + 1, f"0 to the {len(others)} other prompts given"
+    return MAX_OTHERS + 1, f"0 to {MAX_OTHERS} other prompts: a batch of {MAX_OTHERS + 1} rows"
 
 
 def default_values(session: Session, what: str, toggle: Toggle | None = None,
@@ -370,6 +410,9 @@ def _batch_runs(session: Session, settings: RunSettings, values, *, others, canc
     bad = [v for v in values if not isinstance(v, int) or v < 0]
     if bad:
         raise UsageError(f"--values: {bad[0]} other prompts: give a count of 0 (alone) or more")
+    if others is None and max(values) > MAX_OTHERS:  # before other_prompts makes that many
+        raise UsageError(f"--values: {max(values)} other prompts, but a batch sweep takes at most {MAX_OTHERS}"
+                         f" (a batch of {MAX_OTHERS + 1} rows, vLLM's default max_num_seqs)")
     P = len(session.prompt)
     pool = [list(o) for o in others] if others is not None else other_prompts(session.model.cfg.vocab, P,
                                                                              max(values))

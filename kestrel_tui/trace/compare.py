@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..bounds import Number
 from .keys import order_key, parse_key
 
 
@@ -201,7 +202,15 @@ def ulp_bin_labels(bins: Sequence[int] = ULP_BINS) -> list[str]:
 CLOSE = "close"
 FAR = "far"
 _TOL_NAMES = ("nmse", "ulp", "rel")
-_TOL_HELP = "want nmse=X, ulp=N or rel=X, comma-combined, e.g. nmse=1e-7,ulp=4"
+_CRITERIA_HELP = "nmse=X, ulp=N or rel=X, comma-combined, e.g. nmse=1e-7,ulp=4"
+_TOL_HELP = f"want {_CRITERIA_HELP}"
+_RULE_HELP = ("a rule is PATTERN:CRITERIA with one ':', PATTERN a field or a glob over key names, CRITERIA"
+              " comma-combined, e.g. t*_l3_*:nmse=1e-7,ulp=4")
+# A key is printable ASCII without ':' (a dump's tags are); ',' and '=' belong to the criteria.
+_PATTERN = re.compile(r"[!-~]+")
+_PATTERN_NOT = ":,="
+# The criteria's numbers (bounds.py: ASCII digits, finite): nmse and rel any size >= 0, ulp whole.
+_NUMBERS = {"nmse": Number(lo=0), "rel": Number(lo=0), "ulp": Number(whole=True, lo=0, unit="ULPs")}
 
 
 @dataclass(frozen=True)
@@ -259,7 +268,9 @@ def parse_tolerance(spec: str) -> Tolerance:
         raise UsageError(f"--tol {spec!r}: empty tolerance ({_TOL_HELP})")
     base, rules = None, []
     for group in groups:
-        pattern, colon, criteria = group.rpartition(":")
+        pattern, colon, criteria = group.partition(":")
+        if ":" in criteria:
+            raise UsageError(f"--tol {spec!r}: {group!r} has {group.count(':')} ':'; {_RULE_HELP}")
         if not colon:
             if base is not None:
                 raise UsageError(f"--tol {spec!r}: two default criteria ({base.spec()} and {group});"
@@ -269,6 +280,9 @@ def parse_tolerance(spec: str) -> Tolerance:
         if not pattern:
             raise UsageError(f"--tol {spec!r}: {group!r} names no keys; write FIELD:CRITERIA or GLOB:CRITERIA,"
                              f" e.g. logits:nmse=1e-5")
+        if not _PATTERN.fullmatch(pattern) or any(c in pattern for c in _PATTERN_NOT):
+            raise UsageError(f"--tol {spec!r}: the pattern {pattern!r} holds characters no key has (keys are"
+                             f" printable ASCII without ':', ',' or '='); {_RULE_HELP}")
         if not any(c in pattern for c in "*?[") and pattern not in NAMES:
             close = difflib.get_close_matches(pattern, NAMES, n=1)
             raise UsageError(f"--tol {spec!r}: {pattern!r} is no field" + (f" (did you mean {close[0]}?)" if close
@@ -299,21 +313,12 @@ def _criteria(spec: str, text: str) -> Tolerance:
             raise UsageError(f"--tol {spec!r}: unknown criterion {name!r} ({_TOL_HELP})")
         if name in seen:
             raise UsageError(f"--tol {spec!r}: {name} given twice")
-        if name == "ulp":
-            try:
-                v: float | int = int(value)
-            except ValueError:
-                raise UsageError(f"--tol {spec!r}: ulp={value!r} is not a whole number of ULPs") from None
-            if v < 0:
-                raise UsageError(f"--tol {spec!r}: ulp={value!r} must be >= 0")
-        else:
-            try:
-                v = float(value)
-            except ValueError:
-                raise UsageError(f"--tol {spec!r}: {name}={value!r} is not a number") from None
-            if not (v >= 0) or v == float("inf"):  # NaN fails >= 0
-                raise UsageError(f"--tol {spec!r}: {name}={value!r} must be a finite number >= 0")
-        seen[name] = v
+        number = _NUMBERS[name]
+        problem = number.problem(value)
+        if problem is not None:
+            raise UsageError(f"--tol {spec!r}: {name}={value!r} {problem}; {name} takes {number.allowed()}"
+                             f" (criteria: {_CRITERIA_HELP})")
+        seen[name] = number.parse(value, name)
     return Tolerance(nmse=seen.get("nmse"), ulp=seen.get("ulp"), rel=seen.get("rel"))
 
 

@@ -35,6 +35,12 @@ class CudaOptions:
     pv_spread: bool = True
 
     @classmethod
+    def of(cls, options: Mapping[str, object] = {}, flag: str | None = None) -> "CudaOptions":
+        """A cuda side's switches: the environment's defaults, the side's own options (a profile's
+        [subject.options]), then --cuda-options. Every run's CudaOptions is made here."""
+        return cls.from_env().set(dict(options)).parse(flag)
+
+    @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "CudaOptions":
         return cls(**{name: env.get(var, "1").strip().lower() not in _OFF for name, var in ENV.items()})
 
