@@ -42,3 +42,12 @@ def plant(clean: Path, out: Path, scales: dict[str, float]) -> Path:
         sd[name] = sd[name] * scale
     save_file(sd, out / "model.safetensors", metadata={"format": "pt"})
     return out
+
+
+def cache_arg(model, cache) -> dict:
+    """The KV cache as forward's keyword: `cache` since transformers 5.24, `past_key_values` before
+    (the engines choose the same way, engines/hf_hooks.py)."""
+    import inspect
+
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    return {name: cache}

@@ -19,6 +19,7 @@ from kestrel_tui.errors import UsageError  # noqa: E402
 from kestrel_tui.model.hf import load_model  # noqa: E402
 from kestrel_tui.trace.compare import Tolerance, key_metrics  # noqa: E402
 from kestrel_tui.trace.keys import order_key, parse_key, token_keys  # noqa: E402
+from hfmodels import cache_arg  # noqa: E402
 
 VOCAB, PROMPT, N = 256, [5, 77, 190, 33], 4
 
@@ -119,8 +120,8 @@ def test_hooks_leave_the_computation_alone(ckpt):
     cache = transformers.DynamicCache(config=plain.config)
     tokens = [p.token for p in sub.positions]
     with torch.inference_mode():
-        rows = [plain(input_ids=torch.tensor([PROMPT]), cache=cache, use_cache=True).logits[0]]
-        rows += [plain(input_ids=torch.tensor([[t]]), cache=cache, use_cache=True).logits[0] for t in tokens[4:]]
+        rows = [plain(input_ids=torch.tensor([PROMPT]), **cache_arg(plain, cache), use_cache=True).logits[0]]
+        rows += [plain(input_ids=torch.tensor([[t]]), **cache_arg(plain, cache), use_cache=True).logits[0] for t in tokens[4:]]
     np.testing.assert_array_equal(torch.cat(rows).numpy(), np.stack([p.logits for p in sub.positions]))
 
 

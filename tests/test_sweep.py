@@ -22,6 +22,8 @@ from kestrel_tui.session.sweep import parse_values, sweep
 from kestrel_tui.trace.compare import Tolerance, key_metrics
 from kestrel_tui.trace.keys import order_key, parse_key
 
+from hfmodels import cache_arg
+
 N_TOKENS = 8
 
 
@@ -269,14 +271,14 @@ def _plain_batched_logits(model, prompt, others, forced):
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     cache = DynamicCache(config=model.config)
     with torch.inference_mode():
-        out = model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True)
+        out = model(input_ids=ids, attention_mask=mask, position_ids=positions, **cache_arg(model, cache), use_cache=True)
         logits = [out.logits[row, width - len(prompt) + j].numpy().copy() for j in range(len(prompt))]
         for tok in forced:
             nxt = out.logits[:, -1].argmax(-1)
             nxt[row] = tok
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
             positions = positions[:, -1:] + 1
-            out = model(input_ids=nxt[:, None], attention_mask=mask, position_ids=positions, cache=cache,
+            out = model(input_ids=nxt[:, None], attention_mask=mask, position_ids=positions, **cache_arg(model, cache),
                         use_cache=True)
             logits.append(out.logits[row, -1].numpy().copy())
     return logits
