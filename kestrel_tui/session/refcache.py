@@ -140,7 +140,7 @@ class RefCache:
             self.folder.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=f".{key}-", suffix=".tmp", dir=self.folder)
             with os.fdopen(fd, "wb") as f:
-                np.savez(f, **arrays)
+                _savez(f, arrays)
             final = self.folder / f"{key}-{_sha256(Path(tmp))}.npz"
             if final in self._in_the_way:
                 return None  # already noted by load()
@@ -241,3 +241,12 @@ def _sha256(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()[:16]
+
+
+def _savez(f, arrays: dict[str, np.ndarray]) -> None:
+    """np.savez's file, its zip closed however writing ends: numpy 1.26's savez leaves the zip open on a
+    full disk, and its later __del__ prints a traceback about a file closed meanwhile."""
+    with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as z:
+        for name, a in arrays.items():
+            with z.open(f"{name}.npy", "w", force_zip64=True) as out:
+                np.lib.format.write_array(out, np.asanyarray(a), allow_pickle=False)
