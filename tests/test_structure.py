@@ -373,7 +373,6 @@ PRIVATE_LEFT = (
     "kestrel_tui/engines/dumps/__init__.py: kestrel_tui.engines.dumps.passes._PASS",
     "kestrel_tui/engines/dumps/__init__.py: kestrel_tui.engines.dumps.passes._RANK_DIR",
     "kestrel_tui/engines/hf_dist_rank.py: kestrel_tui.engines.child_main._safe_path",
-    "kestrel_tui/session/sweep.py: kestrel_tui.session.iso._failing",
 )
 
 

@@ -27,7 +27,7 @@ WIDTH = Number(whole=True, lo=1, hi=MAX_INDEX, unit="columns")  # M; the model's
 DEFAULT_WIDTH = 5
 
 
-def _failing(what: str, fn):
+def failing(what: str, fn):
     """fn(), with what the backend raises (a driver error, a kernel fault) as one EngineFailed line:
     the subject failed, which is neither a difference nor bad input."""
     try:
@@ -55,7 +55,7 @@ class IsoColumn:
 def iso(make: callable, prompt: list[int], m: int, cancel: threading.Event | None = None) -> list[IsoColumn]:
     """make() returns a fresh subject backend. Returns one IsoColumn per verify column."""
     P = len(prompt)
-    single = _failing("the M=1 decode", lambda: run_decode(make(), prompt, m, cancel=cancel))
+    single = failing("the M=1 decode", lambda: run_decode(make(), prompt, m, cancel=cancel))
     drafts = [p.token for p in single.positions[P:]]
     batch: Backend = make()
 
@@ -64,7 +64,7 @@ def iso(make: callable, prompt: list[int], m: int, cancel: threading.Event | Non
         batch.step(np.array(prompt), 0, raw=False)
         return batch.step(np.array(drafts), P, raw=False)
 
-    out = _failing(f"the M={m} verify step", verify)
+    out = failing(f"the M={m} verify step", verify)
     cols = []
     for j in range(m):
         ref = single.positions[P + j]

@@ -365,7 +365,7 @@ def _m_runs(session: Session, settings: RunSettings, values, *, cancel, **_):
     positions (what iso(m) compares with where a decode step does not depend on the cache's capacity,
     which tests/test_sweep.py checks against iso() on the sim)."""
     from ..engines.builtin import run_decode
-    from .iso import _failing
+    from .iso import failing
 
     bad = [v for v in values if not isinstance(v, int) or v < 1]
     if bad:
@@ -381,7 +381,7 @@ def _m_runs(session: Session, settings: RunSettings, values, *, cancel, **_):
     def backend():
         return eng.backend(toggles)
 
-    single = _failing("the M=1 decode", lambda: run_decode(backend(), prompt, max(values), cancel=cancel))
+    single = failing("the M=1 decode", lambda: run_decode(backend(), prompt, max(values), cancel=cancel))
     drafts = [p.token for p in single.positions[P:]]
 
     def runs(m):
@@ -392,7 +392,7 @@ def _m_runs(session: Session, settings: RunSettings, values, *, cancel, **_):
             batch.step(np.array(prompt), 0, raw=False)
             return batch.step(np.array(drafts[:m]), P, raw=True)
         try:
-            out = _failing(f"the M={m} verify step", verify)
+            out = failing(f"the M={m} verify step", verify)
         except EngineFailed as e:
             return None, str(e), P
         ref = Trace(single.backend, prompt, single.positions[:P + m])
