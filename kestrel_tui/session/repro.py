@@ -36,7 +36,7 @@ from ..trace.compare import FAR, CLOSE, Status, Tolerance, key_metrics
 from ..trace.keys import emb_key, key_name, parse_key
 from .session import RunResult, Session
 
-FORMAT = 1
+FORMAT = 2  # case.json's "bundle"; 2: every array's dtype and shape declared ("arrays"), which replay.py checks
 DEFAULT_MAX_MB = 64.0
 MB = 2**20
 TEMPLATE = Path(__file__).with_name("replay_template.py")
@@ -456,8 +456,9 @@ def _verdict(result: RunResult, key: str, ref_out: np.ndarray, sub_out: np.ndarr
 # ---------------------------------------------------------------- writing
 
 def _layout(ins: dict, outs: dict, weights: dict) -> tuple[dict, dict[str, np.ndarray]]:
-    """case.json's file names and the arrays to write: a subject input bit-equal to the reference's
-    is the same file."""
+    """case.json's file names, each array's dtype and shape (replay.py reads nothing else), and the
+    arrays to write (C order: replay.py refuses a Fortran-order .npy); a subject input bit-equal to the
+    reference's is the same file."""
     arrays: dict[str, np.ndarray] = {}
     names = {"inputs": {side: {} for side in SIDES}, "weights": {}, "outputs": {}}
     for name, a in ins["reference"].items():
@@ -473,9 +474,10 @@ def _layout(ins: dict, outs: dict, weights: dict) -> tuple[dict, dict[str, np.nd
         arrays[f"outputs/{side}.npy"] = outs[side]
         names["outputs"][side] = f"outputs/{side}.npy"
     for name, a in weights.items():
-        a = np.ascontiguousarray(np.asarray(a))
         arrays[f"weights/{name}.npy"] = a
         names["weights"][name] = f"weights/{name}.npy"
+    arrays = {path: np.ascontiguousarray(np.asarray(a)) for path, a in arrays.items()}
+    names["arrays"] = {path: {"dtype": a.dtype.str, "shape": list(a.shape)} for path, a in arrays.items()}
     return names, arrays
 
 
