@@ -703,6 +703,9 @@ def check_case(case) -> tuple[tuple[dict, dict], dict]:
         raise Damaged(f"bundle is {_what(fmt)}; this replay.py reads format {FORMAT}; {FIX}", "case.json")
     for field, want in CASE.items():
         _check(_get(case, field), want, field)
+    for field in ("inputs", "outputs"):
+        for extra in sorted(set(case[field]) - {"reference", "subject"}):
+            raise Damaged(f"{field} has {_what(extra)}; it holds reference and subject only; {FIX}", "case.json")
     kind = case["op"]["kind"]
     consts, variants = KINDS[kind]
     c = case["const"]
@@ -806,8 +809,9 @@ def _bind_size(dims: list[str], n: int, env: dict) -> bool:
     return True
 
 
-def fit(path: str, label: str, kind: str, decl: dict, pattern: str, env: dict, exact: bool) -> tuple:
-    """The shape the op takes the array in, its symbols bound in env; Damaged when it does not fit."""
+def fit(path: str, label: str, kind: str, decl: dict, pattern: str, env: dict, src: dict, exact: bool) -> tuple:
+    """The shape the op takes the array in, its symbols bound in env (and where from in src); Damaged
+    when it does not fit."""
     dtype, shape = decl["dtype"], decl["shape"]
     alts = _alternatives(pattern)
     dims = next((d for t, d in alts if t == dtype), None)
@@ -818,8 +822,12 @@ def fit(path: str, label: str, kind: str, decl: dict, pattern: str, env: dict, e
           else _bind_size(dims, math.prod(shape), trial))
     if not ok:
         need = "[" + ", ".join(str(_value(e, env) or e) for e in dims) + "]"
+        syms = sorted({sym for e in dims for sym in e.replace("/", "*").split("*") if sym in env})
+        why = [] if exact else ["that many elements"]
+        why += [f"{sym} = {env[sym]} from {src[sym]}" for sym in syms]
         raise Damaged(f"{label} is {dtype} {shape}; the {kind} op needs {dtype} {need}"
-                      + ("" if exact else " (that many elements)") + f"; {FIX}", path)
+                      + (f" ({'; '.join(why)})" if why else "") + f"; {FIX}", path)
+    src.update({sym: path for sym in trial if sym not in env})
     env.update(trial)
     return tuple(_value(e, env) for e in dims)
 
@@ -829,15 +837,16 @@ def plan(case: dict, variant: tuple[dict, dict], arrays: dict) -> dict:
     op's patterns (before any file is opened)."""
     kind, c = case["op"]["kind"], case["const"]
     env = {sym: c[name] for name, sym in SYMBOLS.items() if name in c}
+    src = {sym: f"case.json const.{name}" for name, sym in SYMBOLS.items() if name in c}
     shapes = {p: tuple(arrays[p]["shape"]) for p in case["outputs"].values()}
     inputs, wspec = variant
     for side in ("reference", "subject"):
         for name, path in case["inputs"][side].items():
             pattern = inputs.get(name) or inputs[name + "?"]
-            shapes[path] = fit(path, f"inputs {name}", kind, arrays[path], pattern, env, exact=False)
+            shapes[path] = fit(path, f"inputs {name}", kind, arrays[path], pattern, env, src, exact=False)
     for name, path in case["weights"].items():
         pattern = wspec.get(name) or wspec[name + "?"]
-        shapes[path] = fit(path, f"weights {name}", kind, arrays[path], pattern, env, exact=True)
+        shapes[path] = fit(path, f"weights {name}", kind, arrays[path], pattern, env, src, exact=True)
     return shapes
 
 
@@ -980,8 +989,8 @@ def open_array(folder: Folder, rel: str, decl: dict):
                 np.lib.format.read_magic(f)
                 read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
                 shape, fortran, dtype = read(f)
-        except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError, OverflowError, Warning) as e:
-            raise Damaged(f"has a damaged .npy header ({inert(str(e), 120)}); {FIX}", rel) from None
+        except Exception as e:  # noqa: BLE001 - numpy's parser on outside bytes (ast, tokenize, dtype): any error
+            raise Damaged(f"has a damaged .npy header ({type(e).__name__}: {inert(str(e), 120)}); {FIX}", rel) from None
         if fortran:
             raise Damaged(f"is stored in Fortran order; repro writes C order; {FIX}", rel)
         if dtype.str != decl["dtype"] or list(shape) != decl["shape"]:
