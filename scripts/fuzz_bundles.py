@@ -65,17 +65,17 @@ sys.path.insert(0, str(ROOT))
 AS_LIMIT = 3 << 30
 CASE_SECONDS = 5.0
 KILL_SECONDS = 10.0
-FAILURES = ("harness", "traceback", "hang", "died", "slow", "status", "multiline", "unnamed", "raw", "warning", "accepted",
-            "refused", "changed", "verdict")
+FAILURES = ("harness", "traceback", "hang", "died", "slow", "status", "multiline", "unnamed", "raw", "warning",
+            "accepted", "refused", "changed", "verdict")
 REPRO = ["--exact", "all", "--toggle", "norm=fast", "--tokens", "2", "--no-cache"]
 SEEDS = {  # name -> (key, extra options)
     "nrm": ("t16_l0_nrm", []), "emb": ("t16_emb", []), "qrope": ("t16_l0_qrope", []),
     "attn": ("t16_l0_attn", []), "ffn": ("t16_l0_x", []), "topk": ("t16_l0_topk", ["--deep"]),
     "moe32": ("t16_l0_moe", ["--deep", "--weights", "f32", "--kv", "f32"]),
 }
+# what replay.py reads of case.json (the rest describes the case to people)
 READ = [["bundle"], ["key"], ["op"], ["tolerance", "spec"], ["tolerance", "criteria"], ["reference_is_contract"],
-        ["inputs_note"], ["const"], ["inputs"], ["weights"], ["outputs"], ["arrays"]]  # what replay.py reads of
-# case.json; the rest describes the case to people
+        ["inputs_note"], ["const"], ["inputs"], ["weights"], ["outputs"], ["arrays"]]
 PRINTED = (("key",), ("op", "name"), ("op", "rules"), ("tolerance", "spec"), ("inputs_note",))
 
 # ---------------------------------------------------------------- seeds
@@ -183,21 +183,24 @@ def strategies(info: dict):
             "at": st.floats(0, 1), "bytes": st.binary(min_size=1, max_size=8).map(bytes.hex),
             "doc": st.sampled_from(["", "[]", "{}", "null", '"x"', "1e999", "@open", "@deep", "\ufeff{}",
                                     "{\"bundle\": 2}"])})
-        printed = st.fixed_dictionaries({"family": st.just("print"), "path": st.sampled_from([list(p) for p in PRINTED]),
-                                         "text": st.one_of(escape, st.builds(lambda c, n: c * n, st.sampled_from(
-                                             ["x", "\x1b", "é", "\u202e", "🙂"]), st.integers(300, 3000)))})
+        long = st.builds(lambda c, n: c * n, st.sampled_from(["x", "\x1b", "é", "\u202e", "🙂"]),
+                         st.integers(300, 3000))
+        printed = st.fixed_dictionaries({"family": st.just("print"), "text": st.one_of(escape, long),
+                                         "path": st.sampled_from([list(p) for p in PRINTED])})
         path = st.fixed_dictionaries({"family": st.just("path"), "field": st.sampled_from(si["path_fields"]),
                                       "to": st.one_of(hostile_paths, npy), "declare": st.booleans()})
         arrays = st.fixed_dictionaries({"family": st.just("arrays"), "file": npy, "what": st.sampled_from(
             ["shape", "dtype", "drop", "entry"]), "value": st.one_of(value, st.sampled_from(
                 [[2**40], [-1], [], [0], [1] * 9, [256.0], ["256"], [2**41], "<f8", ">f4", "|O", "<U4", "|V4",
                  "float32", "<f4 "]))})
+        # "pick": the variant a mutation takes (its random generator is seeded by the whole description)
         header = st.fixed_dictionaries({"family": st.just("npy"), "file": npy, "op": st.sampled_from(
             ["shape", "descr", "fortran", "garble", "version", "hlen", "magic"]), "pick": st.integers(0, 99)})
         reencode = st.fixed_dictionaries({"family": st.just("npy"), "file": npy, "op": st.just("reencode"),
                                           "pick": st.integers(0, 99)})
         cut = st.fixed_dictionaries({"family": st.just("npy"), "file": npy, "op": st.sampled_from(
-            ["empty", "truncate", "append"]), "at": st.floats(0, 1), "bytes": st.binary(min_size=1, max_size=64).map(bytes.hex)})
+            ["empty", "truncate", "append"]), "at": st.floats(0, 1),
+            "bytes": st.binary(min_size=1, max_size=64).map(bytes.hex)})
         consistent = st.fixed_dictionaries({"family": st.just("npy"), "file": npy, "op": st.sampled_from(
             ["resize", "retype", "huge"]), "pick": st.integers(0, 99), "sparse": st.booleans()})
         swap = st.fixed_dictionaries({"family": st.just("file"), "file": st.sampled_from(
@@ -414,13 +417,12 @@ def _npy_parts(raw: bytes) -> tuple[dict, bytes]:
     return {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": fortran, "shape": shape}, raw[f.tell():]
 
 
-def _header(text: str, version=(1, 0), hlen=None, pad=0) -> bytes:
+def _header(text: str, version=(1, 0), pad=0) -> bytes:
+    """A .npy header holding ``text`` as numpy writes one (padded to 64 bytes, and ``pad`` more)."""
     body = text.encode("latin1", "replace")
     lenfmt = "<H" if version[0] == 1 else "<I"
-    pre = 6 + 2 + struct.calcsize(lenfmt)
-    body += b" " * ((-(pre + len(body) + 1) % 64) + pad) + b"\n"
-    n = len(body) if hlen is None else hlen
-    return b"\x93NUMPY" + bytes(version) + struct.pack(lenfmt, n % (1 << (8 * struct.calcsize(lenfmt)))) + body
+    body += b" " * ((-(8 + struct.calcsize(lenfmt) + len(body) + 1) % 64) + pad) + b"\n"
+    return b"\x93NUMPY" + bytes(version) + struct.pack(lenfmt, len(body)) + body
 
 
 def _dict_text(d: dict, order=("descr", "fortran_order", "shape"), spaced=False) -> str:
@@ -471,9 +473,11 @@ def _apply_npy(folder: Path, m: dict, case: dict, roles: dict, rng: random.Rando
         return "refuse"
     if op == "garble":
         text = rng.choice([
-            "{}", "{'descr': '<f4'}", "[1, 2]", "{'descr': '<f4', 'fortran_order': False, 'shape': (" + "9" * 5000 + ",), }",
+            "{}", "{'descr': '<f4'}", "[1, 2]",
+            "{'descr': '<f4', 'fortran_order': False, 'shape': (" + "9" * 5000 + ",), }",
             "(" * 3000, _dict_text(d)[:-2] + ", 'extra': 1, }", "{'descr': '<f4', 'fortran_order': 0, 'shape': (256,)}",
-            _dict_text({**d, "shape": list(d["shape"])}), _dict_text({**d, "shape": tuple(float(x) for x in d["shape"])}),
+            _dict_text({**d, "shape": list(d["shape"])}),
+            _dict_text({**d, "shape": tuple(float(x) for x in d["shape"])}),
             _dict_text(d).replace(f"{d['shape'][0]},", f"{d['shape'][0]}L,"), "__import__('os').system('true')",
             "{'descr': '<f4', 'fortran_order': False, 'shape': (" + "(" * 200 + ")" * 200 + ",)}", "\udcff" * 10])
         p.write_bytes(_header(text) + data)
@@ -605,12 +609,10 @@ def materialize(seed_dir: Path, desc: dict, folder: Path, rng: random.Random) ->
         words.append(f"{fam}:{m.get('op') or m.get('to') or m.get('what') or ''}")
         if fam == "case":
             expects.append(_apply_case(case, m, folder, original))
-        elif fam == "print":
-            try:
+        elif fam == "print":  # a printed string is only printed: the verdict stays
+            with contextlib.suppress(KeyError, TypeError):
                 _at(case, m["path"][:-1])[m["path"][-1]] = m["text"]
-                expects.append("same")
-            except (KeyError, TypeError):
-                expects.append("same")
+            expects.append("same")
         elif fam == "path":
             expects.append(_apply_path(folder, m, case))
         elif fam == "arrays":
@@ -696,7 +698,8 @@ def judge(expect: str, genuine: dict, code, stdout: str, stderr: str, folder: Pa
         return "verdict"
     if expect == "refuse":
         return "accepted"
-    if expect == "same" and (code != genuine["code"] or [list(c) for c in _COUNTS.findall(stdout)] != genuine["counts"]):
+    counts = [list(c) for c in _COUNTS.findall(stdout)]
+    if expect == "same" and (code != genuine["code"] or counts != genuine["counts"]):
         return "changed"
     return f"exit{code}"
 

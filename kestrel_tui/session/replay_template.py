@@ -8,6 +8,7 @@ the format the reference stores them (weights/), and case.json, which says what 
 prompt, position, layer, op, engines, versions, tolerance, verdict).
 
     python replay.py          # prints one line per comparison and the verdict
+    python replay.py FOLDER   # the same for the bundle in FOLDER (this replay.py on another bundle)
 
 It recomputes the reference's op (the numerics contract, whose rules case.json names: "L2 (G1, Q2)"
 and so on) from the inputs, three times over:
@@ -19,7 +20,13 @@ and so on) from the inputs, three times over:
   run        the reference's output against the subject's, as the run judged it
 
 and ends with the verdict (the op line's): ok, close or far, with the metric and its threshold.
-Exit 0 for ok and close, 1 for far, 2 when the bundle cannot be replayed.
+Exit 0 for ok and close, 1 for far, 2 when the bundle cannot be replayed: one line on stderr naming
+the file or field and the fix.
+
+It trusts nothing in its folder (kestrel-tui's docs/repro.md, "What replay.py checks"): case.json is
+checked against the schema below (CASE, KINDS), every array's .npy header against the dtype and shape
+case.json declares, and those against the op, before any data is read; only regular files inside the
+folder are opened, never through a link; sizes are bounded; the text it prints is made inert.
 
 Everything below is self-contained: the contract's ordered sums, the q8_0 / q4_0 formats, an exact
 fused multiply-add, and literal scalar transcriptions of the UCRT expf / cosf / sinf that the
@@ -700,7 +707,8 @@ def check_case(case) -> tuple[tuple[dict, dict], dict]:
         if _integer(fmt, 0, FORMAT - 1):
             raise Damaged(f"bundle format {fmt}: this replay.py reads format {FORMAT} (with the arrays' shapes"
                           " declared); run the replay.py that came with the bundle", "case.json")
-        raise Damaged(f"bundle is {_what(fmt)}; this replay.py reads format {FORMAT}; {FIX}", "case.json")
+        have = f"is {_what(fmt)}" if "bundle" in case else "is missing"
+        raise Damaged(f"bundle (the format) {have}; this replay.py reads format {FORMAT}; {FIX}", "case.json")
     for field, want in CASE.items():
         _check(_get(case, field), want, field)
     for field in ("inputs", "outputs"):
@@ -833,20 +841,21 @@ def fit(path: str, label: str, kind: str, decl: dict, pattern: str, env: dict, s
 
 
 def plan(case: dict, variant: tuple[dict, dict], arrays: dict) -> dict:
-    """path -> the shape its array is taken in by the op, every declared shape checked against the
-    op's patterns (before any file is opened)."""
+    """The shape the op takes each input and weight in ({"reference": {name: shape}, "subject": ...,
+    "weights": ...}), every declared shape checked against the op's patterns (before any file is
+    opened)."""
     kind, c = case["op"]["kind"], case["const"]
     env = {sym: c[name] for name, sym in SYMBOLS.items() if name in c}
     src = {sym: f"case.json const.{name}" for name, sym in SYMBOLS.items() if name in c}
-    shapes = {p: tuple(arrays[p]["shape"]) for p in case["outputs"].values()}
     inputs, wspec = variant
+    shapes: dict = {"reference": {}, "subject": {}, "weights": {}}
     for side in ("reference", "subject"):
         for name, path in case["inputs"][side].items():
             pattern = inputs.get(name) or inputs[name + "?"]
-            shapes[path] = fit(path, f"inputs {name}", kind, arrays[path], pattern, env, src, exact=False)
+            shapes[side][name] = fit(path, f"inputs {name}", kind, arrays[path], pattern, env, src, exact=False)
     for name, path in case["weights"].items():
         pattern = wspec.get(name) or wspec[name + "?"]
-        shapes[path] = fit(path, f"weights {name}", kind, arrays[path], pattern, env, src, exact=True)
+        shapes["weights"][name] = fit(path, f"weights {name}", kind, arrays[path], pattern, env, src, exact=True)
     return shapes
 
 
@@ -979,7 +988,8 @@ def open_array(folder: Folder, rel: str, decl: dict):
         version = (head[6], head[7])
         if version not in ((1, 0), (2, 0)):
             raise Damaged(f"has .npy format version {version[0]}.{version[1]}; repro writes 1.0; {FIX}", rel)
-        hlen = struct.unpack("<H", head[8:10])[0] if version == (1, 0) else struct.unpack("<I", head[8:12].ljust(4, b"\0"))[0]
+        field = head[8:10] if version == (1, 0) else head[8:12].ljust(4, b"\0")
+        hlen = struct.unpack("<H" if version == (1, 0) else "<I", field)[0]
         if hlen > MAX_HEADER:
             raise Damaged(f"has a .npy header of {hlen} bytes (a genuine one has about 100); {FIX}", rel)
         f.seek(0)
@@ -1009,25 +1019,23 @@ def open_array(folder: Folder, rel: str, decl: dict):
         raise
 
 
-def read_arrays(folder: Folder, case: dict) -> dict:
-    """path -> array of every file case.json names, each checked (schema, header, op, size) before any
-    data is read; inputs in the shape the op takes them."""
-    variant, arrays = check_case(case)
-    shapes = plan(case, variant, arrays)
-    total = sum(math.prod(arrays[p]["shape"]) * np.dtype(arrays[p]["dtype"]).itemsize for p in shapes)
+def read_arrays(folder: Folder, arrays: dict) -> dict:
+    """path -> array of every file ``arrays`` (case.json's, checked) declares, each file's header and
+    size checked before any data is read."""
+    total = sum(math.prod(a["shape"]) * np.dtype(a["dtype"]).itemsize for a in arrays.values())
     if total > MAX_BUNDLE_BYTES:
         raise Damaged(f"the arrays declare {total / 2**20:.0f} MB together, over replay.py's bound of"
                       f" {MAX_BUNDLE_BYTES / 2**20:.0f} MB (MAX_BUNDLE_BYTES: raise it there for a genuine bundle"
                       " that big)", "case.json")
     files = {}
     try:
-        for p in sorted(shapes):
+        for p in sorted(arrays):
             files[p] = open_array(folder, p, arrays[p])
         out = {}
         for p, f in files.items():
             dtype, shape = np.dtype(arrays[p]["dtype"]), arrays[p]["shape"]
             data = _read_exactly(f, math.prod(shape) * dtype.itemsize, p)
-            out[p] = np.frombuffer(data, dtype).reshape(shapes[p])
+            out[p] = np.frombuffer(data, dtype).reshape(shape)
         return out
     finally:
         for f in files.values():
@@ -1042,13 +1050,16 @@ def replay(folder) -> tuple[list[str], int]:
     root = Folder(os.path.abspath(folder))
     try:
         case = read_case(root)
-        arrays = read_arrays(root, case)
+        variant, declared = check_case(case)
+        shapes = plan(case, variant, declared)
+        arrays = read_arrays(root, declared)
     finally:
         root.close()
     op, c = case["op"], case["const"]
     fn = OPS[op["kind"]]
-    weights = {k: arrays[p] for k, p in case["weights"].items()}
-    ins = {side: {k: arrays[p] for k, p in case["inputs"][side].items()} for side in ("reference", "subject")}
+    weights = {k: arrays[p].reshape(shapes["weights"][k]) for k, p in case["weights"].items()}
+    ins = {side: {k: arrays[p].reshape(shapes[side][k]) for k, p in case["inputs"][side].items()}
+           for side in ("reference", "subject")}
     outs = {side: arrays[case["outputs"][side]] for side in ("reference", "subject")}
     criteria = case["tolerance"]["criteria"]
     lines = [f"{inert(case['key'])}: {inert(op['name'])} (contract {inert(op['rules'])});"
@@ -1114,6 +1125,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    for stream in (sys.stdout, sys.stderr):  # a console that cannot show a character gets its escape
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
     try:
         sys.exit(main())
     except Exception as e:  # noqa: BLE001 - a bug of this file, not a verdict: never exit 1 ("far") for it

@@ -581,7 +581,9 @@ inputs here — on the reference's inputs (it must give the reference's bits), t
 subject's — and prints one line per comparison and the verdict: `far` when the subject's op
 computes otherwise on its own inputs, `close` or `ok` when it agrees within the tolerance (then
 only its inputs drifted, if the run's line says far). Exit 0 for ok and close, 1 for far, 2 when
-the bundle cannot be replayed.
+the bundle cannot be replayed (one line naming the damaged file). `python replay.py FOLDER` replays
+the bundle in FOLDER with that replay.py (your own reviewed copy, say): it checks every file before
+it reads it, and reads nothing outside the folder.
 
 ## Files ({size(nbytes)})
 
