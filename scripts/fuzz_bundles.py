@@ -845,6 +845,7 @@ def _dispatch(descs: list[dict], n_workers: int, seed_dir: Path, start: float, l
     sel = selectors.DefaultSelector()
     results: Counter = Counter()
     by_family: Counter = Counter()
+    by_expect: Counter = Counter()
     failures: list[dict] = []
     max_rss, slowest, restarts, done = 0, {"t": 0.0}, 0, 0
     t_cases = time.monotonic()
@@ -892,6 +893,7 @@ def _dispatch(descs: list[dict], n_workers: int, seed_dir: Path, start: float, l
             results[out["outcome"]] += 1
             for fam in {m["family"] for m in descs[out["i"]]["muts"]}:
                 by_family[(fam, out["outcome"])] += 1
+            by_expect[(out.get("expect", "?"), out["outcome"])] += 1
             max_rss = max(max_rss, out["rss_kb"])
             if out["t"] > slowest["t"]:
                 slowest = {"t": out["t"], "i": out["i"], "what": out["what"], "outcome": out["outcome"]}
@@ -914,7 +916,8 @@ def _dispatch(descs: list[dict], n_workers: int, seed_dir: Path, start: float, l
                 retire(w, "hang")
     t = time.monotonic() - t_cases
     return {"cases": len(descs), "workers": n_workers, "outcomes": dict(results),
-            "by_family": {f"{k[0]} {k[1]}": v for k, v in sorted(by_family.items())}, "failures": failures,
+            "by_family": {f"{k[0]} {k[1]}": v for k, v in sorted(by_family.items())},
+            "by_expect": {f"{k[0]} {k[1]}": v for k, v in sorted(by_expect.items())}, "failures": failures,
             "time_s": time.monotonic() - start, "cases_time_s": t, "rate_per_s": len(descs) / t if t else 0.0,
             "slowest": slowest, "max_case_s": slowest["t"], "max_rss_mb": max_rss / 1024, "restarts": restarts}
 
