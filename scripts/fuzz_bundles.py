@@ -67,11 +67,15 @@ CASE_SECONDS = 5.0
 KILL_SECONDS = 10.0
 FAILURES = ("harness", "traceback", "hang", "died", "slow", "status", "multiline", "unnamed", "raw", "warning",
             "accepted", "refused", "changed", "verdict")
-REPRO = ["--exact", "all", "--toggle", "norm=fast", "--tokens", "2", "--no-cache"]
-SEEDS = {  # name -> (key, extra options)
-    "nrm": ("t16_l0_nrm", []), "emb": ("t16_emb", []), "qrope": ("t16_l0_qrope", []),
-    "attn": ("t16_l0_attn", []), "ffn": ("t16_l0_x", []), "topk": ("t16_l0_topk", ["--deep"]),
-    "moe32": ("t16_l0_moe", ["--deep", "--weights", "f32", "--kv", "f32"]),
+REPRO = ["--exact", "all", "--toggle", "norm=fast", "--tokens", "1", "--no-cache"]
+DEEP, F32 = ["--deep"], ["--weights", "f32", "--kv", "f32"]
+SEEDS = {  # name -> (key, extra options): every kind of op replay.py knows, q4_0/q8 and f32
+    "nrm": ("t16_l0_nrm", []), "emb": ("t16_emb", []), "kraw": ("t16_l0_kraw", []),
+    "knorm": ("t16_l0_knorm", []), "k": ("t16_l0_k", []), "vs": ("t16_l0_vs", []),
+    "qrope": ("t16_l0_qrope", []), "attn": ("t16_l0_attn", []), "ores": ("t16_l0_ores", []),
+    "ffn": ("t16_l0_x", []), "logits": ("t16_logits", []), "kpre": ("t16_l0_kpre", DEEP),
+    "topk": ("t16_l0_topk", DEEP), "add": ("t16_l0_x", DEEP), "moe32": ("t16_l0_moe", DEEP + F32),
+    "attn32": ("t16_l1_attn", F32),
 }
 # what replay.py reads of case.json (the rest describes the case to people)
 READ = [["bundle"], ["key"], ["op"], ["tolerance", "spec"], ["tolerance", "criteria"], ["reference_is_contract"],
@@ -127,6 +131,7 @@ def seed_info(seeds: dict[str, Path]) -> dict:
         path_fields += [("inputs", s, n) for s in case["inputs"] for n in case["inputs"][s]]
         paths = _paths(case)
         info[name] = {"paths": [list(p) for p in paths],
+                      "field_files": {json.dumps(list(f)): _at(case, f) for f in path_fields},
                       "dicts": [list(p) for p in [()] + paths if isinstance(_at(case, p), dict)],
                       "npy": sorted(roles), "roles": roles, "path_fields": [list(p) for p in path_fields],
                       "dirs": sorted({p.rsplit("/", 1)[0] for p in roles})}
@@ -208,21 +213,21 @@ def strategies(info: dict):
             ["fifo", "dir", "link_out", "link_in", "dangling", "loop", "devzero", "missing"])})
         one = st.one_of(case_set, case_set, case_set, case_drop, case_add, text, printed, path, arrays,
                         header, header, reencode, cut, consistent, swap)
+        def target(m: dict) -> str:
+            """The file (its data, declaration or the field naming it) or case.json field a mutation aims at."""
+            if "file" in m:
+                return m["file"]
+            path = m.get("path") or m.get("field") or []
+            if path[:1] == ["arrays"] and len(path) > 1:
+                return path[1]
+            file = si["field_files"].get(json.dumps(path))
+            return file or "case.json " + ("text" if m["family"] == "text" else json.dumps(path[:2]))
+
         # two mutations never aim at one file or field: the second could undo the first
         return st.fixed_dictionaries({"seed": st.just(name), "muts": st.lists(one, min_size=1, max_size=2,
-                                                                             unique_by=_target)})
+                                                                             unique_by=target)})
 
     return st.one_of([for_seed(name) for name in sorted(info)])
-
-
-def _target(m: dict) -> str:
-    """The file or case.json field a mutation aims at."""
-    if "file" in m:
-        return m["file"]
-    path = m.get("path") or m.get("field") or []
-    if path[:1] == ["arrays"] and len(path) > 1:
-        return path[1]
-    return "case.json " + ("text" if m["family"] == "text" else json.dumps(path[:2]))
 
 
 def draw_cases(info: dict, n: int, seed: int) -> list[dict]:
