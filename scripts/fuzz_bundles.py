@@ -298,6 +298,11 @@ def _dump(case) -> str:
     return re.sub(r'"\\u0000fuzz-value\\u0000(\d+)"', lambda m: raws[int(m.group(1))], text)
 
 
+def _same(a, b) -> bool:
+    """Equal as JSON writes them (256.0 is not 256, true is not 1)."""
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
 def _parses(v) -> bool:
     """Whether json reads the value's text (not 5000 digits, not nested 5000 deep)."""
     try:
@@ -318,7 +323,7 @@ def _expect_set(path: list, old, new) -> str:
         return "refuse"
     if not _is_read(path):
         return "same"
-    if new == old and _category(new) == _category(old) and type(new) is type(old):
+    if _same(new, old):
         return "same"
     if tuple(path) in PRINTED:
         return "same" if _category(new) == "str" else "refuse"
@@ -545,7 +550,7 @@ def _resolve_path(to: str, real: str) -> str:
     return (to.replace("@real", real).replace("@REAL", real.upper()).replace("@dir", d).replace("@base", base))
 
 
-def _apply_path(folder: Path, m: dict, case: dict) -> str:
+def _apply_path(folder: Path, m: dict, case: dict, roles: dict) -> str:
     field = m["field"]
     try:
         parent = _at(case, field[:-1])
@@ -564,8 +569,8 @@ def _apply_path(folder: Path, m: dict, case: dict) -> str:
         new = _resolve_path(to, real)
     parent[field[-1]] = new
     arrays = case.get("arrays")
-    if m["declare"] and isinstance(arrays, dict) and real in arrays and new not in arrays:
-        arrays[new] = arrays[real]
+    if m["declare"] and isinstance(arrays, dict) and real in arrays and new not in arrays and new not in roles:
+        arrays[new] = arrays[real]  # a hostile path declared: refused for the path, not the declaration
     if new == real:
         return "same"
     if isinstance(arrays, dict) and new in arrays and re.fullmatch(r"[a-z]+(/[a-z]+)?/[a-z_]+\.npy", new):
@@ -619,7 +624,7 @@ def materialize(seed_dir: Path, desc: dict, folder: Path, rng: random.Random) ->
                 _at(case, m["path"][:-1])[m["path"][-1]] = m["text"]
             expects.append("same")
         elif fam == "path":
-            expects.append(_apply_path(folder, m, case))
+            expects.append(_apply_path(folder, m, case, roles))
         elif fam == "arrays":
             arrays = case.get("arrays")
             if not isinstance(arrays, dict) or not isinstance(arrays.get(m["file"]), dict):
@@ -635,7 +640,7 @@ def materialize(seed_dir: Path, desc: dict, folder: Path, rng: random.Random) ->
             else:
                 old = decl.get(m["what"])
                 decl[m["what"]] = m["value"]
-                expects.append("same" if m["value"] == old and type(m["value"]) is type(old) else "refuse")
+                expects.append("same" if _same(m["value"], old) else "refuse")
         elif fam == "npy":
             expects.append(_apply_npy(folder, m, case, roles, rng))
         elif fam == "file":
@@ -645,7 +650,7 @@ def materialize(seed_dir: Path, desc: dict, folder: Path, rng: random.Random) ->
         elif fam == "text":
             text_bytes, e = _apply_text(_dump(case), m)
             expects.append(e)
-    if _is_regular(cpath) and (text_bytes is not None or case != original):
+    if _is_regular(cpath) and (text_bytes is not None or not _same(case, original)):
         cpath.write_bytes(text_bytes if text_bytes is not None else _dump(case).encode("utf-8", "surrogatepass"))
     expect = "refuse" if "refuse" in expects else "same" if all(e == "same" for e in expects) else "any"
     return expect, " + ".join(words)
