@@ -2,11 +2,14 @@
 
     .venv/bin/python scripts/fuzz_bundles.py --cases 100000 --seed 20261205 --workers 2
 
+(about 5 minutes on a quiet 2-core VM; `--case JSON` runs one case, as a failure prints it.)
+
 Seeds: real bundles written once by `kestrel-tui repro` on the embedded model (the sim with every op
-exact but norm): an RMSNorm (far), the embedding row, the q heads (q4_0 GEMV, q_norm, RoPE), attention
-over the q8 cache, the FFN of a MoE layer, and with --deep the router's top-k and (f32 weights and
-cache) the chosen experts. Each case is one bundle copied and damaged by one or two mutations, drawn
-by the hypothesis strategies below:
+exact but norm), one of every kind of op replay.py knows: the RMSNorms (far), the embedding row, the
+K GEMV, K norm, RoPE and cache row, the V row's scale, the q heads, attention over the q8 and the f32
+cache, o_proj plus the residual, a MoE layer's FFN, the router's top-k, the residual add, the chosen
+experts in f32, the logits. Each case is one bundle copied and damaged by one or two mutations (never
+two at one file or field), drawn by the hypothesis strategies below:
 
 * case.json: a field (anywhere: read by the replay or not) set to another type, a huge, negative,
   non-finite or thousands-of-digits number, a deep nesting, a long string, escape sequences; a field
