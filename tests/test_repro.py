@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import shutil
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -32,6 +29,7 @@ from kestrel_tui.session.refcache import model_fingerprint
 from kestrel_tui.session.repro import PLANS, default_key, write_bundle
 from kestrel_tui.session.session import RunSettings, Session
 from kestrel_tui.trace.compare import Tolerance, key_metrics, parse_tolerance
+from replaytools import copy_away, numpy_only_python, run_replay
 
 F32 = np.float32
 PROMPT = [5, 77, 190, 33]
@@ -224,6 +222,8 @@ def _replays_reference(session, result, key: str, tmp_path: Path) -> None:
     got = np.asarray(R.OPS[case["op"]["kind"]](ins["reference"], weights, case["const"]))
     want = repro._raw(result.ref, key)
     assert same_bits(got.reshape(want.shape), want), key
+    lines, _ = R.replay(folder)  # every check replay.py makes of a bundle passes this genuine one
+    assert lines[1].startswith("reference ref-op(reference's inputs) vs reference's output: ok"), lines
 
 
 DEEP = [f for f in PLANS if f not in ("router", "topk", "topw")]
@@ -265,28 +265,14 @@ def test_a_dense_layer_has_no_router_to_bundle(q4_deep, tmp_path):
 
 @pytest.fixture(scope="session")
 def numpy_only(tmp_path_factory):
-    """A fresh virtual environment whose packages are numpy and nothing else (no pip: numpy is
-    linked from this one's); `python -I` keeps the environment's variables out too."""
-    root = tmp_path_factory.mktemp("numpy-only")
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root / "venv")], check=True)
-    py = str(root / "venv" / "bin" / "python")
-    site = subprocess.run([py, "-I", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          capture_output=True, text=True, check=True).stdout.strip()
-    src = Path(np.__file__).parent
-    for name in (src.name, src.name + ".libs"):
-        if (src.parent / name).exists():
-            os.symlink(src.parent / name, Path(site) / name)
-    probe = subprocess.run([py, "-I", "-c", "import numpy\ntry:\n import kestrel_tui\nexcept ImportError:\n"
-                            " print('numpy only')"], capture_output=True, text=True)
-    assert probe.stdout.strip() == "numpy only", probe.stderr
-    return py
+    """A fresh virtual environment whose packages are numpy and nothing else."""
+    return numpy_only_python(tmp_path_factory.mktemp("numpy-only"))
 
 
 def _replay_elsewhere(py: str, folder: Path, tmp_path: Path) -> tuple[int, str]:
     """Copy the bundle away from the repository and replay it there."""
-    copy = tmp_path / "elsewhere" / folder.name
-    shutil.copytree(folder, copy)
-    p = subprocess.run([py, "-I", "replay.py"], cwd=copy, capture_output=True, text=True, timeout=120)
+    (tmp_path / "elsewhere").mkdir(exist_ok=True)
+    p = run_replay(py, copy_away(folder, tmp_path / "elsewhere"), timeout=120)
     assert "Traceback" not in p.stderr, p.stderr
     return p.returncode, p.stdout
 

@@ -8,6 +8,7 @@ the format the reference stores them (weights/), and case.json, which says what 
 prompt, position, layer, op, engines, versions, tolerance, verdict).
 
     python replay.py          # prints one line per comparison and the verdict
+    python replay.py FOLDER   # the same for the bundle in FOLDER (this replay.py on another bundle)
 
 It recomputes the reference's op (the numerics contract, whose rules case.json names: "L2 (G1, Q2)"
 and so on) from the inputs, three times over:
@@ -19,7 +20,13 @@ and so on) from the inputs, three times over:
   run        the reference's output against the subject's, as the run judged it
 
 and ends with the verdict (the op line's): ok, close or far, with the metric and its threshold.
-Exit 0 for ok and close, 1 for far, 2 when the bundle cannot be replayed.
+Exit 0 for ok and close, 1 for far, 2 when the bundle cannot be replayed: one line on stderr naming
+the file or field and the fix.
+
+It trusts nothing in its folder (kestrel-tui's docs/repro.md, "What replay.py checks"): case.json is
+checked against the schema below (CASE, KINDS), every array's .npy header against the dtype and shape
+case.json declares, and those against the op, before any data is read; only regular files inside the
+folder are opened, never through a link; sizes are bounded; the text it prints is made inert.
 
 Everything below is self-contained: the contract's ordered sums, the q8_0 / q4_0 formats, an exact
 fused multiply-add, and literal scalar transcriptions of the UCRT expf / cosf / sinf that the
@@ -31,8 +38,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import stat
+import struct
 import sys
-from pathlib import Path
+import unicodedata
+import warnings
 
 import numpy as np
 
@@ -369,6 +380,9 @@ def experts(w: dict, h: np.ndarray, idx: np.ndarray, wt: np.ndarray) -> np.ndarr
     if "expert_ids" not in w:
         return mlp(w["gate_proj"], w["up_proj"], w["down_proj"], h)
     slot = {int(e): i for i, e in enumerate(w["expert_ids"])}
+    for e in idx.tolist():
+        if e not in slot:
+            raise Damaged(f"the routing chose expert {e}, which weights expert_ids does not ship; {FIX}")
     out = np.zeros(h.shape, F32)
     for j, e in enumerate(idx.tolist()):
         i = slot[e]
@@ -381,13 +395,18 @@ def ffn(w: dict, c: dict, ores: np.ndarray) -> np.ndarray:
     h = rmsnorm(ores, w["post_attention_layernorm"], c["eps"])
     if "gate" not in w:
         return experts(w, h, None, None)
+    if c["top_k"] < 1:
+        raise Damaged(f"const.top_k is {c['top_k']}, but the layer ships a router (weights gate); {FIX}", "case.json")
     idx, wt = route(gemv(w["gate"], h), c["top_k"], c["norm_topk_prob"])
     return experts(w, h, idx, wt)
 
 
 # kind -> (inputs, weights, constants) -> the op's output; case.json names the kind
 def _embed(i, w, c):
-    row = w["rows"][list(w["row_ids"]).index(int(i["token"][0]))]
+    token, ids = int(i["token"][0]), [int(r) for r in w["row_ids"]]
+    if token not in ids:
+        raise Damaged(f"the consumed token {token} (inputs token) is not one of the rows weights row_ids ships; {FIX}")
+    row = w["rows"][ids.index(token)]
     return dequantize_q4_0(row[None])[0] if row.dtype == np.uint8 else row
 
 
@@ -435,6 +454,48 @@ OPS = {
     "ffn_residual": lambda i, w, c: i["ores"] + ffn(w, c, i["ores"]),
     "logits": lambda i, w, c: gemv(w["lm_head"], rmsnorm(i["x"], w["norm"], c["eps"])),
 }
+
+
+# What each kind reads, stated once: its constants (name -> type, below) and its arrays as
+# (inputs, weights) name -> pattern. A pattern is a dtype class, then the dimensions: an integer, a
+# symbol (bound where it first appears, checked everywhere after; n_heads, n_kv_heads and head_dim
+# bind NH, NK and HD), SYM/32 (a q4_0 row of SYM values in blocks of 32) or A*B. "mat O I" is a matrix
+# either way it ships: q4_0 blocks uint8 [O, I/32, 18] or float32 [O, I]; "mats" a stack of them.
+# A weight must have its pattern's shape; an input its number of elements (an engine may hold a buffer
+# flat or in heads: it is reshaped to the pattern). A name ending in ? may be absent. A kind of two
+# variants (a MoE layer, a dense MLP) takes one of them whole.
+HEADS = {"n_heads": "dim", "n_kv_heads": "dim", "head_dim": "even"}
+ROPE = {"position": "position", "rope_factor": "real?"}
+KV = ("q8", "f32")
+EXPERTS = {"gate_proj": "mats NE F H", "up_proj": "mats NE F H", "down_proj": "mats NE H F", "expert_ids": "int NE"}
+MLP = {"gate_proj": "mat F H", "up_proj": "mat F H", "down_proj": "mat H F"}
+KINDS = {
+    "embed": ({}, [({"token": "int 1"}, {"row_ids": "int R", "rows": "mat R H"})]),
+    "rmsnorm": ({"eps": "real"}, [({"x": "f4 H"}, {"norm": "f4 H"})]),
+    "gemv": ({}, [({"x": "f4 I"}, {"w": "mat O I", "bias?": "f4 O"})]),
+    "qknorm": ({"eps": "real", **HEADS}, [({"x": "f4 NK HD"}, {"norm": "f4 HD"})]),
+    "rope": ({**HEADS, **ROPE}, [({"x": "f4 NK HD"}, {"inv_freq": "f4 HD/2"})]),
+    "k_row": ({**HEADS, **ROPE, "kv": KV, "from": ("kpre", "knorm"), "out": ("k", "ks")},
+              [({"x": "f4 NK HD"}, {"inv_freq": "f4 HD/2"})]),
+    "v_row": ({**HEADS, "kv": KV, "out": ("v", "vs")},
+              [({"x": "f4 H"}, {"v_proj": "mat NK*HD H", "v_bias?": "f4 NK*HD"})]),
+    "q_heads": ({"eps": "real", **HEADS, **ROPE},
+                [({"x": "f4 H"}, {"q_proj": "mat NH*HD H", "q_bias?": "f4 NH*HD", "q_norm": "f4 HD",
+                                  "inv_freq": "f4 HD/2"})]),
+    "attention": ({**HEADS, "scale": "real"}, [({"q": "f4 NH HD", "k": "kv T NK HD", "ks": "f4 T NK",
+                                                 "v": "kv T NK HD", "vs": "f4 T NK"}, {})]),
+    "o_residual": ({}, [({"x": "f4 H", "attn": "f4 A"}, {"o_proj": "mat H A", "o_bias?": "f4 H"})]),
+    "route": ({"top_k": "dim", "norm_topk_prob": "flag", "out": ("topk", "topw")}, [({"router": "f4 E"}, {})]),
+    "experts": ({"top_k?": "top_k"}, [({"h": "f4 H", "topk": "int K", "topw": "f4 K"}, EXPERTS),
+                                    ({"h": "f4 H"}, MLP)]),
+    "add": ({}, [({"a": "f4 N", "b": "f4 N"}, {})]),
+    "ffn_residual": ({"eps": "real", "top_k": "top_k", "norm_topk_prob": "flag"},
+                     [({"ores": "f4 H"}, {"post_attention_layernorm": "f4 H", "gate": "mat E H", **EXPERTS}),
+                      ({"ores": "f4 H"}, {"post_attention_layernorm": "f4 H", **MLP})]),
+    "logits": ({"eps": "real"}, [({"x": "f4 H"}, {"norm": "f4 H", "lm_head": "mat V H"})]),
+}
+SYMBOLS = {"n_heads": "NH", "n_kv_heads": "NK", "head_dim": "HD"}
+CLASSES = {"f4": ("<f4",), "int": ("<i4", "<i8"), "kv": ("|i1", "<f4")}
 
 
 # ---------------------------------------------------------------- judging: kestrel-tui's metrics
@@ -511,22 +572,498 @@ def _num(v) -> str:
     return str(v) if isinstance(v, int) else f"{v:.3g}"
 
 
+# ---------------------------------------------------------------- reading the bundle: nothing in it is trusted
+#
+# The folder came by mail or an issue tracker: case.json is checked against the schema below, every
+# array's .npy header against the dtype and shape case.json declares (and those against the op) before
+# any data is read, files are opened only when they are regular files inside the folder (no symbolic
+# link, no FIFO or device, no absolute path or ".."), sizes are bounded, and the text it prints is
+# made inert. A bundle that fails any of it is one line on stderr and exit 2.
+
+FORMAT = 2                   # case.json's "bundle": the layout this replay.py reads
+MAX_CASE_BYTES = 8 << 20     # case.json: a few KB; a 40960-token prompt, both sides' tokens, ~1 MB
+MAX_BUNDLE_BYTES = 4 << 30   # all arrays together; raise it here to replay a bigger genuine bundle
+MAX_HEADER = 10000           # a .npy header's bytes (numpy's own bound)
+DTYPES = ("<f4", "<f2", "<f8", "|i1", "<i2", "<i4", "<i8", "|u1", "<u2", "<u4", "<u8")
+FIX = "the bundle is damaged or was edited: get it again from whoever sent it"
+RESERVED = {"CON", "PRN", "AUX", "NUL", *(f"{p}{i}" for p in ("COM", "LPT") for i in range(1, 10))}  # Windows devices
+NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
+
+
+class Damaged(Exception):
+    """The bundle cannot be replayed: what is wrong (and the fix), and where (a file of the bundle)."""
+
+    def __init__(self, message: str, where: str | None = None):
+        super().__init__(message)
+        self.where = where
+
+
+class Unreproduced(Damaged):
+    """The replay does not give the contract reference's bits: the report so far goes out with it."""
+
+    def __init__(self, message: str, lines: list[str]):
+        super().__init__(message)
+        self.lines = lines
+
+
+def inert(text: object, limit: int = 300) -> str:
+    """``text`` with every control character escaped (\\x1b, \\n, \\u202e), clipped to ``limit`` characters:
+    text from the bundle reaches a terminal that would obey it (kestrel_tui.text.inert's rule)."""
+    s = text if isinstance(text, str) else str(text)
+    more = len(s) - limit
+    s = s[:limit] if more > 0 else s
+    named = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+    out = "".join(
+        (named.get(ch) or (f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}" if ord(ch) < 0x10000
+                           else f"\\U{ord(ch):08x}"))
+        if unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn") else ch for ch in s)
+    return out + (f"… ({more} more characters)" if more > 0 else "")
+
+
+def _what(v) -> str:
+    """A value of case.json in a few words, safe to print whatever it holds."""
+    if isinstance(v, str):
+        return f'"{inert(v, 80)}"'
+    if v is None or isinstance(v, bool):
+        return {None: "null", True: "true", False: "false"}[v]
+    if isinstance(v, int):
+        return str(v) if abs(v) < 10**30 else "an integer of more than 30 digits"
+    if isinstance(v, float):
+        return json.dumps(v)  # Infinity and NaN as JSON writes them
+    return {list: "a list", dict: "an object"}.get(type(v), type(v).__name__)
+
+
+# ---- case.json's schema
+
+def _number(v) -> bool:
+    return (isinstance(v, int) and not isinstance(v, bool)) or (isinstance(v, float) and math.isfinite(v))
+
+
+def _integer(v, lo: int, hi: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
+
+
+def _path(v) -> bool:
+    """A .npy file of the bundle named relative to it: names of letters, digits and _.- (none leading
+    with a dot, so no . or ..), at most 4 deep."""
+    if not isinstance(v, str) or len(v) > 255 or not v.endswith(".npy"):
+        return False
+    parts = v.split("/")
+    return len(parts) <= 4 and all(p and p[0] != "." and set(p) <= NAME_CHARS and p.split(".")[0].upper()
+                                   not in RESERVED for p in parts)
+
+
+TYPES = {  # type -> (check, what it must be)
+    "text": (lambda v: isinstance(v, str), "a string"),
+    "flag": (lambda v: isinstance(v, bool), "true or false"),
+    "object": (lambda v: isinstance(v, dict), "an object"),
+    "real": (lambda v: _number(v) and abs(v) < 2.0**128, "a finite number"),
+    "real?": (lambda v: v is None or _number(v) and abs(v) < 2.0**128, "null or a finite number"),
+    "measure?": (lambda v: v is None or _number(v) and 0 <= v < 2.0**128, "null or a finite number >= 0"),
+    "count?": (lambda v: v is None or _integer(v, 0, 2**64 - 1), "null or an integer from 0 to 2^64-1"),
+    "dim": (lambda v: _integer(v, 1, 1 << 24), "an integer from 1 to 16777216"),
+    "top_k": (lambda v: _integer(v, 0, 1 << 24), "an integer from 0 (a dense MLP) to 16777216"),
+    "even": (lambda v: _integer(v, 2, 1 << 24) and v % 2 == 0, "an even integer from 2 to 16777216"),
+    "position": (lambda v: _integer(v, 0, 2**31 - 1), "an integer from 0 to 2147483647"),
+    "path": (_path, "the path of a .npy file inside the bundle (relative, such as weights/norm.npy; no ..)"),
+}
+CASE = {  # what replay.py reads of case.json (the rest of it describes the case to people)
+    "key": "text", "op": "object", "op.kind": tuple(OPS), "op.name": "text", "op.rules": "text",
+    "tolerance": "object", "tolerance.spec": "text", "tolerance.criteria": "object",
+    "tolerance.criteria.nmse": "measure?", "tolerance.criteria.ulp": "count?", "tolerance.criteria.rel": "measure?",
+    "reference_is_contract": "flag", "inputs_note": "text", "const": "object", "inputs": "object",
+    "inputs.reference": "object", "inputs.subject": "object", "weights": "object", "outputs": "object",
+    "outputs.reference": "path", "outputs.subject": "path", "arrays": "object",
+}
+
+
+def _check(v, want, field: str):
+    """v if it is of type ``want`` (a TYPES name or a tuple of allowed strings), else Damaged."""
+    if isinstance(want, tuple):
+        if isinstance(v, str) and v in want:
+            return v
+        raise Damaged(f"{field} is {_what(v)}; it must be one of {', '.join(want)}; {FIX}", "case.json")
+    ok, must = TYPES[want]
+    if not ok(v):
+        raise Damaged(f"{field} is {_what(v)}; it must be {must}; {FIX}", "case.json")
+    return v
+
+
+def _get(case: dict, field: str):
+    v = case
+    for name in field.split("."):
+        if name not in v:
+            raise Damaged(f"{field} is missing; {FIX}", "case.json")
+        v = v[name]
+    return v
+
+
+def check_case(case) -> tuple[tuple[dict, dict], dict]:
+    """case.json against the schema: the kind's variant (inputs, weights) and the array table."""
+    if not isinstance(case, dict):
+        raise Damaged(f"holds {_what(case)}, not an object; {FIX}", "case.json")
+    fmt = case.get("bundle")
+    if fmt != FORMAT or not _integer(fmt, 0, 2**31):
+        if _integer(fmt, 0, FORMAT - 1):
+            raise Damaged(f"bundle format {fmt}: this replay.py reads format {FORMAT} (with the arrays' shapes"
+                          " declared); run the replay.py that came with the bundle", "case.json")
+        have = f"is {_what(fmt)}" if "bundle" in case else "is missing"
+        raise Damaged(f"bundle (the format) {have}; this replay.py reads format {FORMAT}; {FIX}", "case.json")
+    for field, want in CASE.items():
+        _check(_get(case, field), want, field)
+    for field in ("inputs", "outputs"):
+        for extra in sorted(set(case[field]) - {"reference", "subject"}):
+            raise Damaged(f"{field} has {_what(extra)}; it holds reference and subject only; {FIX}", "case.json")
+    kind = case["op"]["kind"]
+    consts, variants = KINDS[kind]
+    c = case["const"]
+    for name, want in consts.items():
+        name, optional = name.rstrip("?"), name.endswith("?")
+        if name in c or not optional:
+            _check(_get(case, f"const.{name}"), want, f"const.{name}")
+    if "n_kv_heads" in consts and c["n_heads"] % c["n_kv_heads"]:
+        raise Damaged(f"const.n_heads {c['n_heads']} is not a multiple of const.n_kv_heads {c['n_kv_heads']};"
+                      f" {FIX}", "case.json")
+    variant = _variant(case, kind, variants)
+    arrays = case["arrays"]
+    used = {p for side in ("reference", "subject") for p in case["inputs"][side].values()}
+    used |= set(case["weights"].values()) | set(case["outputs"].values())
+    for path in sorted(set(arrays) - used):
+        raise Damaged(f"arrays declares {_what(path)}, which no input, weight or output uses; {FIX}", "case.json")
+    for path in sorted(used):
+        decl = arrays.get(path)
+        field = f"arrays[{_what(path)}]"
+        if not isinstance(decl, dict):
+            raise Damaged(f"{field} is {'missing' if decl is None else _what(decl)}: every array's dtype and"
+                          f" shape are declared; {FIX}", "case.json")
+        _check(decl.get("dtype"), DTYPES, f"{field}.dtype")
+        shape = decl.get("shape")
+        if not (isinstance(shape, list) and len(shape) <= 8 and all(_integer(d, 0, 2**40) for d in shape)):
+            raise Damaged(f"{field}.shape is {_what(shape)}; it must be a list of at most 8 integers from 0 to"
+                          f" 2^40; {FIX}", "case.json")
+    return variant, arrays
+
+
+def _names(spec: dict) -> str:
+    need = [n for n in spec if not n.endswith("?")]
+    maybe = [n.rstrip("?") for n in spec if n.endswith("?")]
+    return (", ".join(need) or "none") + (f" (and {', '.join(maybe)} if it has one)" if maybe else "")
+
+
+def _fits(names: dict, spec: dict) -> bool:
+    need = {n for n in spec if not n.endswith("?")}
+    return need <= set(names) <= {n.rstrip("?") for n in spec}
+
+
+def _variant(case: dict, kind: str, variants: list) -> tuple[dict, dict]:
+    """The variant of the kind whose inputs and weights case.json names, every name a path."""
+    ins, weights = case["inputs"], case["weights"]
+    for field, names in (("inputs.reference", ins["reference"]), ("inputs.subject", ins["subject"]),
+                         ("weights", weights)):
+        for name, path in names.items():
+            _check(path, "path", f"{field}.{inert(name, 40)}")
+    for inputs, wspec in variants:
+        if _fits(ins["reference"], inputs) and _fits(ins["subject"], inputs) and _fits(weights, wspec):
+            return inputs, wspec
+    want = " or ".join(f"inputs {_names(i)} with weights {_names(w)}" for i, w in variants)
+    have = (f"inputs {inert(', '.join(ins['reference']), 120)} / {inert(', '.join(ins['subject']), 120)} with weights"
+            f" {inert(', '.join(weights), 120) or 'none'}")
+    raise Damaged(f"the {kind} op reads {want}; case.json names {have}; {FIX}", "case.json")
+
+
+# ---- the arrays' shapes against the op
+
+def _alternatives(pattern: str) -> list[tuple[str, list[str]]]:
+    cls, *dims = pattern.split()
+    if cls in ("mat", "mats"):
+        return [("|u1", dims[:-1] + [dims[-1] + "/32", "18"]), ("<f4", dims)]
+    return [(dtype, dims) for dtype in CLASSES[cls]]
+
+
+def _value(expr: str, env: dict) -> int | None:
+    """A dimension's value, None while a symbol in it is unbound (or SYM/d does not divide)."""
+    if expr.isdigit():
+        return int(expr)
+    if "*" in expr:
+        vals = [env.get(s) for s in expr.split("*")]
+        return None if None in vals else math.prod(vals)
+    sym, _, d = expr.partition("/")
+    if sym not in env or env[sym] % int(d or 1):
+        return None
+    return env[sym] // int(d or 1)
+
+
+def _bind(expr: str, v: int, env: dict) -> bool:
+    want = _value(expr, env)
+    if want is not None:
+        return v == want
+    sym, _, d = expr.partition("/")
+    if sym in env or "*" in expr or v < 1:  # bound but not divisible, or a product of unbound symbols
+        return False
+    env[sym] = v * int(d or 1)
+    return True
+
+
+def _bind_size(dims: list[str], n: int, env: dict) -> bool:
+    """An input of n elements: every dimension bound, or one left that n determines."""
+    known = [_value(e, env) for e in dims]
+    free = [e for e, v in zip(dims, known) if v is None]
+    size = math.prod(v for v in known if v is not None)
+    if not free:
+        return n == size
+    if len(free) > 1 or n % size or n // size < 1 or not free[0].isidentifier():
+        return False
+    env[free[0]] = n // size
+    return True
+
+
+def fit(path: str, label: str, kind: str, decl: dict, pattern: str, env: dict, src: dict, exact: bool) -> tuple:
+    """The shape the op takes the array in, its symbols bound in env (and where from in src); Damaged
+    when it does not fit."""
+    dtype, shape = decl["dtype"], decl["shape"]
+    alts = _alternatives(pattern)
+    dims = next((d for t, d in alts if t == dtype), None)
+    if dims is None:
+        raise Damaged(f"{label} is {dtype}; the {kind} op needs {' or '.join(t for t, _ in alts)}; {FIX}", path)
+    trial = dict(env)
+    ok = (len(shape) == len(dims) and all(_bind(e, v, trial) for e, v in zip(dims, shape)) if exact
+          else _bind_size(dims, math.prod(shape), trial))
+    if not ok:
+        need = "[" + ", ".join(str(_value(e, env) or e) for e in dims) + "]"
+        syms = sorted({sym for e in dims for sym in e.replace("/", "*").split("*") if sym in env})
+        why = [] if exact else ["that many elements"]
+        why += [f"{sym} = {env[sym]} from {src[sym]}" for sym in syms]
+        raise Damaged(f"{label} is {dtype} {shape}; the {kind} op needs {dtype} {need}"
+                      + (f" ({'; '.join(why)})" if why else "") + f"; {FIX}", path)
+    src.update({sym: path for sym in trial if sym not in env})
+    env.update(trial)
+    return tuple(_value(e, env) for e in dims)
+
+
+def plan(case: dict, variant: tuple[dict, dict], arrays: dict) -> dict:
+    """The shape the op takes each input and weight in ({"reference": {name: shape}, "subject": ...,
+    "weights": ...}), every declared shape checked against the op's patterns (before any file is
+    opened)."""
+    kind, c = case["op"]["kind"], case["const"]
+    env = {sym: c[name] for name, sym in SYMBOLS.items() if name in c}
+    src = {sym: f"case.json const.{name}" for name, sym in SYMBOLS.items() if name in c}
+    inputs, wspec = variant
+    shapes: dict = {"reference": {}, "subject": {}, "weights": {}}
+    for side in ("reference", "subject"):
+        for name, path in case["inputs"][side].items():
+            pattern = inputs.get(name) or inputs[name + "?"]
+            shapes[side][name] = fit(path, f"inputs {name}", kind, arrays[path], pattern, env, src, exact=False)
+    for name, path in case["weights"].items():
+        pattern = wspec.get(name) or wspec[name + "?"]
+        shapes["weights"][name] = fit(path, f"weights {name}", kind, arrays[path], pattern, env, src, exact=True)
+    return shapes
+
+
+# ---- files: regular, inside the folder, bounded
+
+KINDS_OF_FILE = ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+                 (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+O_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
+DIR_FD = (os.open in os.supports_dir_fd and os.stat in os.supports_dir_fd
+          and os.stat in os.supports_follow_symlinks and hasattr(os, "O_DIRECTORY"))
+
+
+def _not_regular(st, want_dir: bool) -> str | None:
+    """What a file is when it is not what the bundle needs (a regular file, or a folder on the way)."""
+    if getattr(st, "st_reparse_tag", 0):  # a Windows junction or symbolic link
+        return "a link"
+    if (stat.S_ISDIR if want_dir else stat.S_ISREG)(st.st_mode):
+        return None
+    return next((word for test, word in KINDS_OF_FILE if test(st.st_mode)), "not a regular file")
+
+
+class Folder:
+    """The bundle's folder: files opened by relative path, never through a link, only regular ones."""
+
+    def __init__(self, root: str):
+        self.root = root
+        self.fd = None
+        try:
+            st = os.stat(root)
+            if not stat.S_ISDIR(st.st_mode):
+                raise Damaged("is not a folder; name the bundle's folder (the one holding case.json)")
+            if DIR_FD:
+                self.fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError as e:
+            raise Damaged(f"cannot be read ({e.strerror}); name the bundle's folder (the one holding case.json)")
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+
+    def open(self, rel: str, limit: int, what: str):
+        """(binary file, size) of the regular file rel, at most limit bytes; Damaged otherwise."""
+        parts = rel.split("/")
+        try:
+            if self.fd is not None:
+                st, fd = self._open_at(parts)
+            else:
+                st, fd = self._open_walk(parts)
+        except OSError as e:
+            word = "missing" if isinstance(e, FileNotFoundError) else f"unreadable ({e.strerror})"
+            raise Damaged(f"is {word}; {FIX}", rel) from None
+        f = os.fdopen(fd, "rb")
+        now = os.fstat(fd)
+        if not stat.S_ISREG(now.st_mode) or (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+            f.close()
+            raise Damaged(f"changed while it was opened; {FIX}", rel)
+        if now.st_size > limit:
+            f.close()
+            raise Damaged(f"is {now.st_size / 2**20:.1f} MB, over the {limit / 2**20:.0f} MB {what}; {FIX}", rel)
+        return f, now.st_size
+
+    def _open_at(self, parts: list[str]):
+        """Walk from the folder's descriptor, never following a link (O_NOFOLLOW at every step)."""
+        dfd = os.dup(self.fd)
+        try:
+            for i, name in enumerate(parts):
+                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                last = i == len(parts) - 1
+                bad = _not_regular(st, want_dir=not last)
+                if bad:
+                    raise Damaged(f"is {bad}; replay.py reads only regular files inside the bundle; {FIX}",
+                                  "/".join(parts[:i + 1]))
+                flags = O_FLAGS if last else os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_NOFOLLOW", 0)
+                fd = os.open(name, flags, dir_fd=dfd)
+                if last:
+                    return st, fd
+                os.close(dfd)
+                dfd = fd
+        finally:
+            os.close(dfd)
+
+    def _open_walk(self, parts: list[str]):
+        """Where there are no directory descriptors (Windows): lstat every step, then open."""
+        path = self.root
+        for i, name in enumerate(parts):
+            path = os.path.join(path, name)
+            st = os.lstat(path)
+            bad = _not_regular(st, want_dir=i < len(parts) - 1)
+            if bad:
+                raise Damaged(f"is {bad}; replay.py reads only regular files inside the bundle; {FIX}",
+                              "/".join(parts[:i + 1]))
+        return st, os.open(path, O_FLAGS)
+
+
+def _read_exactly(f, n: int, rel: str) -> bytearray:
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        k = f.readinto(view[got:])
+        if not k:
+            raise Damaged(f"is truncated: {got} of {n} bytes of data; {FIX}", rel)
+        got += k
+    return buf
+
+
+def read_case(folder: Folder) -> dict:
+    f, size = folder.open("case.json", MAX_CASE_BYTES, "that replay.py reads of a case.json")
+    with f:
+        raw = _read_exactly(f, size, "case.json")
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise Damaged(f"is not UTF-8 text (byte {e.start}); {FIX}", "case.json") from None
+    except RecursionError:
+        raise Damaged(f"nests too deep to be a case; {FIX}", "case.json") from None
+    except ValueError as e:  # JSONDecodeError, or an integer of thousands of digits
+        raise Damaged(f"is not JSON ({inert(str(e), 120)}); {FIX}", "case.json") from None
+
+
+def open_array(folder: Folder, rel: str, decl: dict):
+    """The file of one array, its .npy header checked against case.json's declaration, positioned at its
+    data; nothing of the data read."""
+    f, size = folder.open(rel, MAX_BUNDLE_BYTES + (1 << 20), "bound on a bundle's arrays (MAX_BUNDLE_BYTES)")
+    try:
+        if size == 0:
+            raise Damaged(f"is empty; {FIX}", rel)
+        head = f.read(12)
+        if len(head) < 10 or head[:6] != b"\x93NUMPY":
+            raise Damaged(f"is not a .npy file (it starts {inert(head[:8].decode('latin1'), 40)}); {FIX}", rel)
+        version = (head[6], head[7])
+        if version not in ((1, 0), (2, 0)):
+            raise Damaged(f"has .npy format version {version[0]}.{version[1]}; repro writes 1.0; {FIX}", rel)
+        field = head[8:10] if version == (1, 0) else head[8:12].ljust(4, b"\0")
+        hlen = struct.unpack("<H" if version == (1, 0) else "<I", field)[0]
+        if hlen > MAX_HEADER:
+            raise Damaged(f"has a .npy header of {hlen} bytes (a genuine one has about 100); {FIX}", rel)
+        f.seek(0)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")  # numpy warns (on stderr) of a Python 2 header: refused instead
+                np.lib.format.read_magic(f)
+                read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+                shape, fortran, dtype = read(f)
+        except Exception as e:  # noqa: BLE001 - numpy's parser on outside bytes (ast, tokenize, dtype): any error
+            raise Damaged(f"has a damaged .npy header ({type(e).__name__}: {inert(str(e), 120)}); {FIX}", rel) from None
+        if fortran:
+            raise Damaged(f"is stored in Fortran order; repro writes C order; {FIX}", rel)
+        if dtype.str != decl["dtype"] or list(shape) != decl["shape"]:
+            raise Damaged(f"its header says {inert(dtype.str, 40)} {list(shape)}; case.json declares {decl['dtype']}"
+                          f" {decl['shape']}; {FIX}", rel)
+        nbytes = math.prod(shape) * dtype.itemsize
+        extra = size - f.tell() - nbytes
+        if extra < 0:
+            raise Damaged(f"is truncated: {size - f.tell()} bytes of data where its header declares {nbytes}; {FIX}",
+                          rel)
+        if extra > 0:
+            raise Damaged(f"has {extra} bytes more than its header declares; {FIX}", rel)
+        return f
+    except BaseException:
+        f.close()
+        raise
+
+
+def read_arrays(folder: Folder, arrays: dict) -> dict:
+    """path -> array of every file ``arrays`` (case.json's, checked) declares, each file's header and
+    size checked before any data is read."""
+    total = sum(math.prod(a["shape"]) * np.dtype(a["dtype"]).itemsize for a in arrays.values())
+    if total > MAX_BUNDLE_BYTES:
+        raise Damaged(f"the arrays declare {total / 2**20:.0f} MB together, over replay.py's bound of"
+                      f" {MAX_BUNDLE_BYTES / 2**20:.0f} MB (MAX_BUNDLE_BYTES: raise it there for a genuine bundle"
+                      " that big)", "case.json")
+    files = {}
+    try:
+        for p in sorted(arrays):
+            files[p] = open_array(folder, p, arrays[p])
+        out = {}
+        for p, f in files.items():
+            dtype, shape = np.dtype(arrays[p]["dtype"]), arrays[p]["shape"]
+            data = _read_exactly(f, math.prod(shape) * dtype.itemsize, p)
+            out[p] = np.frombuffer(data, dtype).reshape(shape)
+        return out
+    finally:
+        for f in files.values():
+            f.close()
+
+
 # ---------------------------------------------------------------- the replay
 
-def load(folder: Path, names: dict) -> dict:
-    return {k: np.load(folder / p, allow_pickle=False) for k, p in names.items()}
-
-
-def replay(folder: Path) -> tuple[list[str], int]:
-    """The report's lines and the exit status."""
-    case = json.loads((folder / "case.json").read_text(encoding="utf-8"))
+def replay(folder) -> tuple[list[str], int]:
+    """The report's lines and the exit status (0 ok or close, 1 far); Damaged when the bundle cannot be
+    replayed."""
+    root = Folder(os.path.abspath(folder))
+    try:
+        case = read_case(root)
+        variant, declared = check_case(case)
+        shapes = plan(case, variant, declared)
+        arrays = read_arrays(root, declared)
+    finally:
+        root.close()
     op, c = case["op"], case["const"]
     fn = OPS[op["kind"]]
-    weights = load(folder, case["weights"])
-    ins = {side: load(folder, case["inputs"][side]) for side in ("reference", "subject")}
-    outs = {side: np.load(folder / case["outputs"][side], allow_pickle=False) for side in ("reference", "subject")}
+    weights = {k: arrays[p].reshape(shapes["weights"][k]) for k, p in case["weights"].items()}
+    ins = {side: {k: arrays[p].reshape(shapes[side][k]) for k, p in case["inputs"][side].items()}
+           for side in ("reference", "subject")}
+    outs = {side: arrays[case["outputs"][side]] for side in ("reference", "subject")}
     criteria = case["tolerance"]["criteria"]
-    lines = [f"{case['key']}: {op['name']} (contract {op['rules']}); tolerance {case['tolerance']['spec']}"]
+    lines = [f"{inert(case['key'])}: {inert(op['name'])} (contract {inert(op['rules'])});"
+             f" tolerance {inert(case['tolerance']['spec'])}"]
 
     def compare(name: str, a: np.ndarray, b: np.ndarray, what: str) -> str:
         """a is the reference side (NMSE's denominator)."""
@@ -539,11 +1076,10 @@ def replay(folder: Path) -> tuple[list[str], int]:
     compare("reference", outs["reference"], ref_on_ref, "ref-op(reference's inputs) vs reference's output")
     same = ref_on_ref.dtype == outs["reference"].dtype and ref_on_ref.tobytes() == outs["reference"].tobytes()
     if case["reference_is_contract"] and not same:
-        lines.append("error: this replay does not reproduce the reference's bits; the bundle cannot judge the"
-                     " subject (report this to kestrel-tui with the bundle)")
-        return lines, 2
+        raise Unreproduced("this replay does not reproduce the reference's bits, so the bundle cannot judge the"
+                           " subject; report this to kestrel-tui with the bundle", lines)
     if case["inputs_note"]:
-        lines.append(f"note: {case['inputs_note']}")
+        lines.append(f"note: {inert(case['inputs_note'])}")
     ref_on_sub = np.asarray(fn(ins["subject"], weights, c))
     verdict = compare("op", ref_on_sub, outs["subject"], "ref-op(subject's inputs) vs subject's output")
     run = compare("run", outs["reference"], outs["subject"], "reference's output vs subject's output")
@@ -557,16 +1093,44 @@ def replay(folder: Path) -> tuple[list[str], int]:
     return lines, 1 if verdict == "far" else 0
 
 
-def main() -> int:
-    folder = Path(__file__).resolve().parent
+USAGE = "usage: python replay.py [FOLDER]   (FOLDER: the bundle, by default the one replay.py is in)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Replay the bundle in argv's folder (default: replay.py's own): print the report, return the exit
+    status; a bundle that cannot be replayed is one line on stderr and 2."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    if args[:1] in (["-h"], ["--help"]):
+        print(USAGE)
+        return 0
+    if len(args) > 1 or args[:1] and args[0].startswith("-"):
+        print(f"replay.py: {inert(' '.join(args), 120)}: give at most one bundle folder; {USAGE}", file=sys.stderr)
+        return 2
+    root = os.path.abspath(args[0] if args else os.path.dirname(os.path.abspath(__file__)))
     try:
-        lines, status = replay(folder)
-    except (OSError, ValueError, KeyError) as e:
-        print(f"replay.py: cannot replay this bundle ({type(e).__name__}: {e})", file=sys.stderr)
+        with np.errstate(all="ignore"):  # the numbers are the report; numpy's warnings would be stray lines
+            lines, status = replay(root)
+    except Damaged as e:
+        if isinstance(e, Unreproduced):
+            print("\n".join(e.lines))
+        where = root if e.where is None else os.path.join(root, e.where)
+        print(f"replay.py: {inert(where)}: {e}", file=sys.stderr)
+        return 2
+    except MemoryError:
+        print(f"replay.py: {inert(root)}: out of memory while replaying; run it where more memory is free",
+              file=sys.stderr)
         return 2
     print("\n".join(lines))
     return status
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    for stream in (sys.stdout, sys.stderr):  # a console that cannot show a character gets its escape
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
+    try:
+        sys.exit(main())
+    except Exception as e:  # noqa: BLE001 - a bug of this file, not a verdict: never exit 1 ("far") for it
+        print(f"replay.py: internal error ({type(e).__name__}: {inert(e, 200)}); report it to kestrel-tui with the"
+              " bundle", file=sys.stderr)
+        sys.exit(2)

@@ -37,7 +37,7 @@ from ..trace.compare import FAR, CLOSE, Status, Tolerance, key_metrics
 from ..trace.keys import emb_key, key_name, parse_key
 from .session import RunResult, Session
 
-FORMAT = 1
+FORMAT = 2  # case.json's "bundle"; 2: every array's dtype and shape declared ("arrays"), which replay.py checks
 DEFAULT_MAX_MB = 64.0
 # A bundle is an attachment: the largest op input at real size (an f32 lm_head, 151936 x 4096) is
 # 2.3 GiB, and past 64 GiB a bundle is no longer one. nan or inf would switch the bound off unseen.
@@ -460,8 +460,9 @@ def _verdict(result: RunResult, key: str, ref_out: np.ndarray, sub_out: np.ndarr
 # ---------------------------------------------------------------- writing
 
 def _layout(ins: dict, outs: dict, weights: dict) -> tuple[dict, dict[str, np.ndarray]]:
-    """case.json's file names and the arrays to write: a subject input bit-equal to the reference's
-    is the same file."""
+    """case.json's file names, each array's dtype and shape (replay.py reads nothing else), and the
+    arrays to write (C order: replay.py refuses a Fortran-order .npy); a subject input bit-equal to the
+    reference's is the same file."""
     arrays: dict[str, np.ndarray] = {}
     names = {"inputs": {side: {} for side in SIDES}, "weights": {}, "outputs": {}}
     for name, a in ins["reference"].items():
@@ -477,9 +478,10 @@ def _layout(ins: dict, outs: dict, weights: dict) -> tuple[dict, dict[str, np.nd
         arrays[f"outputs/{side}.npy"] = outs[side]
         names["outputs"][side] = f"outputs/{side}.npy"
     for name, a in weights.items():
-        a = np.ascontiguousarray(np.asarray(a))
         arrays[f"weights/{name}.npy"] = a
         names["weights"][name] = f"weights/{name}.npy"
+    arrays = {path: np.ascontiguousarray(np.asarray(a)) for path, a in arrays.items()}
+    names["arrays"] = {path: {"dtype": a.dtype.str, "shape": list(a.shape)} for path, a in arrays.items()}
     return names, arrays
 
 
@@ -582,7 +584,9 @@ inputs here — on the reference's inputs (it must give the reference's bits), t
 subject's — and prints one line per comparison and the verdict: `far` when the subject's op
 computes otherwise on its own inputs, `close` or `ok` when it agrees within the tolerance (then
 only its inputs drifted, if the run's line says far). Exit 0 for ok and close, 1 for far, 2 when
-the bundle cannot be replayed.
+the bundle cannot be replayed (one line naming the damaged file). `python replay.py FOLDER` replays
+the bundle in FOLDER with that replay.py (your own reviewed copy, say): it checks every file before
+it reads it, and reads nothing outside the folder.
 
 ## Files ({size(nbytes)})
 
