@@ -349,7 +349,7 @@ def _fed(session: Session, result: RunResult) -> bool:
     what it used)."""
     eng = session.subject_engine
     # the test Session.run applies before it feeds (an engine that cannot be fed ran chained)
-    return result.settings.mode == "isolate" and eng.caps.isolate and session._can_feed()
+    return result.settings.mode == "isolate" and eng.caps.isolate and session.can_feed()
 
 
 def _gather(session: Session, result: RunResult, plan: Plan, t: int) -> tuple[dict, str]:

@@ -479,7 +479,6 @@ class Session:
         ref = self.reference_engine
         return isinstance(ref, BuiltinEngine) and ref.kv == self.kv
 
-    _can_feed = can_feed  # the name session/repro.py still calls
 
     def missing_by_design(self, key: str, status: Status) -> bool:
         """A key missing on a side whose engine never makes it: not a failure (shown missing, not counted).
