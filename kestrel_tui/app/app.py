@@ -6,7 +6,8 @@ widgets/; colours and layout in app.tcss.
 
 SIGTERM and SIGHUP quit the app as `q` does (runs cancelled, the terminal
 restored), when it runs with ``signals=True`` (app/main.py; tests driving it
-leave their own loop's signals alone).
+leave their own loop's signals alone); then, and on a terminal that hangs up,
+the process is gone within moments (app/hangup.py).
 """
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ from textual.app import App
 from textual.binding import Binding
 from textual.screen import Screen
 
-from ..procs import STOP_SIGNALS
 from .commands import KestrelCommands
+from .hangup import driver_class, quit_on_stop_signals
 from .screens.help import HelpScreen
 from .screens.main import MainScreen
 from .source import DiffSource, LiveSource
@@ -43,13 +44,12 @@ class KestrelApp(App[int]):
         self.export_dir = Path(export_dir)
         self._signals = signals
 
+    def get_driver_class(self):
+        return driver_class(super().get_driver_class())
+
     def on_mount(self) -> None:
-        if not self._signals:
-            return
-        loop = asyncio.get_running_loop()
-        for sig in STOP_SIGNALS:
-            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-                loop.add_signal_handler(sig, self._on_stop_signal)
+        if self._signals:
+            quit_on_stop_signals(asyncio.get_running_loop(), self._on_stop_signal, self.SIGNAL_EXIT)
 
     def _on_stop_signal(self) -> None:
         # the engines' processes run in sessions of their own: the signal reached us alone

@@ -63,15 +63,13 @@ def in_child(job: Job):
     req = job.request
     bare = None if req is None else replace(req, on_position=None, cancel=None, stop=None)
     stderr = tempfile.TemporaryFile()
-    proc = None
     try:
-        proc = subprocess.Popen(child_argv(job.first_import), env=child_env(), stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=stderr, start_new_session=True)
-    finally:
-        if proc is not None:  # in a session of its own: the tool's signals miss it, so the tool ends it
-            procs.add_group(proc)
-        else:
-            stderr.close()
+        # in a session of its own: the tool's signals miss it, so the tool ends it (procs registers it)
+        proc = procs.popen(child_argv(job.first_import), env=child_env(), stdin=subprocess.PIPE,
+                           stdout=subprocess.PIPE, stderr=stderr, start_new_session=True)
+    except BaseException:
+        stderr.close()
+        raise
     messages: queue.Queue = queue.Queue()
 
     def read():

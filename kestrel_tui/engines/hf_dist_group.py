@@ -75,9 +75,9 @@ class Group:
             # a group of its own (joining one is allowed only within one session: no setsid)
             lead = {"process_group": 0 if r == 0 else self.procs[0].pid}
             try:
-                proc = subprocess.Popen(argv, env={**base, "RANK": str(r), "LOCAL_RANK": str(r)},
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr[r],
-                                        **lead)
+                proc = procs.popen(argv, env={**base, "RANK": str(r), "LOCAL_RANK": str(r)},
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr[r],
+                                   **lead)
             except OSError as e:  # rank 0 already gone (its group with it), or no python to start
                 raise RankFailure(r, f"could not start ({e.strerror or e})") from None
             self.procs.append(proc)

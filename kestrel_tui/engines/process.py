@@ -517,11 +517,10 @@ class ProcessEngine(Engine):
         self._announce(cwd)
         # output goes to files, not pipes: nothing has to drain them, and the tail names the failure
         with open(folder / "stdout.txt", "wb") as out, open(folder / "stderr.txt", "wb") as err:
-            proc = None
             try:
-                proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                        start_new_session=True)
-                return proc
+                # its own session: the tool's signals miss it, so the tool ends it (procs registers it)
+                return procs.popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                                   start_new_session=True)
             except FileNotFoundError:
                 raise _bad(f"command {argv[0]!r} not found; fix `command` in the profile") from None
             except PermissionError:
@@ -529,9 +528,6 @@ class ProcessEngine(Engine):
                            f" in the profile") from None
             except OSError as e:
                 raise _bad(f"cannot start {argv[0]!r}: {e.strerror or e}; fix `command` in the profile") from None
-            finally:
-                if proc is not None:  # even when a signal lands before the caller holds it
-                    procs.add_group(proc)  # its own session: the tool's signals miss it, so the tool ends it
 
     def _announce(self, cwd: str | None) -> None:
         """Say which command the profile runs (as written: placeholders unfilled), once per command."""
