@@ -457,7 +457,7 @@ async def test_unreadable_model_dir_shows_message_and_app_stays_usable(small_mod
         await pilot.press("1", "b", "x")
         assert any("no model is loaded" in n for n in notes(app))
         # recover without restarting: load a model in place
-        main._load(lambda _progress: loaded(make_session(small_model)))
+        main.load.start(lambda _progress: loaded(make_session(small_model)))
         await settle(pilot)
         assert main.phase == "idle" and main.result is not None
 

@@ -32,7 +32,7 @@ def _open_sweep(settle, **kw):
     async def run_before(pilot):
         await settle(pilot)
         main = pilot.app.main
-        pilot.app.push_screen(SweepScreen(main.session, main.settings, "m", range(1, 9), lock=main._run_lock, **kw))
+        pilot.app.push_screen(SweepScreen(main.session, main.settings, "m", range(1, 9), lock=main.run_lock, **kw))
         await settle(pilot)
     return run_before
 

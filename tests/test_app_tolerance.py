@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kestrel_tui.app.screens.main import TOLERANCES
+from kestrel_tui.app.parts.tolerance import TOLERANCES
 from kestrel_tui.app.state import Cursor
 from kestrel_tui.app.widgets.grid import cell_text
 from kestrel_tui.session.session import RunSettings

@@ -184,12 +184,12 @@ def test_the_app_shows_a_bisection_that_crashed_as_a_failure(model):
     import threading
 
     from kestrel_tui.app import messages as msg
-    from kestrel_tui.app.workers import bisection
+    from kestrel_tui.app.parts.bisect import BisectDone, bisection
 
     s = Session(model, default_prompt(model.cfg.vocab, 4), 3, subject=CrashesOnExact(model, "norm"))
     posted = []
     bisection(s, RunSettings(), 1, threading.Event(), threading.Lock(), posted.append)
-    assert not any(isinstance(m, msg.BisectDone) for m in posted)
+    assert not any(isinstance(m, BisectDone) for m in posted)
     (failed,) = [m for m in posted if isinstance(m, msg.RunFailed)]
     assert "trial +norm" in str(failed.error) and "norm exact" in str(failed.error)
 

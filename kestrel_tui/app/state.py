@@ -64,6 +64,7 @@ class Board:
         self.ref_hashes: dict[str, int] = {}
         self.raw_ref: RawGetter = _no_raw
         self.outside: list[str] = []  # keys the grid has no cell for (foreign tags)
+        self.comparison: Comparison | None = None  # diff mode: the two files' comparison, whole
         self.reset()
 
     def reset(self) -> None:
@@ -119,7 +120,7 @@ class Board:
     def load(self, cmp: Comparison, a: Mapping[str, int], b: Mapping[str, int]) -> None:
         """A whole comparison at once (diff mode)."""
         self.reset()
-        self.outside = []
+        self.comparison, self.outside = cmp, []
         self.ref_hashes, self.sub_hashes = dict(a), dict(b)
         self.arrived = [True] * self.n_positions
         for k, s in cmp.status.items():

@@ -40,10 +40,11 @@ class HelpScreen(ModalScreen):
     def _rows(self) -> list[tuple[str, str, str]]:
         from .iso import IsoScreen
         from .main import MainScreen
+        from .sweep import SweepScreen
 
         rows = []
         for section, bindings in (("main", MainScreen.BINDINGS), ("app", self.app.BINDINGS),
-                                  ("iso view", IsoScreen.BINDINGS)):
+                                  ("iso view", IsoScreen.BINDINGS), ("sweep view", SweepScreen.BINDINGS)):
             for b in bindings:
                 if not isinstance(b, Binding) or b.system:
                     continue

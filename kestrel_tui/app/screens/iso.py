@@ -8,22 +8,14 @@ current exact toggles, in a thread worker; +/- change M and rerun.
 """
 from __future__ import annotations
 
-import threading
-
-from rich.text import Text
-from textual import on
-from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.message import Message
-from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Label, Static
 
 from ...backends.toggles import describe
 from ...engines.build import make_backend
 from ...session.iso import IsoColumn, iso
-from ...trace.run import Cancelled
 from ...session.session import Session
 from ...trace.compare import NAN_ULP
+from .table import TableScreen
 
 HELP = """\
 Speculative decoding verifies M draft tokens in one M-column step. That is only correct if every
@@ -38,16 +30,11 @@ first DIFF key the first probe key, in dataflow order, that differs between the 
 
 Ops toggled on the main screen apply here: escape, switch ops, press i again."""
 
-COLUMNS = ("col", "pos", "token", "ndiff", "first logit", "max ULP", "first DIFF key", "top-1 M=1/batch")
 
-
-class IsoDone(Message):
-    def __init__(self, run_id: int, cols: list[IsoColumn] | None, error: BaseException | None = None) -> None:
-        super().__init__()
-        self.run_id, self.cols, self.error = run_id, cols, error
-
-
-class IsoScreen(Screen):
+class IsoScreen(TableScreen):
+    PREFIX = "iso"
+    COLUMNS = ("col", "pos", "token", "ndiff", "first logit", "max ULP", "first DIFF key", "top-1 M=1/batch")
+    HELP = HELP
     BINDINGS = [
         Binding("escape,i", "app.pop_screen", "back", tooltip="back to the grid"),
         Binding("plus,equals_sign", "width(1)", "M+1", tooltip="one more verify column"),
@@ -60,27 +47,10 @@ class IsoScreen(Screen):
         self.session, self.exact = session, exact
         self.m = max(1, min(m, session.n_tokens))
         self.cols: list[IsoColumn] | None = None
-        self._run_id = 0
-        self._cancel: threading.Event | None = None
 
-    def compose(self) -> ComposeResult:
-        yield Label("", id="iso-title", markup=False)
-        yield DataTable(id="iso-table", cursor_type="row", zebra_stripes=True)
-        yield Static(HELP, id="iso-help", markup=False)
-        yield Label("", id="iso-status", markup=False)
-        yield Footer()
-
-    def on_mount(self) -> None:
-        self.query_one(DataTable).add_columns(*COLUMNS)
-        self.action_run()
-
-    def on_unmount(self) -> None:
-        if self._cancel is not None:
-            self._cancel.set()
-
-    def _title(self) -> str:
-        return (f"iso: batch-verify M={self.m} vs M=1 decode · subject {self.session.subject}"
-                f" ({describe(self.exact)}) · full logits byte by byte")
+    @property
+    def busy(self) -> bool:
+        return self.running
 
     def action_width(self, d: int) -> None:
         m = max(1, min(self.m + d, self.session.n_tokens))
@@ -89,56 +59,32 @@ class IsoScreen(Screen):
             self.action_run()
 
     def action_run(self) -> None:
-        if self._cancel is not None:
-            self._cancel.set()
-        self._run_id += 1
-        run_id, cancel, m = self._run_id, threading.Event(), self.m
-        self._cancel = cancel
+        s, exact, m = self.session, self.exact, self.m
         self.cols = None
-        s, exact = self.session, self.exact
-        self.query_one("#iso-title", Label).update(self._title())
-        self.query_one("#iso-status", Label).update(f"running M=1 decode and one M={m} verify step…")
-        self.query_one(DataTable).clear()
+        title = (f"iso: batch-verify M={m} vs M=1 decode · subject {s.subject} ({describe(exact)})"
+                 f" · full logits byte by byte")
+        self.start(title, f"running M=1 decode and one M={m} verify step…",
+                   lambda cancel, _add_row: iso(lambda: make_backend(s.subject, s.model, kv=s.kv, exact=exact),
+                                                s.prompt, m, cancel=cancel))
 
-        def work() -> None:
-            try:
-                cols = iso(lambda: make_backend(s.subject, s.model, kv=s.kv, exact=exact), s.prompt, m,
-                           cancel=cancel)
-            except Cancelled:
-                return
-            except Exception as e:  # noqa: BLE001 - shown on the screen
-                self.post_message(IsoDone(run_id, None, e))
-                return
-            self.post_message(IsoDone(run_id, cols))
-
-        self.run_worker(work, thread=True, group="iso", name="iso", exit_on_error=False)
-
-    @property
-    def busy(self) -> bool:
-        return self.cols is None
-
-    @on(IsoDone)
-    def _done(self, m: IsoDone) -> None:
-        if m.run_id != self._run_id:
-            return
-        status = self.query_one("#iso-status", Label)
-        if m.error is not None:
+    def done(self, cols: list[IsoColumn] | None, error: BaseException | None) -> None:
+        if error is not None:
             self.cols = []
-            status.update(f"iso failed: {m.error}")
-            self.notify(str(m.error), title="iso failed", severity="error", markup=False)
+            self.set_status(f"iso failed: {error}")
+            self.notify(str(error), title="iso failed", severity="error", markup=False)
             return
-        self.cols = m.cols
-        table = self.query_one(DataTable)
-        for c in m.cols:
-            ndiff = Text(str(c.ndiff), style="bold red" if c.ndiff else "green")
+        if cols is None:  # cancelled
+            return
+        self.cols = cols
+        for c in cols:
+            first = "—" if c.first_index is None else str(c.first_index)
             ulp = "NaN" if c.max_ulp == NAN_ULP else str(c.max_ulp)
-            top = Text(f"{c.top1_single}/{c.top1_batch}", style="bold red" if c.top1_single != c.top1_batch else "")
-            cells = (str(c.j), str(c.t), str(c.token), ndiff, "—" if c.first_index is None else str(c.first_index),
-                     ulp, c.first_diff_key or "—", top)
-            # DataTable reads str cells as markup; a probe key is data, never markup
-            table.add_row(*(Text(x) if isinstance(x, str) else x for x in cells))
-        bad = sum(1 for c in m.cols if c.ndiff)
+            cells = (str(c.j), str(c.t), str(c.token), str(c.ndiff), first, ulp, c.first_diff_key or "—",
+                     f"{c.top1_single}/{c.top1_batch}")
+            self.add_row(cells, {3: "bold red" if c.ndiff else "green",
+                                 7: "bold red" if c.top1_single != c.top1_batch else ""})
+        bad = sum(1 for c in cols if c.ndiff)
         if bad:
-            status.update(f"{bad}/{len(m.cols)} columns differ from M=1: batch-verify is not bit-exact here")
+            self.set_status(f"{bad}/{len(cols)} columns differ from M=1: batch-verify is not bit-exact here")
         else:
-            status.update(f"all {len(m.cols)} columns byte-identical to M=1 decode")
+            self.set_status(f"all {len(cols)} columns byte-identical to M=1 decode")

@@ -2,8 +2,29 @@
 board, cursor, follow flag, grid and detail refresh)."""
 from __future__ import annotations
 
+from textual.binding import Binding
+
 from ..state import Cursor
 from ..widgets.tokens import TokenStrip
+
+DIFFS = Binding.Group("DIFF")
+TOKEN = Binding.Group("token")
+
+NAVIGATION = (
+    Binding("up,k", "move(-1, 0)", "up", show=False, tooltip="previous row (layer)"),
+    Binding("down,j", "move(1, 0)", "down", show=False, tooltip="next row (layer)"),
+    Binding("left,h", "move(0, -1)", "left", show=False, tooltip="previous field"),
+    Binding("right,l", "move(0, 1)", "right", show=False, tooltip="next field"),
+    Binding("pageup", "move(-10, 0)", "10 rows up", show=False),
+    Binding("pagedown", "move(10, 0)", "10 rows down", show=False),
+    Binding("f", "first_diff", "first", tooltip="jump to the first DIFF and follow it across runs"),
+    Binding("n", "next_diff(True)", "next", group=DIFFS, tooltip="jump to the next DIFF (dataflow order)"),
+    Binding("N", "next_diff(False)", "prev", group=DIFFS, tooltip="jump to the previous DIFF (dataflow order)"),
+    Binding("left_square_bracket", "token(-1)", "prev", group=TOKEN, key_display="[", show=False,
+            tooltip="previous token position"),
+    Binding("right_square_bracket", "token(1)", "next", group=TOKEN, key_display="]", show=False,
+            tooltip="next token position"),
+)
 
 
 class GridNavigation:
@@ -19,12 +40,16 @@ class GridNavigation:
             self.follow = False
         self.grid.set_cursor(self.cursor)
         self.query_one(TokenStrip).show(board, t)
-        self._refresh_detail()
+        self.refresh_detail()
 
-    def _goto(self, key: str, keep_follow: bool = False) -> None:
+    def goto(self, key: str, keep_follow: bool = False) -> None:
         c = self.board.locate(key) if self.board else None
         if c is not None:
             self._set_cursor(Cursor(c.t, c.row, self.cursor.col if c.col < 0 else c.col), keep_follow)
+
+    def home(self) -> None:
+        """The cursor on the first row below emb of the first position."""
+        self._set_cursor(Cursor(0, 1, 0))
 
     def action_move(self, drow: int, dcol: int) -> None:
         c = self.cursor
@@ -42,7 +67,7 @@ class GridNavigation:
         if not first:
             self.notify("no DIFF" + (" so far" if self.busy else ": all keys agree"), markup=False)
             return
-        self._goto(first)
+        self.goto(first)
         self.follow = True
 
     def action_next_diff(self, forward: bool) -> None:
@@ -60,4 +85,4 @@ class GridNavigation:
         elif board.locate(key) is None:
             self.notify("no DIFF in the grid (only keys outside it)", markup=False)
         else:
-            self._goto(key)
+            self.goto(key)

@@ -18,6 +18,7 @@ from rich.text import Text
 from textual.widget import Widget
 
 from ...text import inert
+from .style import ComponentStyles
 
 EIGHTHS = " ▁▂▃▄▅▆▇█"
 ZERO, MISSING, MARK = "·", "×", "▲"
@@ -60,7 +61,7 @@ def _label(text: str) -> str:
     return s if len(s) <= LABEL_W else s[:LABEL_W - 1] + "…"
 
 
-class Chart(Widget, can_focus=False):
+class Chart(ComponentStyles, Widget, can_focus=False):
     COMPONENT_CLASSES = {"chart--title", "chart--axis", "chart--bar", "chart--zero", "chart--missing",
                          "chart--mark"}
 
@@ -75,19 +76,16 @@ class Chart(Widget, can_focus=False):
             self.title = title
         self.refresh()
 
-    def _s(self, name: str) -> Style:
-        return self.get_component_rich_style(name, partial=True)
-
     def render(self) -> Text:
         out = Text(no_wrap=True, overflow="crop")
-        out.append(inert(self.title), style=self._s("chart--title"))
+        out.append(inert(self.title), style=self.style_of("chart--title"))
         if any(p.marked for p in self.points):
-            out.append(f"  {MARK} the answer changes", style=self._s("chart--mark"))
+            out.append(f"  {MARK} the answer changes", style=self.style_of("chart--mark"))
         rows = max(1, self.size.height - 4)  # title, axis, labels, marks
         for line in chart_lines(self.points, rows):
             out.append("\n")
             for piece, kind in line:
-                out.append(piece, style=self._s(f"chart--{kind}") if kind else Style())
+                out.append(piece, style=self.style_of(f"chart--{kind}") if kind else Style())
         return out
 
 

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
-from rich.style import Style
 from rich.text import Text
 from textual.widget import Widget
 
@@ -26,6 +25,7 @@ from ...model.quant import CodeFlips, q8_0_code_flips
 from ...trace.events import event_before
 from ...trace.ranks import compare_shares, line as rank_line
 from ...trace.keys import GEMV_INPUT, key_name, parse_key
+from .style import ComponentStyles
 
 BIN_LABELS = ulp_bin_labels()
 EIGHTHS = " ▏▎▍▌▋▊▉"
@@ -136,7 +136,7 @@ def _builtin_owners(field_name: str) -> str:
     return " ".join(f"{o}[{TOGGLES.index(o) + 1}]" for o in OWNERS.get(field_name, ()))
 
 
-class DetailPanel(Widget, can_focus=False):
+class DetailPanel(ComponentStyles, Widget, can_focus=False):
     COMPONENT_CLASSES = {"detail--key", "detail--ok", "detail--diff", "detail--missing", "detail--pending",
                          "detail--dim", "detail--bar", "detail--first", "detail--close", "detail--far"}
 
@@ -152,17 +152,14 @@ class DetailPanel(Widget, can_focus=False):
         self.info, self.message = info, message
         self.refresh()
 
-    def _s(self, name: str) -> Style:
-        return self.get_component_rich_style(name, partial=True)
-
     def render(self) -> Text:
         info = self.info
         if info is None:
-            return Text(self.message, style=self._s("detail--dim"))
+            return Text(self.message, style=self.style_of("detail--dim"))
         compact = self.size.height <= 5  # 80x24: four lines, no histogram
         width = self.size.width
         lines = [self._head(info, compact)]
-        hashes = [Text.assemble((f"{side} ", self._s("detail--dim")), f"{h:016x}" if h is not None else "—")
+        hashes = [Text.assemble((f"{side} ", self.style_of("detail--dim")), f"{h:016x}" if h is not None else "—")
                   for side, h in zip(info.sides, (info.hash_a, info.hash_b))]
         if compact or width >= 41:  # both hashes on one line leaves more rows for the histogram
             lines.append(Text(" ").join(hashes))
@@ -173,7 +170,7 @@ class DetailPanel(Widget, can_focus=False):
             if meta:
                 lines.append(meta)
         if info.raw_note:
-            lines.append(Text(info.raw_note, style=self._s("detail--dim")))
+            lines.append(Text(info.raw_note, style=self.style_of("detail--dim")))
         if info.metrics is not None:
             lines.append(self._metrics(info))
         s = info.stats
@@ -189,16 +186,16 @@ class DetailPanel(Widget, can_focus=False):
         if info.ranks:
             lines.append(Text(info.ranks))
         if info.event:
-            lines.append(Text(info.event, style=self._s("detail--far")))
+            lines.append(Text(info.event, style=self.style_of("detail--far")))
         if info.after:
-            lines.append(Text.assemble(("after ", self._s("detail--dim")), info.after))
+            lines.append(Text.assemble(("after ", self.style_of("detail--dim")), info.after))
         if info.hist is not None:
             if compact:
                 # the histogram as one line of bucket:count pairs
                 lines[-1].append("  ULP " + " ".join(f"{BIN_LABELS[i]}:{n}" for i, n in enumerate(info.hist) if n),
-                                 style=self._s("detail--dim"))
+                                 style=self.style_of("detail--dim"))
             else:
-                lines.append(Text("ULP distance  elements", style=self._s("detail--dim")))
+                lines.append(Text("ULP distance  elements", style=self.style_of("detail--dim")))
                 lines.extend(self._histogram(info.hist, max(20, width)))
         out = Text("\n").join(lines)
         out.no_wrap, out.overflow = True, "ellipsis"
@@ -207,16 +204,16 @@ class DetailPanel(Widget, can_focus=False):
     def _q8_line(self, info: KeyInfo) -> Text:
         f, src = info.q8, parse_key(info.q8_input).field
         if f is None:
-            return Text(f"q8_0 of {src}: codes and scales equal (the sums differ)", style=self._s("detail--dim"))
-        line = Text(f"q8_0 of {src}: ", style=self._s("detail--far"))
+            return Text(f"q8_0 of {src}: codes and scales equal (the sums differ)", style=self.style_of("detail--dim"))
+        line = Text(f"q8_0 of {src}: ", style=self.style_of("detail--far"))
         if f.index is not None:
-            line.append(_differ(f.n, "code"), style=self._s("detail--far"))
+            line.append(_differ(f.n, "code"), style=self.style_of("detail--far"))
             line.append(f" [{f.index}] {f.scaled[0]:.6g}→{f.codes[0]} vs {f.scaled[1]:.6g}→{f.codes[1]}")
         else:
-            line.append("codes equal", style=self._s("detail--dim"))
+            line.append("codes equal", style=self.style_of("detail--dim"))
         if f.scale_block is not None:
             line.append(" · ")
-            line.append(_differ(f.n_scales, "block scale"), style=self._s("detail--far"))
+            line.append(_differ(f.n_scales, "block scale"), style=self.style_of("detail--far"))
             steps = f" ({f.scale_steps} f16 step{'s' * (f.scale_steps != 1)})" if f.scale_steps else ""
             line.append(f", block {f.scale_block}: {f.scales[0]:.6g} vs {f.scales[1]:.6g}{steps}")
         return line
@@ -224,18 +221,18 @@ class DetailPanel(Widget, can_focus=False):
     def _head(self, info: KeyInfo, compact: bool) -> Text:
         st_style = {Status.OK: "detail--ok", Status.DIFF: "detail--diff", Status.PENDING: "detail--pending",
                     Status.MISSING_REF: "detail--missing", Status.MISSING_SUB: "detail--missing"}
-        head = Text(info.key, style=self._s("detail--key"))
+        head = Text(info.key, style=self.style_of("detail--key"))
         label = {None: "not probed", Status.MISSING_SUB: f"only in {info.sides[0]}",
                  Status.MISSING_REF: f"only in {info.sides[1]}"}.get(info.status)
         label = label or (info.status.value if info.status is not None else "")
         head.append("  ")
-        head.append(label, style=self._s(st_style.get(info.status, "detail--dim")))
+        head.append(label, style=self.style_of(st_style.get(info.status, "detail--dim")))
         if info.verdict:
-            head.append(f" {info.verdict}", style=self._s(f"detail--{info.verdict}"))
+            head.append(f" {info.verdict}", style=self.style_of(f"detail--{info.verdict}"))
         if info.first:
-            head.append("  first DIFF", style=self._s("detail--first"))
+            head.append("  first DIFF", style=self.style_of("detail--first"))
         if info.first_far:
-            head.append("  first far", style=self._s("detail--first"))
+            head.append("  first far", style=self.style_of("detail--first"))
         if compact:
             meta = self._meta(info)
             if meta:
@@ -249,10 +246,10 @@ class DetailPanel(Widget, can_focus=False):
         # the verdict first (the tolerance itself is on the status line): a 40-column panel fits it all
         line = Text()
         if info.verdict:
-            line.append(f"{info.verdict} ", style=self._s(f"detail--{info.verdict}"))
+            line.append(f"{info.verdict} ", style=self.style_of(f"detail--{info.verdict}"))
         line.append(f"nmse {m.nmse:.3g} rel {m.max_rel_err:.3g} ulp {ulp}")
         if info.rule:
-            line.append(f"  by {info.rule}", style=self._s("detail--dim"))
+            line.append(f"  by {info.rule}", style=self.style_of("detail--dim"))
         return line
 
     def _meta(self, info: KeyInfo) -> Text:
@@ -264,7 +261,7 @@ class DetailPanel(Widget, can_focus=False):
         except ValueError:
             owners = ""
         if owners and info.status is Status.DIFF:
-            meta.append("  ops " if meta else "ops ", style=self._s("detail--dim"))
+            meta.append("  ops " if meta else "ops ", style=self.style_of("detail--dim"))
             meta.append(owners)
         return meta
 
@@ -278,8 +275,8 @@ class DetailPanel(Widget, can_focus=False):
         bar_w = max(4, width - lab_w - num_w - 3)
         out = []
         for lab, n in rows:
-            line = Text(f"{lab:>{lab_w}} ", style=self._s("detail--dim"))
-            line.append(_bar(n / top, bar_w), style=self._s("detail--bar"))
+            line = Text(f"{lab:>{lab_w}} ", style=self.style_of("detail--dim"))
+            line.append(_bar(n / top, bar_w), style=self.style_of("detail--bar"))
             line.append(f" {n:>{num_w}}")
             out.append(line)
         return out

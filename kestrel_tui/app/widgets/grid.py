@@ -17,7 +17,9 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from ...trace.compare import CLOSE, FAR, Status
+from ..messages import message
 from ..state import Board, Cursor
+from .style import ComponentStyles
 
 LABEL_W = 7  # "logits" + the first-DIFF marker
 CELL_W = 5  # "knorm", "qrope" and "DIFF" fit; one blank column between cells
@@ -54,7 +56,7 @@ def position_label(t: int) -> str:
     return (text if len(text) <= LABEL_W else "…" + text[-(LABEL_W - 1):]).ljust(LABEL_W)
 
 
-class HashGrid(ScrollView, can_focus=False):
+class HashGrid(ComponentStyles, ScrollView, can_focus=False):
     """Navigation keys live on the screen; the grid only draws and reports clicks."""
 
     COMPONENT_CLASSES = {
@@ -62,10 +64,10 @@ class HashGrid(ScrollView, can_focus=False):
         "grid--pending", "grid--missing", "grid--cursor", "grid--marker", "grid--close", "grid--far",
     }
 
+    @message
     class CellClicked(Message):
-        def __init__(self, row: int, col: int | None) -> None:
-            super().__init__()
-            self.row, self.col = row, col
+        row: int
+        col: int | None  # None: no field column (the label): the cursor keeps its column
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
@@ -133,7 +135,7 @@ class HashGrid(ScrollView, can_focus=False):
     @property
     def _st(self) -> dict[str, Style]:
         if self._kstyles is None:
-            st = {name: self.get_component_rich_style(name, partial=True) for name in self.COMPONENT_CLASSES}
+            st = {name: self.style_of(name) for name in self.COMPONENT_CLASSES}
             st["base"] = self.rich_style
             st["none"] = Style()
             self._kstyles = st

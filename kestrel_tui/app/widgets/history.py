@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rich.style import Style
 from rich.text import Text
 from textual.widget import Widget
 
 from ...session.session import HistoryEntry
+from .style import ComponentStyles
 
 
 CHANGE_W = 14
@@ -29,7 +29,7 @@ def entry_text(e: HistoryEntry) -> tuple[str, str, str | None]:
     return change, e.before or "all ok", e.after
 
 
-class HistoryPanel(Widget, can_focus=False):
+class HistoryPanel(ComponentStyles, Widget, can_focus=False):
     COMPONENT_CLASSES = {"history--change", "history--diff", "history--ok", "history--dim"}
 
     def __init__(self, *, id: str | None = None) -> None:
@@ -40,24 +40,21 @@ class HistoryPanel(Widget, can_focus=False):
         self.entries = list(entries)
         self.refresh()
 
-    def _s(self, name: str) -> Style:
-        return self.get_component_rich_style(name, partial=True)
-
     def render(self) -> Text:
         if not self.entries:
-            return Text("no runs yet", style=self._s("history--dim"))
+            return Text("no runs yet", style=self.style_of("history--dim"))
         shown = self.entries[-max(1, self.size.height):]
         w = min(CHANGE_W, max(len(entry_text(e)[0]) for e in shown))
         lines = []
         for e in shown:
             change, before, after = entry_text(e)
-            line = Text(f"{change:<{w}} ", style=self._s("history--change"))
+            line = Text(f"{change:<{w}} ", style=self.style_of("history--change"))
             if before:
-                line.append(before, style=self._s("history--diff" if before != "all ok" else "history--ok"))
-                line.append(" -> ", style=self._s("history--dim"))
+                line.append(before, style=self.style_of("history--diff" if before != "all ok" else "history--ok"))
+                line.append(" -> ", style=self.style_of("history--dim"))
             else:
-                line.append("first DIFF ", style=self._s("history--dim"))
-            line.append(after or "all ok", style=self._s("history--diff" if after else "history--ok"))
+                line.append("first DIFF ", style=self.style_of("history--dim"))
+            line.append(after or "all ok", style=self.style_of("history--diff" if after else "history--ok"))
             lines.append(line)
         out = Text("\n").join(lines)
         out.no_wrap, out.overflow = True, "ellipsis"

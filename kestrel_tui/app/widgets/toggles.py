@@ -9,13 +9,13 @@ screen. With two lines or fewer (an 80x24 terminal) it draws a compact form.
 """
 from __future__ import annotations
 
-from rich.style import Style
 from rich.text import Text
 from textual.widget import Widget
 
 from ...session.session import RunSettings
 from ...engines.base import Toggle
 from ...engines.builtin import OP_TOGGLES
+from .style import ComponentStyles
 
 TOGGLE_KEYS = tuple(str(i + 1) for i in range(9))  # 1..9: the subject's toggles in its order
 SWITCHES = (("m", "mode", ("chain", "isolate")),
@@ -24,7 +24,7 @@ SWITCHES = (("m", "mode", ("chain", "isolate")),
 SHORT = {"attention": "attn", "kvquant": "kvq", "attn_implementation": "attn", "deterministic": "determ"}
 
 
-class TogglePanel(Widget, can_focus=False):
+class TogglePanel(ComponentStyles, Widget, can_focus=False):
     COMPONENT_CLASSES = {"toggles--key", "toggles--exact", "toggles--fast", "toggles--owner", "toggles--dim"}
 
     def __init__(self, *, id: str | None = None) -> None:
@@ -41,12 +41,9 @@ class TogglePanel(Widget, can_focus=False):
             self.toggles = toggles[:len(TOGGLE_KEYS)]
         self.refresh()
 
-    def _s(self, name: str) -> Style:
-        return self.get_component_rich_style(name, partial=True)
-
     def render(self) -> Text:
         if not self.enabled:
-            out = Text("no model: toggles are off (diff mode or load error)", style=self._s("toggles--dim"))
+            out = Text("no model: toggles are off (diff mode or load error)", style=self.style_of("toggles--dim"))
         elif self.size.height <= 2:
             out = self._compact()
         else:
@@ -65,20 +62,20 @@ class TogglePanel(Widget, can_focus=False):
         value_width = max([0, *(len(v) for t in self.toggles if t.binary for v in t.values)])
         for key, t in zip(TOGGLE_KEYS, self.toggles):
             value, on = self._state(t)
-            line = Text.assemble((f" {key} ", self._s("toggles--key")), f" {t.name:<{width}}")
+            line = Text.assemble((f" {key} ", self.style_of("toggles--key")), f" {t.name:<{width}}")
             shown = f"{value:<{value_width}}" if t.binary else value
-            line.append(shown, style=self._s("toggles--exact" if on else "toggles--fast"))
+            line.append(shown, style=self.style_of("toggles--exact" if on else "toggles--fast"))
             if not t.binary:
-                line.append(f" ({t.values.index(value) + 1}/{len(t.values)})", style=self._s("toggles--dim"))
+                line.append(f" ({t.values.index(value) + 1}/{len(t.values)})", style=self.style_of("toggles--dim"))
             if t.name in self.owners and not on:
-                line.append("  ◂ may own first DIFF", style=self._s("toggles--owner"))
+                line.append("  ◂ may own first DIFF", style=self.style_of("toggles--owner"))
             lines.append(line)
         if not self.toggles:
-            lines.append(Text(" (the subject has no toggles)", style=self._s("toggles--dim")))
-        lines.append(Text.assemble((" a ", self._s("toggles--key")), " all exact  ",
-                                   (" 0 ", self._s("toggles--key")), " all fast"))
+            lines.append(Text(" (the subject has no toggles)", style=self.style_of("toggles--dim")))
+        lines.append(Text.assemble((" a ", self.style_of("toggles--key")), " all exact  ",
+                                   (" 0 ", self.style_of("toggles--key")), " all fast"))
         for key, name, _ in SWITCHES:
-            lines.append(Text.assemble((f" {key} ", self._s("toggles--key")),
+            lines.append(Text.assemble((f" {key} ", self.style_of("toggles--key")),
                                        f" {name:<{width}}{getattr(self.settings, name)}"))
         return Text("\n").join(lines)
 
@@ -86,17 +83,17 @@ class TogglePanel(Widget, can_focus=False):
         ops = Text()
         for key, t in zip(TOGGLE_KEYS, self.toggles):
             value, on = self._state(t)
-            style = self._s("toggles--exact" if on else "toggles--fast")
+            style = self.style_of("toggles--exact" if on else "toggles--fast")
             if t.name in self.owners and not on:
-                style += self._s("toggles--owner")
-            ops.append(key, style=self._s("toggles--key"))
+                style += self.style_of("toggles--owner")
+            ops.append(key, style=self.style_of("toggles--key"))
             mark = ("=" if on else "~") if t.binary else f":{value}"
             ops.append(f"{SHORT.get(t.name, t.name)}{mark} ", style=style)
         sw = Text(" ")
         for key, name, _ in SWITCHES:
-            sw.append(key, style=self._s("toggles--key"))
+            sw.append(key, style=self.style_of("toggles--key"))
             sw.append(f" {name} {getattr(self.settings, name)}  ")
         if self.size.height <= 1:
             return ops + sw
-        legend = Text("  (= exact, ~ fast)", style=self._s("toggles--dim"))
+        legend = Text("  (= exact, ~ fast)", style=self.style_of("toggles--dim"))
         return Text("\n").join([ops + legend, sw])

@@ -14,12 +14,13 @@ from rich.text import Text
 from textual.widget import Widget
 
 from ..state import Board
+from .style import ComponentStyles
 
 GLYPH = {"ok": "✓", "diff": "✗", "flip": "!", "pending": "·", "missing": "?"}
 CELL = 2  # glyph + a space
 
 
-class TokenStrip(Widget, can_focus=False):
+class TokenStrip(ComponentStyles, Widget, can_focus=False):
     COMPONENT_CLASSES = {
         "tokens--ok", "tokens--diff", "tokens--flip", "tokens--pending", "tokens--missing",
         "tokens--prompt", "tokens--cursor", "tokens--first", "tokens--info", "tokens--dim",
@@ -34,9 +35,6 @@ class TokenStrip(Widget, can_focus=False):
         self.board, self.t = board, t
         self.refresh()
 
-    def _s(self, name: str) -> Style:
-        return self.get_component_rich_style(name, partial=True)
-
     def render(self) -> Text:
         board = self.board
         if board is None:
@@ -49,25 +47,25 @@ class TokenStrip(Widget, can_focus=False):
     def _info(self, board: Board) -> Text:
         t = self.t
         kind = {True: "prompt", False: "generated", None: "position"}[board.is_prompt(t)]
-        out = Text(f"t{board.positions[t]} ", style=self._s("tokens--info"))
-        out.append(f"{kind} {t + 1}/{board.n_positions}", style=self._s("tokens--dim"))
+        out = Text(f"t{board.positions[t]} ", style=self.style_of("tokens--info"))
+        out.append(f"{kind} {t + 1}/{board.n_positions}", style=self.style_of("tokens--dim"))
         state = board.position_state(t)
         top = board.top1[t]
         if top is not None:
             a, b = board.sides
             out.append(f"  top-1 {a} {top[0]} / {b} {top[1]}")
             if top[0] != top[1]:
-                out.append("  FLIP", style=self._s("tokens--flip"))
+                out.append("  FLIP", style=self.style_of("tokens--flip"))
         if state == "pending":
-            out.append("  pending", style=self._s("tokens--pending"))
+            out.append("  pending", style=self.style_of("tokens--pending"))
         else:
             n, m = board.n_diff[t], board.n_missing[t]
-            out.append(f"  {n} DIFF", style=self._s("tokens--diff") if n else self._s("tokens--dim"))
+            out.append(f"  {n} DIFF", style=self.style_of("tokens--diff") if n else self.style_of("tokens--dim"))
             if m:
-                out.append(f"  {m} missing", style=self._s("tokens--missing"))
+                out.append(f"  {m} missing", style=self.style_of("tokens--missing"))
         if board.prompt_len is not None:
             out.append(f"   prompt 0-{board.prompt_len - 1} | generated {board.prompt_len}-"
-                       f"{board.n_positions - 1}", style=self._s("tokens--dim"))
+                       f"{board.n_positions - 1}", style=self.style_of("tokens--dim"))
         return out
 
     def _cells(self, board: Board) -> Text:
@@ -79,21 +77,21 @@ class TokenStrip(Widget, can_focus=False):
         # a foreign first DIFF (a tag that is no probe key) has no cell to mark
         first = board.locate(board.first_diff) if board.first_diff else None
         first_t = first.t if first else None
-        out = Text("‹" if start > 0 else " ", style=self._s("tokens--dim"))
+        out = Text("‹" if start > 0 else " ", style=self.style_of("tokens--dim"))
         for t in range(start, stop):
             if board.prompt_len is not None and board.positions[t] == board.prompt_len and t > start:
-                out.append("│", style=self._s("tokens--dim"))
+                out.append("│", style=self.style_of("tokens--dim"))
             state = board.position_state(t)
-            style = self._s(f"tokens--{state}")
+            style = self.style_of(f"tokens--{state}")
             if board.is_prompt(t):
-                style += self._s("tokens--prompt")
+                style += self.style_of("tokens--prompt")
             if t == first_t:
-                style += self._s("tokens--first")
+                style += self.style_of("tokens--first")
             if t == self.t:
-                style += self._s("tokens--cursor")
+                style += self.style_of("tokens--cursor")
             out.append(GLYPH[state], style=style)
-            out.append(" ", style=self._s("tokens--prompt")
+            out.append(" ", style=self.style_of("tokens--prompt")
                        if board.is_prompt(t) and board.positions[t] + 1 != board.prompt_len else Style())
         if stop < n:
-            out.append("›", style=self._s("tokens--dim"))
+            out.append("›", style=self.style_of("tokens--dim"))
         return out
