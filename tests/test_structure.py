@@ -372,7 +372,6 @@ def test_llamacpp_key_map_is_the_registry():
 PRIVATE_LEFT = (
     "kestrel_tui/engines/dumps/__init__.py: kestrel_tui.engines.dumps.passes._PASS",
     "kestrel_tui/engines/dumps/__init__.py: kestrel_tui.engines.dumps.passes._RANK_DIR",
-    "kestrel_tui/engines/hf_dist_rank.py: kestrel_tui.engines.child_main._safe_path",
 )
 
 

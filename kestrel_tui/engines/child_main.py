@@ -10,7 +10,7 @@ import sys
 from dataclasses import replace
 
 
-def _safe_path() -> None:
+def safe_path() -> None:
     """Drop the path entries that are the working directory (an empty one, ".", or its own name, from
     PYTHONPATH): kestrel_tui is imported already, and a module there is a stranger's file."""
     cwd = os.path.realpath(os.getcwd())
@@ -19,7 +19,7 @@ def _safe_path() -> None:
 
 def serve() -> None:
     """The child: read one Job from stdin, run it, write pickled messages to the real stdout."""
-    _safe_path()
+    safe_path()
     __import__(sys.argv[1])  # first: before the job's classes bring numpy and kestrel's extensions in
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # anything the library prints goes to stderr, never into the message stream

@@ -199,9 +199,9 @@ def _install_hooks(rank: Rank) -> None:
 
 
 def serve() -> None:
-    from .child_main import _safe_path
+    from .child_main import safe_path
 
-    _safe_path()
+    safe_path()
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # what transformers and torch print goes to stderr, never into the message stream
     commands = sys.stdin.buffer

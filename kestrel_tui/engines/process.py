@@ -486,8 +486,6 @@ class ProcessEngine(Engine):
 
         if req.cancel is not None and req.cancel.is_set():
             raise Cancelled()
-        if not req.prompt:
-            raise ValueError("the prompt is empty; give at least one token")
         folder = Path(procs.make_folder("kestrel-proc-"))
         keep_folder, proc = False, None
         try:
