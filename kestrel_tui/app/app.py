@@ -1,7 +1,7 @@
 """The Textual app: a small shell around the main screen.
 
 The app only owns what is global — quit, help, the command palette and where
-exports go. Everything about runs lives in screens/main.py; drawing lives in
+exports go. Runs live in the main screen (screens/main.py) and its parts (parts/); drawing lives in
 widgets/; colours and layout in app.tcss.
 
 SIGTERM and SIGHUP quit the app as `q` does (runs cancelled, the terminal
