@@ -10,10 +10,10 @@ This module imports no torch until a value asks for CUDA.
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from .. import bounds
 from ..errors import UsageError
 from .base import MOST_THREADS, Toggle, check_toggle_keys
 
@@ -36,54 +36,31 @@ class Choice:
         return self.values[0]
 
     def parse(self, value: object) -> str | None:
-        if self.whole:
-            n = _whole(value)
-            value = str(n) if n is not None else value
+        if self.whole and WHOLE.problem(value) is None:
+            value = str(WHOLE.parse(value, self.name))
         return value if isinstance(value, str) and value in self.values else None
 
-    def allowed(self) -> str:
+    def refusal(self, value: object) -> str:
         return f" is not allowed; choose from {'|'.join(self.values)}"
 
 
 @dataclass(frozen=True)
 class Number:
-    """An option that takes a finite number from ``low`` to ``high`` (``above``: strictly above ``low``),
-    ``whole`` or not; a setting of the run, never a toggle of the defaults."""
+    """An option that takes a number (``accepts``: whole or not, its range, its unit — bounds.Number's
+    grammar, as every number the user gives); a setting of the run, never a toggle of the defaults."""
     name: str
     default: float
-    low: float
-    high: float
+    accepts: bounds.Number
     help: str
-    whole: bool = False
-    above: bool = False
-    unit: str = ""
 
     def parse(self, value: object) -> float | int | None:
-        x = _whole(value) if self.whole else _finite(value)
-        if x is None or x > self.high or x < self.low or (self.above and x == self.low):
-            return None
-        return x
+        return None if self.accepts.problem(value) else self.accepts.parse(value, self.name)
 
-    def allowed(self) -> str:
-        what = "a whole number" if self.whole else f"a number of {self.unit}" if self.unit else "a number"
-        lowest = f"> {self.low:g}" if self.above else f">= {self.low:g}"
-        return f": want {what} {lowest} and <= {self.high:g}"
+    def refusal(self, value: object) -> str:
+        return f": {self.accepts.problem(value)}; want {self.accepts.allowed()}"
 
 
-def _finite(value: object) -> float | None:
-    """A TOML number or a string of one, finite; None for anything else (a bool is no number)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        return None
-    try:
-        x = float(value)
-    except (ValueError, OverflowError):
-        return None
-    return x if math.isfinite(x) else None
-
-
-def _whole(value: object) -> int | None:
-    x = _finite(value)
-    return int(x) if x is not None and x == int(x) else None
+WHOLE = bounds.Number(whole=True)
 
 
 def cuda_ok() -> bool:
@@ -107,7 +84,7 @@ class OptionTable:
             raise UsageError(f"{self.engine} engine: unknown {where} {name!r}; choose from {', '.join(self.options)}")
         got = opt.parse(value)
         if got is None:
-            raise UsageError(f"{self.engine} engine: {name}={value!r}{opt.allowed()}")
+            raise UsageError(f"{self.engine} engine: {name}={bounds.shown(value)}{opt.refusal(value)}")
         if name == "device" and got == "cuda" and not cuda_ok():
             raise UsageError(f"{self.engine} engine: device=cuda, but torch sees no CUDA device; use device=cpu")
         return got
@@ -165,8 +142,6 @@ HF_CHOICES = (
 )
 HF = OptionTable("hf", HF_CHOICES)
 
-# A day: a step or a load that takes longer is a hang; the bound keeps the deadlines finite.
-LONGEST_S = 86400.0
 WORLD_SIZES = ("2", "1", "4")
 HF_DIST = OptionTable("hf-dist", (
     Choice("world_size", WORLD_SIZES, "ranks: transformers' tensor-parallel plan over this many processes"
@@ -180,8 +155,8 @@ HF_DIST = OptionTable("hf-dist", (
     Choice("nccl_proto", ("default", "Simple", "LL", "LL128"), "NCCL_PROTO for the ranks' collectives (default:"
            " NCCL's choice)", only="cuda"),
     *HF_CHOICES,
-    Number("threads", 1, 1, MOST_THREADS, "torch CPU threads per rank (and OMP_NUM_THREADS)", whole=True),
-    Number("timeout", 300.0, 0.0, LONGEST_S, "the longest a step may take", above=True, unit="seconds"),
-    Number("load_timeout", 900.0, 0.0, LONGEST_S, "the longest the ranks may take to load the model",
-           above=True, unit="seconds"),
+    Number("threads", 1, bounds.Number(whole=True, lo=1, hi=MOST_THREADS),
+           "torch CPU threads per rank (and OMP_NUM_THREADS)"),
+    Number("timeout", 300.0, bounds.SECONDS, "the longest a step may take"),
+    Number("load_timeout", 900.0, bounds.SECONDS, "the longest the ranks may take to load the model"),
 ))
