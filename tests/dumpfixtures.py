@@ -22,7 +22,9 @@ from_pretrained loads, sharded by its own TP plan when TP>1, does every projecti
 embedding, attention (the modeling file's eager_attention_forward over a cache grown as DynamicCache
 grows it), router and experts call; this tree only names and fuses their outputs as vLLM's and
 SGLang's modules do. Such a dump is the hf engines' computation in a serving engine's module tree and
-file format.
+file format. The experts are a partial sum over a slice of each on every rank, as FusedMoE holds them,
+whether transformers' TP plan slices them (up to 5.24) or leaves them whole (from 5.25;
+`hf_experts_partial`).
 """
 from __future__ import annotations
 
@@ -359,24 +361,45 @@ class FusedMoE(nn.Module):
         self.hf = pre
 
     def forward(self, x, weights, ids):
-        if HF is not None:  # transformers' experts module; under its TP plan it all-reduces: keep what it hands in
-            handed, real = [], dist.all_reduce
-
-            def keep(t, *a, **k):
-                handed.append(t.detach().clone())
-                return real(t, *a, **k)
-            dist.all_reduce = keep
-            try:
-                out = _hf(self.hf)(x, ids.long(), weights)
-            finally:
-                dist.all_reduce = real
-            return handed[-1] if handed else out
+        if HF is not None:
+            return hf_experts_partial(_hf(self.hf), x, ids.long(), weights)
         out = torch.zeros(x.shape[0], x.shape[1], dtype=F)
         for t in range(x.shape[0]):
             for j in range(ids.shape[1]):
                 e = int(ids[t, j])
                 out[t] = out[t] + weights[t, j] * linear(self.act(linear(x[t:t + 1], self.w13[e])), self.w2[e])[0]
         return out  # a partial sum over the rank's slice of each expert (reduce_results=False)
+
+
+def hf_experts_partial(experts: nn.Module, x, ids, weights) -> torch.Tensor:
+    """This rank's partial sum of transformers' experts module over a slice of every expert's intermediate,
+    as vLLM's and SGLang's FusedMoE gives it under TP (reduce_results=False). Up to transformers 5.24 its TP
+    plan shards the experts so (``moe_tp_experts``) and all-reduces their output: the tensor it hands to the
+    all-reduce is kept. From 5.25 the TP plan leaves the experts whole on every rank: its forward runs on
+    the rank's slice of the weights ([gate; up] rows and down_proj's columns), the same sum the old plan
+    made."""
+    gate_up = experts.gate_up_proj
+    gate_up = gate_up.to_local() if hasattr(gate_up, "to_local") else gate_up
+    r, n = tp_info()
+    I = DIMS["moe_inter"]
+    if n == 1 or gate_up.shape[-2] != 2 * I:  # one rank, or transformers sharded the experts itself
+        handed, real = [], dist.all_reduce
+
+        def keep(t, *a, **k):
+            handed.append(t.detach().clone())
+            return real(t, *a, **k)
+        dist.all_reduce = keep
+        try:
+            out = experts(x, ids, weights)
+        finally:
+            dist.all_reduce = real
+        return handed[-1] if handed else out
+    s = slice(r * I // n, (r + 1) * I // n)
+    down = experts.down_proj
+    down = down.to_local() if hasattr(down, "to_local") else down
+    mine = {"gate_up_proj": torch.cat([gate_up[:, s], gate_up[:, I:][:, s]], dim=1),
+            "down_proj": down[:, :, s]}
+    return torch.func.functional_call(experts, mine, (x, ids, weights))
 
 
 class MoEBlock(nn.Module):

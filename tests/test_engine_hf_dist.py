@@ -37,6 +37,12 @@ VOCAB, PROMPT, N, LAYERS = 256, [5, 77, 190, 33], 3, 2
 COMMON = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=LAYERS, num_attention_heads=8, head_dim=16,
               rope_theta=1e6, rms_norm_eps=1e-6, max_position_embeddings=128, tie_word_embeddings=False)
 SHARDED = ("kraw", "knorm", "kpre", "k", "v", "qrope", "attn")  # ks / vs too under q8
+# the experts in qwen3_moe's TP plan as transformers up to 5.24 has them (a slice of every expert a rank, the
+# output all-reduced); 5.25 dropped them: the experts are split by EP alone
+TP_EXPERTS = {"layers.*.mlp.experts.gate_up_proj": "packed_colwise", "layers.*.mlp.experts.down_proj": "rowwise",
+              "layers.*.mlp.experts": "moe_tp_experts"}
+INSTALLED_TP_SPLITS_EXPERTS = any(k.startswith("layers.*.mlp.experts")
+                                  for k in transformers.Qwen3MoeConfig.base_model_tp_plan)
 
 
 def _build(kind: str, seed: int):
@@ -319,17 +325,29 @@ def test_tp2_against_tp1(runs, engines):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind, ep", [("dense", "off"), ("moe", "off"), ("moe", "on")])
-def test_partial_sums_are_reduced(runs, kind, ep):
+def test_partial_sums_are_reduced(runs, engines, kind, ep):
     """ores = residual + the all-reduce of the ranks' o_proj partials, x = ores + that of the FFN's: bit for
-    bit, and with 2 ranks the all-reduce is the one float add of the two partials."""
+    bit, and with 2 ranks the all-reduce is the one float add of the two partials. A MoE under TP alone has
+    the FFN's partials only where the installed transformers' TP plan splits the experts (up to 5.24); from
+    5.25 every rank runs them whole: x is replicated, with no partials, and the engine says so."""
     trace = runs(kind, "2", ep)
-    branches = {f"t{p.t}_l{li}_{f}" for p in trace.positions for li in range(LAYERS) for f in ("ores", "x")}
+    ffn_split = kind == "dense" or ep == "on" or INSTALLED_TP_SPLITS_EXPERTS
+    fields = ("ores", "x") if ffn_split else ("ores",)
+    branches = {f"t{p.t}_l{li}_{f}" for p in trace.positions for li in range(LAYERS) for f in fields}
     assert trace.partial == branches
+    said = [n for n in engines[kind].notes if "splits no experts" in n]
+    assert len(said) == (kind == "moe" and not INSTALLED_TP_SPLITS_EXPERTS)
+    assert trace.findings == []  # every replicated key, x among them where it is one, equal on both ranks
     for p in trace.positions:
         for li in range(LAYERS):
             key = lambda f: f"t{p.t}_l{li}_{f}"  # noqa: E731
             prev = p.raw[f"t{p.t}_emb"] if li == 0 else p.raw[key("x").replace(f"_l{li}_", f"_l{li - 1}_")]
+            if not ffn_split:  # a replicated key like any other: no shares, and the ranks agreed on it
+                assert rank_values(p.raw, key("x")) is None and trace.rank_values(key("x")) is None
+                assert sum_key(key("x")) not in p.raw
             for field, base in (("ores", prev), ("x", p.raw[key("ores")])):
+                if field not in fields:
+                    continue
                 parts = rank_values(p.raw, key(field))
                 assert len(parts) == 2, key(field)
                 assert [a.tobytes() for a in trace.rank_values(key(field))] == [a.tobytes() for a in parts]
@@ -337,6 +355,30 @@ def test_partial_sums_are_reduced(runs, kind, ep):
                 np.testing.assert_array_equal(_bits(parts[0] + parts[1]), _bits(reduced))
                 np.testing.assert_array_equal(_bits(base + reduced), _bits(p.raw[key(field)]))
                 assert not np.array_equal(parts[0], parts[1])  # two real shares, not one sum twice
+
+
+def test_a_tp_plan_that_leaves_the_experts_whole_is_said(ckpt, monkeypatch):
+    """transformers 5.25 dropped the experts from qwen3_moe's TP plan: under TP alone every rank runs them
+    whole and a MoE layer's x has no per-rank partial sums. A MoE engine that may run so says it in one note;
+    with the experts in the plan (up to 5.24), on a dense model, or where every run is on one rank or has EP,
+    nothing is said."""
+    whole = {k: v for k, v in transformers.Qwen3MoeConfig.base_model_tp_plan.items() if ".mlp.experts" not in k}
+    monkeypatch.setattr(transformers.Qwen3MoeConfig, "base_model_tp_plan", whole)
+    moe = make_hf_dist_engine(EngineSpec("hf-dist", ckpt["moe"]), None)
+    note = (f"hf-dist: transformers {transformers.__version__}'s tensor-parallel plan splits no experts: with"
+            f" ep=off every rank runs all of them whole, so a MoE layer's x is replicated and has no per-rank"
+            f" partial sums (x@R, x@sum); ep=on splits the experts")
+    assert note in moe.notes
+    ep_toggle = Toggle("ep", ("on", "off"), "off", (), "", key="ep")
+    assert note in make_hf_dist_engine(EngineSpec("hf-dist", ckpt["moe"], {"world_size": 1, "ep": "on"},
+                                                  toggles=(Toggle("world_size", ("1", "2"), "1", (), "",
+                                                                  key="world_size"), ep_toggle)), None).notes
+    for options, toggles in (({"world_size": 1}, ()), ({"ep": "on"}, ()), ({"world_size": 1}, (ep_toggle,))):
+        eng = make_hf_dist_engine(EngineSpec("hf-dist", ckpt["moe"], options, toggles=toggles), None)
+        assert note not in eng.notes, (options, toggles)
+    assert not [n for n in make_hf_dist_engine(EngineSpec("hf-dist", ckpt["dense"]), None).notes if "experts" in n]
+    monkeypatch.setattr(transformers.Qwen3MoeConfig, "base_model_tp_plan", whole | TP_EXPERTS)
+    assert note not in make_hf_dist_engine(EngineSpec("hf-dist", ckpt["moe"]), None).notes
 
 
 @pytest.mark.slow

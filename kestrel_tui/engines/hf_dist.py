@@ -38,7 +38,7 @@ from .base import Capabilities, Engine, EngineFailed, EngineSpec, RunRequest, To
 from .decode import decode_loop
 from .hf import HFFamily, make_family_engine
 from .hf_dist_group import Group, RankFailure
-from .hf_dist_rank import RankJob
+from .hf_dist_rank import EXPERTS, RankJob, layer_rules, splits
 from .hf_options import HF, HF_DIST, WORLD_SIZES
 
 NAME = "hf-dist"
@@ -158,7 +158,7 @@ class HFDistEngine(HFFamily):
                 self._fits(t.key or t.name, self.table.check(t.key or t.name, v), f"toggle {t.name}")
         for name in ("world_size", "ep"):
             self._fits(name, self.options[name], "option")
-        self.notes: tuple[str, ...] = self._shared_cores()
+        self.notes: tuple[str, ...] = self._shared_cores() + self._experts_whole()
         self.findings: list[str] = []  # the last run's replicated keys the ranks disagreed on
         self._group: Group | None = None
         self._group_key = None
@@ -197,6 +197,26 @@ class HFDistEngine(HFFamily):
             return ()
         return (f"{NAME}: world_size={n} × threads={threads} runs {n * threads} CPU threads on {cores}"
                 f" core{'s' * (cores != 1)}: they take turns, so each step is slower (the bits are the same)",)
+
+    def _experts_whole(self) -> tuple[str, ...]:
+        """A note when a run may split this MoE by TP alone (world_size > 1, ep=off) and transformers' TP
+        plan leaves its experts whole on every rank (from transformers 5.25 the plan has no rule for them):
+        the FFN branch then has no all-reduce, so x has no per-rank partial sums."""
+        if not self.moe or experts_split_by_tp(self.model_dir):
+            return ()
+        if not (self._may_run("world_size", lambda v: int(v) > 1) and self._may_run("ep", "off".__eq__)):
+            return ()
+        import transformers
+
+        return (f"{NAME}: transformers {transformers.__version__}'s tensor-parallel plan splits no experts:"
+                f" with ep=off every rank runs all of them whole, so a MoE layer's x is replicated and has no"
+                f" per-rank partial sums (x@R, x@sum); ep=on splits the experts",)
+
+    def _may_run(self, name: str, fits) -> bool:
+        """Whether the option ``name`` or a toggle of it may take a value that ``fits``."""
+        values = [str(self.options[name])]
+        values += [v for t in self.toggles if (t.key or t.name) == name for v in t.values]
+        return any(fits(v) for v in values)
 
     def parallel(self, values: Mapping[str, str]) -> Parallel:
         """The world size, backend and plan of a run with these toggle values (and the ranks' pids once
@@ -304,6 +324,15 @@ class HFDistEngine(HFFamily):
 
 def _group_key(s: Mapping[str, object]) -> tuple:
     return tuple((k, v) for k, v in sorted(s.items()) if k not in PER_RUN)
+
+
+def experts_split_by_tp(model_dir: str) -> bool:
+    """Whether transformers' TP plan for this checkpoint shards a MoE's experts: up to transformers 5.24
+    a slice of every expert's intermediate on each rank (``moe_tp_experts``), all-reduced; from 5.25
+    the plan has no rule for them (its experts are split only by EP)."""
+    from transformers import AutoConfig
+
+    return splits(layer_rules(AutoConfig.from_pretrained(model_dir).base_model_tp_plan), EXPERTS)
 
 
 def _our_config(model, model_dir: str):

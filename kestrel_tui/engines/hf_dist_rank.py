@@ -31,9 +31,10 @@ from .hf_torch import first_line, load_model, quiet, torch_flags
 
 HOOKS_ENV = "KESTREL_RANK_HOOKS"
 
+EXPERTS = "mlp.experts"  # a MoE layer's experts, as transformers' plans name them
 # modules whose plan style decides a key's layout, as transformers' plans name them (hf_dist.layout_of
 # reads the styles back); the router (mlp.gate), the norms and the embedding's output are replicated
-PLANNED = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.experts",
+PLANNED = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", EXPERTS,
            "mlp.down_proj")
 # branch module -> the key its all-reduced output lands in (the residual add follows)
 BRANCHES = {"self_attn.o_proj": "ores", "mlp": "x"}
@@ -104,12 +105,23 @@ class PartialSums:
         return cols
 
 
+def layer_rules(plan) -> dict[str, str]:
+    """A plan's rules by their module's path inside a decoder layer: the model's plan names it
+    ``model.layers.*.X``, its config's base plan ``layers.*.X``."""
+    return {k.removeprefix("model.").removeprefix("layers.*."): v for k, v in (plan or {}).items()}
+
+
+def splits(rules, module: str) -> bool:
+    """Whether a rule of ``layer_rules`` shards ``module`` or one of its parameters."""
+    return any(r == module or r.startswith(module + ".") for r in rules)
+
+
 def plan_styles(model, job: RankJob) -> dict[str, str]:
     """PLANNED module -> the style transformers applied to it on this rank ("" where none)."""
     if job.world_size == 1:
         return dict.fromkeys(PLANNED, "")
-    tp = {k.removeprefix("model.layers.*."): v for k, v in (model.tp_plan or {}).items()}
-    ep = {k.removeprefix("model.layers.*."): v for k, v in (model.ep_plan or {}).items()} if job.ep else {}
+    tp = layer_rules(model.tp_plan)
+    ep = layer_rules(model.ep_plan) if job.ep else {}
     out = {}
     for name in PLANNED:
         expert = any(name == e or name.startswith(e + ".") for e in ep)  # EP rules take precedence
