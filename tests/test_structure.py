@@ -370,8 +370,6 @@ def test_llamacpp_key_map_is_the_registry():
 # public one where it is defined (child_main's _safe_path is taken by engines/hf_dist_rank.py). Once
 # none is left, the xfail below passes, and strict=True fails it until the mark goes.
 PRIVATE_LEFT = (
-    "kestrel_tui/engines/dumps/__init__.py: kestrel_tui.engines.dumps.passes._PASS",
-    "kestrel_tui/engines/dumps/__init__.py: kestrel_tui.engines.dumps.passes._RANK_DIR",
     "kestrel_tui/engines/hf_dist_rank.py: kestrel_tui.engines.child_main._safe_path",
 )
 
