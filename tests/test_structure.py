@@ -366,14 +366,6 @@ def test_llamacpp_key_map_is_the_registry():
 
 # ---- (f) nothing private crosses a module -------------------------------------------------------
 
-# Private names taken across modules in files under other work now; each is fixed by giving the name a
-# public one where it is defined (child_main's _safe_path is taken by engines/hf_dist_rank.py). Once
-# none is left, the xfail below passes, and strict=True fails it until the mark goes.
-PRIVATE_LEFT = (
-    "kestrel_tui/engines/dumps/__init__.py: kestrel_tui.engines.dumps.passes._PASS",
-    "kestrel_tui/engines/dumps/__init__.py: kestrel_tui.engines.dumps.passes._RANK_DIR",
-)
-
 
 def _private(name: str) -> bool:
     return name.startswith("_") and not name.startswith("__")
@@ -430,15 +422,6 @@ def test_the_private_name_check_can_fail():
     assert uses("from .hf_dist import _ours") == set()  # its own
 
 
-def test_no_private_name_crosses_a_module_beyond_those_left():
-    found = private_imports()
-    new = sorted(set(found) - set(PRIVATE_LEFT))
-    assert not new, "a module takes another's private name; give it a public one:\n" + "\n".join(new)
-    gone = sorted(set(PRIVATE_LEFT) - set(found))
-    assert not gone, "fixed, so drop from PRIVATE_LEFT:\n" + "\n".join(gone)
-
-
-@pytest.mark.xfail(strict=True, reason="the names in PRIVATE_LEFT, in files under other work now")
 def test_no_private_name_crosses_a_module():
     bad = private_imports()
     assert not bad, "a module takes another's private name; give it a public one:\n" + "\n".join(bad)

@@ -18,8 +18,7 @@ __all__ = ["DumpTrace", "detect_engine", "read_folder"]
 def detect_engine(path: str | Path) -> str | None:
     """vllm-dump / sglang-dump for a folder that holds such a dump, None otherwise. The per-rank pass
     folders are the same for vLLM and SGLang's legacy dump: SGLang's also dumps seq_lens."""
-    from .load import load_dict
-    from .passes import _PASS, _RANK_DIR
+    from .passes import PASS_FILE, RANK_DIR, SEQ_LENS, load_pass
     from .sglang_dumper import holds_records
 
     p = Path(path)
@@ -28,13 +27,13 @@ def detect_engine(path: str | Path) -> str | None:
     if holds_records(p):
         return "sglang-dump"
     entries = sorted(p.iterdir())
-    ranks = [e for e in entries if e.is_dir() and _RANK_DIR.fullmatch(e.name)]
+    ranks = [e for e in entries if e.is_dir() and RANK_DIR.fullmatch(e.name)]
     if not ranks:
         return None
-    first = next((f for f in sorted(ranks[0].iterdir()) if _PASS.fullmatch(f.name)), None)
+    first = next((f for f in sorted(ranks[0].iterdir()) if PASS_FILE.fullmatch(f.name)), None)
     if first is None:
         return "vllm-dump"
-    return "sglang-dump" if "model.forward_batch_info.seq_lens" in load_dict(first) else "vllm-dump"
+    return "sglang-dump" if SEQ_LENS in load_pass(first) else "vllm-dump"
 
 
 def read_folder(path: str | Path, *, tokens: list[int] | None = None, request: int = 0, kv: str = "f32",

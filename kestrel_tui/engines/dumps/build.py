@@ -26,6 +26,7 @@ from .shards import Assembled
 from .tokens import chains, pick
 
 F32 = np.float32
+MAX_SKIPPED = 2**18  # positions before a request's first kept as empty ones (a cached prefix): ~60 MB of them
 HEADS = ("qrope", "kpre", "v", "knorm")  # [heads, head_dim] per position
 _ROUTED = ("router", "topk", "topw")
 
@@ -79,6 +80,11 @@ def read_trace(source, *, want: list[int] | None = None, request: int = 0, n_pro
     steps = source.index()
     found, segs_by_step = chains(steps, want)
     chain, notes = pick(found, want, request, source.label)
+    start = chain.rows[0].pos
+    if start > MAX_SKIPPED:  # each position before the request's first is kept, empty: bound them before the loop
+        raise UsageError(f"{source.positions_of(chain.rows[0].step)}: the request starts at position {start}; the"
+                         f" reader keeps the positions before a request's first (a cached prefix) as empty ones,"
+                         f" at most {MAX_SKIPPED}: dump the request from its first token (prefix caching off)")
     rows_by_step: dict[int, list] = {}
     for r in chain.rows:
         if n_positions is None or r.pos < n_positions:
@@ -107,6 +113,10 @@ def read_trace(source, *, want: list[int] | None = None, request: int = 0, n_pro
         ids = steps[s][0]
         segs = segs_by_step[s]
         layers = n_layers or 1 + max((l for (_, l) in fw.keys if l is not None), default=-1)
+        # the layers the forward holds keys of; the others are counted missing, not walked (a dump of layers
+        # 0 and 31, or a module name's layer 999999, costs what it holds)
+        present = sorted({l for (_, l) in fw.keys if l is not None and l < layers})
+        absent = layers - len(present)
         for r in rows_by_step[s]:
             while t_next < r.pos:  # positions the dump never computed (a cached prefix) stay empty
                 emit(Position(t_next, want[t_next] if want and t_next < len(want) else -1, t_next < P, {}, None, None))
@@ -131,7 +141,7 @@ def read_trace(source, *, want: list[int] | None = None, request: int = 0, n_pro
                         shards[f"{key}@{k}"] = np.ascontiguousarray(part[r.row])
 
             put(emb_key(r.pos), fw.keys.get(("emb", None)), "emb")
-            for li in range(layers):
+            for li in present:
                 hd = _head_dim(fw, li)
                 kp, v = fw.keys.get(("kpre", li)), fw.keys.get(("v", li))
                 for f in fields:
@@ -144,12 +154,15 @@ def read_trace(source, *, want: list[int] | None = None, request: int = 0, n_pro
                         continue
                     put(key_name(r.pos, li, f), fw.keys.get((f, li)), f, hd)
                 _kv_keys(col, r.pos, li, kv, kp, v, r.row, hd, fields, missing)
+            if absent:  # each field of a layer without keys is missing, as the loop above counts them
+                for f in (*(f for f in fields if f not in ("k", "ks", "vs")), "k", "ks", "vs"):
+                    missing[f] = missing.get(f, 0) + absent
             lg = _logits_row(fw.logits, r.row, segs, len(ids))
             if lg is not None:
                 col[logits_key(r.pos)] = lg
             elif "logits" in fields:
                 missing["logits"] = missing.get("logits", 0) + 1
-            order = {k: i for i, k in enumerate(_key_order(r.pos, layers, fields))}
+            order = {k: i for i, k in enumerate(_key_order(r.pos, present, fields))}
             col = dict(sorted(col.items(), key=lambda kv_: order.get(kv_[0], len(order))))
             hashes = {k: fnv1a64(a) for k, a in col.items()}
             if shards:
@@ -174,11 +187,10 @@ _WHY = {
 }
 
 
-def _key_order(t: int, layers: int, fields) -> list[str]:
+def _key_order(t: int, layers: list[int], fields) -> list[str]:
     from ...trace.keys import ALL_FIELDS
 
-    return [emb_key(t)] + [key_name(t, li, f) for li in range(layers) for f in ALL_FIELDS if f in fields] + \
-        [logits_key(t)]
+    return [emb_key(t)] + [key_name(t, li, f) for li in layers for f in ALL_FIELDS if f in fields] + [logits_key(t)]
 
 
 def _kv_keys(col, t, li, kv, kp, v, row, hd, fields, missing) -> None:
@@ -210,10 +222,11 @@ def _logits_row(lg: Assembled | None, row: int, segs: list[tuple[int, int]], n_r
     if lg is None:
         return None
     a = lg.value
+    # a copy: the position keeps its logits, and a view would keep the dump file's mapping alive with them
     if a.shape[0] == n_rows:
-        return np.ascontiguousarray(a[row], dtype=F32)
+        return np.array(a[row], dtype=F32)
     if a.shape[0] == len(segs):
         for j, (_, b) in enumerate(segs):
             if row == b - 1:
-                return np.ascontiguousarray(a[j], dtype=F32)
+                return np.array(a[j], dtype=F32)
     return None

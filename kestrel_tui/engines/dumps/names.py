@@ -68,7 +68,8 @@ TOKEN_RULES: tuple[Rule, ...] = (
 SHAPE_MODULES = ("self_attn.q_norm", "self_attn.k_norm")
 FIELDS = frozenset(r.field for r in LAYER_RULES + TOKEN_RULES)
 
-_LAYER = re.compile(r"model\.layers\.(0|[1-9][0-9]{0,5})\.(.+)")
+LAYER_NUMBER = r"(0|[1-9][0-9]{0,5})"  # a layer index as the names and tags write it: below 10^6
+_LAYER = re.compile(rf"model\.layers\.{LAYER_NUMBER}\.(.+)")
 
 
 def rules_for(module: str) -> tuple[int | None, list[Rule]]:
@@ -77,3 +78,25 @@ def rules_for(module: str) -> tuple[int | None, list[Rule]]:
     if m:
         return int(m[1]), [r for r in LAYER_RULES if r.module == m[2]]
     return None, [r for r in TOKEN_RULES if r.module == module]
+
+
+def kind_of_fields(fields: set[str]) -> str | None:
+    """What the dumped tensors of these fields must hold: TopK's expert ids are integers, every other
+    field's values floats; None when no field reads it."""
+    if not fields:
+        return None
+    return "ints" if "topk" in fields else "floats"
+
+
+def value_kind(module: str, part: int | None) -> str | None:
+    """What a module's dumped output must hold (``part``: the tensor's index in a tuple output's list, None
+    for a bare tensor), as rules_for's readers take it: a bare tensor is read as part 0 or the whole
+    output, and a list of one tensor as the whole output. None: nothing reads it but its shape."""
+    _, rules = rules_for(module)
+    if part is None:
+        read = {r.field for r in rules if r.part in (None, 0)}
+    else:
+        read = {r.field for r in rules if r.part == part or (r.part is None and part == 0)}
+    if not read and module.endswith(tuple("." + m for m in SHAPE_MODULES)):
+        return "floats"  # q_norm: read for its shape, an activation like the rest
+    return kind_of_fields(read)

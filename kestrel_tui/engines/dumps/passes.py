@@ -19,12 +19,25 @@ import numpy as np
 
 from ...errors import UsageError
 from ...text import inert
-from .load import list_files, load_dict, refused
+from .load import index_vector, list_files, load_dict, refused
+from .names import value_kind
 from .steps import Forward, assemble_forward, logits_of
 
-_RANK_DIR = re.compile(r"TP(0|[1-9][0-9]{0,4})_PP(0|[1-9][0-9]{0,4})_Rank(0|[1-9][0-9]{0,5})_pid([0-9]{1,10})")
-_PASS = re.compile(r"Pass([0-9]{5,9})\.pt")
+RANK_DIR = re.compile(r"TP(0|[1-9][0-9]{0,4})_PP(0|[1-9][0-9]{0,4})_Rank(0|[1-9][0-9]{0,5})_pid([0-9]{1,10})")
+PASS_FILE = re.compile(r"Pass([0-9]{5,9})\.pt")
 IDS, POSITIONS = "model.forward_batch_info.input_ids", "model.forward_batch_info.positions"
+SEQ_LENS = "model.forward_batch_info.seq_lens"
+_BATCH = {IDS: "ids", POSITIONS: "positions", SEQ_LENS: "ints"}
+
+
+def kind_of(key: str, part: int | None) -> str | None:
+    """What a pass file's entry must hold (load.check's kinds): the batch's ids and positions, or a module's
+    output as names.py reads it."""
+    return _BATCH[key] if key in _BATCH and part is None else value_kind(key, part)
+
+
+def load_pass(path: Path) -> dict:
+    return load_dict(path, kind_of)
 
 
 class PassFolders:
@@ -35,7 +48,7 @@ class PassFolders:
         if not self.folder.is_dir():
             raise UsageError(f"{engine} dump {inert(str(folder))}: not a folder; name the folder the engine wrote"
                              f" (its TP*_PP*_Rank*_pid* folders inside)")
-        dirs = list_files(self.folder, _RANK_DIR, "dump folder")
+        dirs = list_files(self.folder, RANK_DIR, "dump folder")
         if not dirs:
             raise refused(self.folder, "has no TP<t>_PP<p>_Rank<r>_pid<pid> folders",
                           f"name the folder {engine} wrote its dump into")
@@ -59,7 +72,7 @@ class PassFolders:
         for tp in range(self.tp):
             for pp in range(self.pp):
                 d = self.rank_dirs[tp][pp]
-                got = [n[0] for n, _ in list_files(d, _PASS, "dump folder")]
+                got = [n[0] for n, _ in list_files(d, PASS_FILE, "dump folder")]
                 if passes is None:
                     passes, first = got, d
                 elif got != passes:
@@ -88,10 +101,10 @@ class PassFolders:
             merged: dict = {}
             for pp in range(self.pp):
                 path = self._file(tp, pp, i)
-                for k, v in load_dict(path).items():
+                for k, v in load_pass(path).items():
                     merged.setdefault(k, v)
             ranks.append(merged)
-            labels.append(f"{self.rank_dirs[tp][0].name}/Pass{self.passes[i]:05d}.pt")
+            labels.append(inert(str(self._file(tp, 0, i))))
         self._cache = (i, ranks, labels)
         return ranks, labels
 
@@ -102,9 +115,13 @@ class PassFolders:
     def index(self) -> list[tuple[np.ndarray, np.ndarray]]:
         out = []
         for i in range(len(self.passes)):
-            out.append(self.tokens(i))
+            out.append(self.tokens(i))  # arrays of their own: the file's mapping goes with its tensors
             self._cache = None  # the scan keeps no tensors
         return out
+
+    def positions_of(self, i: int) -> str:
+        """Forward i's positions as messages name them: the file and the field."""
+        return f"{inert(str(self._file(0, 0, i)))}: {POSITIONS}"
 
     def forward(self, i: int) -> Forward:
         ranks, labels = self._load(i)
@@ -130,7 +147,7 @@ def _ids(d: dict, label: str) -> tuple[np.ndarray, np.ndarray]:
                                              else f"shape {tuple(t.shape)} {str(t.dtype).replace('torch.', '')}")
             raise UsageError(f"{label}: {key} is {what}; a dumped forward has its token ids and positions as"
                              f" integer vectors (is this a dump of a model whose top module is `model`?)")
-        out.append(t.to(torch.int64).numpy())
+        out.append(index_vector(t))
     if len(out[0]) != len(out[1]):
         raise UsageError(f"{label}: {len(out[0])} input_ids but {len(out[1])} positions; the dump is damaged")
     return out[0], out[1]

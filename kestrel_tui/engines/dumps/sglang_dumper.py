@@ -23,14 +23,17 @@ import numpy as np
 
 from ...errors import UsageError
 from ...text import inert
-from .load import load_pt, refused
-from .names import FIELDS
+from .load import check, index_vector, load_pt, refused
+from .names import FIELDS, LAYER_NUMBER, kind_of_fields, value_kind
 from .shards import Assembled, assemble, parse_dims, to_numpy
 from .steps import Forward, assemble_forward
 
 _TAG = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=([^=]*)")
-_NI = re.compile(r"non_intrusive__(.+?)\.output(?:\.([0-9]+|next_token_logits))?")
+_NI = re.compile(r"non_intrusive__(.+?)\.output(?:\.([0-9]{1,4}|next_token_logits))?")
+_NUMBER = re.compile(r"0|[1-9][0-9]{0,8}")  # a step or rank as the dumper writes it
+_LAYER_ID = re.compile(LAYER_NUMBER)
 CORE = ("input_ids", "positions")
+_CORE_KIND = {"input_ids": "ids", "positions": "positions", "seq_lens": "ints"}
 
 
 def parse_name(filename: str) -> dict[str, str] | None:
@@ -43,9 +46,27 @@ def parse_name(filename: str) -> dict[str, str] | None:
         if not m:
             return None
         tags[m[1]] = m[2]
-    if not {"step", "rank", "name"} <= tags.keys() or not (tags["step"].isdigit() and tags["rank"].isdigit()):
+    if not {"step", "rank", "name"} <= tags.keys() or not (_NUMBER.fullmatch(tags["step"])
+                                                           and _NUMBER.fullmatch(tags["rank"])):
         return None
     return tags
+
+
+def kind_of(name: str) -> str | None:
+    """What a record's value must hold (load.check's kinds), by its name: a core field of the batch, a module's
+    output (non-intrusive mode), or one of our fields dumped by name."""
+    if name in _CORE_KIND:
+        return _CORE_KIND[name]
+    m = _NI.fullmatch(name)
+    if m:
+        part = None if m[2] is None else "logits" if m[2] == "next_token_logits" else int(m[2])
+        return "floats" if part == "logits" else value_kind(m[1], part)
+    return kind_of_fields({name} & FIELDS)
+
+
+def layer_of(tags: dict[str, str]) -> int | None:
+    layer = tags.get("layer_id")
+    return int(layer) if layer is not None and _LAYER_ID.fullmatch(layer) else None
 
 
 def _records(folder: Path) -> list[tuple[dict, Path]]:
@@ -89,11 +110,17 @@ class DumperFolder:
                                                                    " input_ids and positions each forward)")
         self.label = f"SGLang dumper dump {self.folder.name}"
 
-    def _record(self, path: Path) -> tuple[object, dict]:
+    def _record(self, path: Path, name: str) -> tuple[object, dict]:
+        """A record's value, checked as its name says (load.check), and its meta."""
         obj = load_pt(path)
         if not isinstance(obj, dict) or "value" not in obj or not isinstance(obj.get("meta"), dict):
             raise refused(path, "is not a dumper record (a dict of value and meta)")
-        return obj["value"], obj["meta"]
+        return check(obj["value"], path, "value", kind_of(name)), obj["meta"]
+
+    def positions_of(self, i: int) -> str:
+        """Step i's positions as messages name them: the file and the field."""
+        path = next((p for t, p in self.by_step[self.steps[i]] if t["name"] == "positions"), self.folder)
+        return f"{inert(str(path))}: positions"
 
     def tokens(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         first: dict[str, tuple[int, Path]] = {}  # each core field from its lowest rank
@@ -102,11 +129,13 @@ class DumperFolder:
             if tags["name"] in CORE and (tags["name"] not in first or r < first[tags["name"]][0]):
                 first[tags["name"]] = (r, path)
         out = {}
+        import torch
+
         for name, (_, path) in first.items():
-            a = to_numpy(self._record(path)[0], path.name)
-            if isinstance(a, str) or a.ndim != 1 or a.dtype.kind not in "iu":
+            t = self._record(path, name)[0]
+            if not isinstance(t, torch.Tensor) or t.ndim != 1:
                 raise refused(path, f"{name} is not an integer vector", "dump the forward batch's ids")
-            out[name] = a
+            out[name] = index_vector(t)
         if "positions" not in out:
             raise refused(self.folder, f"step {self.steps[i]} has input_ids but no positions",
                           "dump with the non-intrusive mode on")
@@ -129,26 +158,24 @@ class DumperFolder:
             if m:
                 if m[1] == "logits_processor":
                     if logits is None:
-                        a = to_numpy(self._record(path)[0], path.name)
+                        a = to_numpy(self._record(path, name)[0], path.name)
                         if isinstance(a, str):
                             raise refused(path, a)
                         logits = Assembled(a.astype(np.float32, copy=False))
                     continue
-                value = self._record(path)[0]
+                value = self._record(path, name)[0]
                 slot = modules[rank]
                 if m[2] is None:
                     slot[m[1]] = value
                 else:
                     slot.setdefault(m[1], {})[int(m[2])] = value
             elif name in FIELDS:
-                layer = tags.get("layer_id")
-                layer = int(layer) if layer not in (None, "None") and layer.isdigit() else None
-                value, meta = self._record(path)
-                explicit[name, layer][rank] = (value, meta, path)
+                value, meta = self._record(path, name)
+                explicit[name, layer_of(tags)][rank] = (value, meta, path)
         ranks = sorted(modules)
         dicts = [{k: ([v[j] for j in sorted(v)] if isinstance(v, dict) else v) for k, v in modules[r].items()}
                  for r in ranks]
-        labels = [f"step {self.steps[i]} rank {r}" for r in ranks]
+        labels = [f"{inert(str(self.folder))}: step {self.steps[i]} rank {r}" for r in ranks]
         fw = assemble_forward(dicts, labels, ids, pos, n_kv=self.n_kv, n_layers=self.n_layers, logits_key=None) \
             if dicts else Forward(ids, pos)
         for key, by_rank in explicit.items():

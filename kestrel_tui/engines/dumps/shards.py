@@ -34,19 +34,13 @@ class Assembled:
 
 
 def to_numpy(t, what: str) -> np.ndarray | str:
-    """A dumped tensor as numpy: floats widened to float32 exactly (bf16, f16), integers as int64;
-    a string saying why not otherwise."""
+    """A dumped tensor, as load.check passed it for its field, as numpy: floats widened to float32 exactly
+    (bf16, f16), integers as int64; a string saying why not for a value that is no tensor."""
     import torch
 
     if not isinstance(t, torch.Tensor):
         return f"{what} is a {type(t).__name__}, not a tensor"
-    if t.is_floating_point():
-        if t.dtype == torch.float64:
-            return f"{what} is float64; the keys hold float32 values"
-        return t.detach().to(torch.float32).contiguous().numpy()
-    if t.dtype in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
-        return t.detach().to(torch.int64).contiguous().numpy()
-    return f"{what} has dtype {str(t.dtype).replace('torch.', '')}"
+    return t.detach().to(torch.float32 if t.is_floating_point() else torch.int64).contiguous().numpy()
 
 
 def reduce_partial(parts: list[np.ndarray]) -> np.ndarray:

@@ -13,6 +13,7 @@ forced tokens) at every position both have; `request` picks among several (0: th
 """
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -52,29 +53,44 @@ def chains(steps: list[tuple[np.ndarray, np.ndarray]], want: list[int] | None = 
     positions happen to follow each other (3 of one, 4 of the next) are two requests, not one."""
     found: list[Chain] = []
     segs: dict[int, list[tuple[int, int]]] = {}
+    # the chains a later forward may continue, by (next position, agrees with want): heaps of chain indices,
+    # so that a segment finds its chain without a walk over every request the dump ever held
+    open_at: dict[tuple[int, bool], list[int]] = {}
+
+    def take(p: int, ok: bool) -> int | None:
+        """The first open chain waiting for position p, one whose agreement is the segment's first."""
+        for key in ((p, ok), (p, not ok)):
+            heap = open_at.get(key)
+            if heap:
+                c = heapq.heappop(heap)
+                if not heap:
+                    del open_at[key]
+                return c
+        return None
+
     for s, (ids, pos) in enumerate(steps):
-        taken: set[int] = set()
+        taken: list[int] = []  # a request has one segment a forward: open again once the forward is read
         segs[s] = []
         i, n = 0, len(ids)
         while i < n:
             first = Row(s, i, int(ids[i]), int(pos[i]))
-            ok = _agrees([first], want)
-            open_ = [c for c in range(len(found)) if c not in taken and found[c].next_pos == first.pos]
-            open_.sort(key=lambda c: (found[c].agrees != ok, c))
-            waiting = {found[c].next_pos for c in range(len(found)) if c not in taken and c not in open_[:1]}
+            chosen = take(first.pos, _agrees([first], want))
             j = i + 1
-            while j < n and pos[j] == pos[j - 1] + 1 and not (open_ and int(pos[j]) in waiting):
+            while j < n and pos[j] == pos[j - 1] + 1 and not (
+                    chosen is not None and ((int(pos[j]), True) in open_at or (int(pos[j]), False) in open_at)):
                 j += 1
             seg = [Row(s, r, int(ids[r]), int(pos[r])) for r in range(i, j)]
-            if not open_:
+            if chosen is None:
                 found.append(Chain())
-                open_ = [len(found) - 1]
-            c = found[open_[0]]
-            taken.add(open_[0])
+                chosen = len(found) - 1
+            c = found[chosen]
+            taken.append(chosen)
             c.rows += seg
             c.agrees = c.agrees and _agrees(seg, want)
             segs[s].append((i, j))
             i = j
+        for t in taken:
+            heapq.heappush(open_at.setdefault((found[t].next_pos, found[t].agrees), []), t)
     return found, segs
 
 

@@ -1,0 +1,213 @@
+"""Fuzz the serving-dump readers through `kestrel-tui diff`, `diff --tol` and `run` with the dump engine.
+
+    .venv/bin/python scripts/fuzz_dumps.py --cases 100000 --seed 0
+
+(about 2 s a case on a loaded 2-core machine: 20 cases in 40 s, 2026-12-05; split seeds over processes)
+
+Each case mutates a valid tiny one-pass (or few-pass) vLLM or SGLang-legacy dump folder — a field's dtype,
+shape, a stride-0 `expand`, a sparse or `meta` tensor, huge or negative positions and ids, a missing
+field, a non-tensor value, a truncated file, many passes — and runs the three commands in-process
+against the valid folder. Each must give exit 0, 1 (a DIFF: both folders read) or 2 with exactly one
+stderr line; no traceback; each case within 5 s; all under RLIMIT_AS 3 GB, set before torch is imported.
+A summary counts the outcomes and names the slowest case; any violation prints its case and exits 1.
+tests/test_fuzz_dumps.py runs the same strategies under pytest (fewer cases, derandomized).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import resource
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+LIMIT_AS = 3 * 2**30
+SECONDS = 5.0
+
+
+def limit_memory() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if soft == resource.RLIM_INFINITY or soft > LIMIT_AS:
+        resource.setrlimit(resource.RLIMIT_AS, (LIMIT_AS, hard))
+
+
+if __name__ == "__main__":
+    limit_memory()  # before torch: it must import under the limit too
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+from hypothesis import HealthCheck, Phase, given, seed, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from kestrel_tui.cli import main as cli_main  # noqa: E402
+
+IDS, POSITIONS = "model.forward_batch_info.input_ids", "model.forward_batch_info.positions"
+SEQ_LENS = "model.forward_batch_info.seq_lens"
+EMB = "model.embed_tokens"
+HIDDEN = 256  # the embedded synthetic model's (run's reference): the valid dump's emb fits it
+PROMPT = [5, 77, 19, 33]
+FIELDS = (IDS, POSITIONS, SEQ_LENS, EMB)
+
+
+def valid(fmt: str, n: int = 0) -> dict:
+    """A forward of PROMPT: the first pass the prompt, the later ones one decode token each."""
+    ids = torch.tensor(PROMPT) if n == 0 else torch.tensor([7])
+    pos = torch.arange(4) if n == 0 else torch.tensor([3 + n])
+    d = {IDS: ids, POSITIONS: pos, EMB: torch.ones(len(ids), HIDDEN)}
+    if fmt == "sglang":
+        d[SEQ_LENS] = torch.tensor([int(pos[-1]) + 1])
+    return d
+
+
+_BIG = st.sampled_from([2**18 + 1, 2**30, 2**31, 2**40, 2**62, -1, -1000, -(2**40)])
+_VALUES = st.one_of(
+    st.builds(lambda b: ("add", b), _BIG),
+    st.sampled_from([("dtype", t) for t in (torch.int32, torch.int8, torch.uint8, torch.float16, torch.bfloat16,
+                                             torch.float32, torch.float64, torch.bool, torch.complex64)]),
+    st.sampled_from([("expand", k) for k in (2**10, 2**31, 2**34, 2**40)]),
+    st.just(("sparse", None)), st.just(("meta", None)), st.just(("drop", None)),
+    st.sampled_from([("value", v) for v in ("x", 3, None, [1, 2], {"a": 1}, 1.5)]),
+    st.sampled_from([("shape", s) for s in ((), (0,), (4, 1), (2,), (4, 8, 2), (1, 0))]),
+)
+MUTATION = st.tuples(st.sampled_from(FIELDS), _VALUES)
+
+
+def mutate(t, how: str, arg):
+    if how == "add":
+        return t.to(torch.int64) + arg
+    if how == "dtype":
+        return t.to(arg)
+    if how == "expand":
+        return t.reshape(-1)[:1].clone().expand(arg) if t.ndim < 2 else t[:1, :1].clone().expand(t.shape[0], arg)
+    if how == "sparse":
+        return t.to_sparse()
+    if how == "meta":
+        return torch.empty(t.shape, dtype=t.dtype, device="meta")
+    if how == "value":
+        return arg
+    if how == "shape":
+        return torch.zeros(arg, dtype=t.dtype)
+    raise ValueError(how)
+
+
+@st.composite
+def cases(draw):
+    fmt = draw(st.sampled_from(["vllm", "sglang"]))
+    passes = draw(st.sampled_from([1, 1, 2, 3, 200]))
+    muts = draw(st.lists(st.tuples(st.integers(0, passes - 1), MUTATION), min_size=0, max_size=3))
+    truncate = draw(st.none() | st.tuples(st.integers(0, passes - 1), st.integers(0, 400)))
+    return fmt, passes, muts, truncate
+
+
+def write(folder: Path, case) -> None:
+    fmt, passes, muts, truncate = case
+    rank = folder / "TP0_PP0_Rank0_pid1"
+    rank.mkdir(parents=True)
+    for n in range(passes):
+        d = valid(fmt, n)
+        for i, (field, (how, arg)) in muts:
+            if i == n and field in d:
+                if how == "drop":
+                    del d[field]
+                else:
+                    d[field] = mutate(d[field], how, arg)
+        path = rank / f"Pass{n:05d}.pt"
+        torch.save(d, path)
+        if truncate and truncate[0] == n:
+            path.write_bytes(path.read_bytes()[:truncate[1]])
+
+
+def _cli(argv) -> tuple[int, str]:
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        try:
+            code = cli_main([str(a) for a in argv])
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else 2
+        except BaseException as e:  # noqa: BLE001 - a crash is what this looks for
+            return -1, f"{type(e).__name__}: {e}"
+    return code, err.getvalue()
+
+
+def check(case, root: Path) -> list[tuple[str, int, float, str]]:
+    """(command, exit, seconds, violation or "") of each command on the case's folder against a valid one."""
+    good, bad = root / "good", root / "bad"
+    write(good, (case[0], 1, [], None))
+    write(bad, case)
+    prof = root / "p.toml"
+    prof.write_text(f'[reference]\nengine = "cpu"\n[subject]\nengine = "{case[0]}-dump"\n'
+                    f'[subject.options]\nfolder = "{bad}"\n')
+    out = []
+    for name, argv in (("diff", ("diff", bad, good)), ("diff --tol", ("diff", bad, good, "--tol", "nmse=1e-7")),
+                       ("run", ("run", "--profile", prof, "--prompt-ids", ",".join(map(str, PROMPT)),
+                                "--tokens", "1", "--kv", "f32", "--weights", "f32", "--no-cache"))):
+        t0 = time.monotonic()
+        code, err = _cli(argv)
+        took = time.monotonic() - t0
+        lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+        bad_why = ""
+        if code not in (0, 1, 2):
+            bad_why = f"exit {code}: {err[-600:]}"
+        elif "Traceback" in err:
+            bad_why = f"a traceback: {err[-600:]}"
+        elif code == 2 and len(lines) != 1:
+            bad_why = f"exit 2 with {len(lines)} lines: {err[-600:]}"
+        elif took > SECONDS and name != "run":
+            bad_why = f"{took:.1f} s"
+        out.append((name, code, took, bad_why))
+    return out
+
+
+class Tally:
+    def __init__(self):
+        self.outcomes, self.violations, self.slowest = Counter(), [], (0.0, None)
+
+    def add(self, case, results) -> None:
+        for name, code, took, why in results:
+            self.outcomes[f"{name}: exit {code}"] += 1
+            if took > self.slowest[0]:
+                self.slowest = (took, (name, case))
+            if why:
+                self.violations.append((name, case, why))
+
+    def report(self) -> str:
+        lines = [f"{k}: {v}" for k, v in sorted(self.outcomes.items())]
+        lines.append(f"slowest: {self.slowest[0]:.2f} s {self.slowest[1]}")
+        lines += [f"VIOLATION {n}: {why} in {c}" for n, c, why in self.violations[:5]]
+        lines.append(f"{len(self.violations)} violations")
+        return "\n".join(lines)
+
+
+def run_cases(n: int, seed_: int, derandomize: bool = False) -> Tally:
+    tally = Tally()
+
+    @seed(seed_)
+    @settings(max_examples=n, deadline=None, database=None, derandomize=derandomize,
+              phases=[Phase.generate], suppress_health_check=list(HealthCheck))
+    @given(cases())
+    def one(case):
+        with tempfile.TemporaryDirectory() as d:
+            tally.add(case, check(case, Path(d)))
+
+    one()
+    return tally
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cases", type=int, default=200)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    t0 = time.monotonic()
+    tally = run_cases(args.cases, args.seed)
+    print(tally.report())
+    print(f"{args.cases} cases in {time.monotonic() - t0:.0f} s")
+    return 1 if tally.violations else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
