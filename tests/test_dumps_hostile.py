@@ -137,3 +137,13 @@ def test_the_token_index_keeps_no_mapping(tmp_path):
     assert len(steps) == 3 and [int(p[0]) for _, p in steps] == [0, 4, 8]
     assert all(ids.base is None and pos.base is None for ids, pos in steps)
     assert seen and all(r() is None for r in seen)
+
+
+def test_a_dump_of_another_models_width_is_compared_not_crashed(capsys, tmp_path):
+    """A readable dump whose `emb` is 8 wide against the embedded model's 256: the hashes differ (a DIFF,
+    exit 1) and nothing element by element is claimed; before, the first DIFF's statistics raised."""
+    good = tmp_path / "good"
+    write_pass(good, {})
+    code, out, err = run_cli(capsys, *_commands(tmp_path, good, good, True)[2])
+    assert code == 1 and "Traceback" not in err, err[-2000:]
+    assert "t0_emb" in out

@@ -216,8 +216,8 @@ class RunResult:
         """Element statistics for a key from both raw buffers (None when either is absent)."""
         if key not in self._stats:
             a, b = self.ref.raw(key), self.sub.raw(key)
-            if a is None or b is None:
-                return None
+            if a is None or b is None or a.shape != b.shape or a.dtype != b.dtype:
+                return None  # two shapes or dtypes: nothing element by element (metrics: uncomparable)
             self._stats[key] = diff_stats(a, b)
         return self._stats[key]
 
