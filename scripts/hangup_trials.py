@@ -8,7 +8,7 @@ trials, evenly over the scenario's span.
 
 Scenarios:
   hf-dist-run    the hf-dist subject of profiles/cpu-vs-hf-tp2.toml (2 ranks), 200 tokens: hung up 0-4 s
-                 after both ranks run
+                 after both rank processes exist (loading the model, then decoding in lock step)
   hf-dist-start  the same, hung up 1-3 s after the app takes the screen: while the engine starts
                  (transformers' import, the checkpoint's export, the ranks' load; none looks at a cancel)
   busy-grid      the embedded model against the sim subject, 400 tokens: hung up 0.5-2 s in, while the
