@@ -77,6 +77,10 @@ MUTATION = st.tuples(st.sampled_from(FIELDS), _VALUES)
 
 
 def mutate(t, how: str, arg):
+    if how == "value":
+        return arg
+    if not isinstance(t, torch.Tensor) or t.is_sparse or t.is_meta:
+        return t  # an earlier mutation left no dense tensor to mutate further
     if how == "add":
         return t.to(torch.int64) + arg
     if how == "dtype":
@@ -87,8 +91,6 @@ def mutate(t, how: str, arg):
         return t.to_sparse()
     if how == "meta":
         return torch.empty(t.shape, dtype=t.dtype, device="meta")
-    if how == "value":
-        return arg
     if how == "shape":
         return torch.zeros(arg, dtype=t.dtype)
     raise ValueError(how)
