@@ -104,7 +104,7 @@ def test_detail_names_a_differing_block_scale():
     board = _board(a, c)
     info = key_info(board, "t5_l0_ores", 5)
     panel = DetailPanel()
-    panel._s = lambda name: ""  # no app, no styles: the words are what is checked
+    panel.style_of = lambda name: ""  # no app, no styles: the words are what is checked
     line = str(panel._q8_line(info))
     assert "codes equal" in line and f"1 block scale differs, block {b}:" in line and "(1 f16 step)" in line
     assert "the sums differ" not in line
