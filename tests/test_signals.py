@@ -384,7 +384,7 @@ def test_a_tool_killed_outright_takes_its_engines_with_it(tmp_path, how):
 OWNER = """
 import os, subprocess, sys
 from kestrel_tui import procs
-p = subprocess.Popen(["sleep", "1000"], start_new_session=True)  # no watcher: the record alone tells
+p = subprocess.Popen(["sleep", "1000"], start_new_session=True, stdout=subprocess.DEVNULL)  # the record alone tells
 procs.add_group(p)
 print(p.pid, flush=True)
 if sys.argv[1] == "dies":
@@ -420,5 +420,5 @@ def test_a_group_recorded_by_a_dead_owner_is_ended_at_the_next_start(tmp_path):
         assert running(groups["reused"]), "a process that merely has the recorded pid is left alone"
         assert not records["reused"].exists()
     finally:
-        owners["live"].communicate("")
         _kill_leftovers(*groups.values())
+        owners["live"].communicate("", timeout=30)
