@@ -107,8 +107,6 @@ class DumpEngine(Engine):
     def run(self, req: RunRequest):
         from .build import read_trace
 
-        if not req.prompt:
-            raise ValueError("the prompt is empty; give at least one token")
         forced = list(itertools.takewhile(lambda t: t >= 0, req.forced[:req.n_tokens])) if req.forced else []
         want = list(req.prompt) + forced  # a reference that reported no token (-1) is followed that far
         return read_trace(self.source, want=want, request=self.cfg.request, n_prompt=len(req.prompt),
