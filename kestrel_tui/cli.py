@@ -86,6 +86,9 @@ ARGS: dict[str, Arg] = {a.key: a for a in (
     Arg(("--reference",), dict(dest="renamed_reference", help=argparse.SUPPRESS)),  # the old --cpu-impl
     Arg(("--cuda-options",), dict(metavar="NAME=on|off,...", help=f"a cuda side's runtime switches (the same bits"
                                   f" either way): {', '.join(f.name for f in fields(CudaOptions))}")),
+    Arg(("--schedule",), dict(metavar="S", help="the subject's schedule: decode (default), forward, chunked:N,"
+                              " prefix:K or verify:M (docs/schedules.md)")),
+    Arg(("--reference-schedule",), dict(metavar="S", help="the reference's schedule (default decode)")),
     Arg(("--no-cache",), dict(action="store_true", help="compute the reference even when the reference cache"
                               " (~/.cache/kestrel-tui/reference) holds it")),
     # the subject and how it runs
@@ -127,7 +130,7 @@ ARGS: dict[str, Arg] = {a.key: a for a in (
 
 # the options of a command that runs a model; a tuple is a choice of one of them
 RUN_INPUTS = ("profile", "model", ("prompt_ids", "prompt"), "tokens", "weights", "kv", "deep", "cpu_impl",
-              "renamed_reference", "cuda_options", "no_cache")
+              "renamed_reference", "cuda_options", "no_cache", "schedule", "reference_schedule")
 SUBJECT = ("subject", "exact", "toggle")
 
 

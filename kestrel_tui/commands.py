@@ -370,6 +370,7 @@ def _base_report(res) -> dict:
         "counts": {st.value: n for st, n in cmp.counts.items()},
         "top1_flips": [{"t": s.t, "ref": s.ref_top1, "sub": s.sub_top1, "ref_margin": s.ref_margin,
                         "near_tie": _near_tie(res, s.t)} for s in res.tokens if s.flip],
+        "logprob_mismatch": res.mismatch.as_dict() if res.mismatch is not None else None,
         "events": [e.as_dict() for e in res.events[:MAX_EVENTS]],
         "n_events": {kind: sum(1 for e in res.events if e.kind == kind) for kind in EVENT_KINDS},
         "tokens": [{"t": s.t, "prompt": s.prompt, "ref_top1": s.ref_top1, "sub_top1": s.sub_top1,
@@ -425,6 +426,9 @@ def print_run(res, summary=None) -> None:
     if summary is not None:
         print_tolerance(summary)
     print_events(res, summary)
+    if res.mismatch is not None:
+        for line in res.mismatch.tally.lines():
+            console.print(line, markup=False, highlight=False)
     flips = [s for s in res.tokens if s.flip]
     console.print(f"top-1 flips: {len(flips)}" + "".join(f"  t{s.t}: {s.ref_top1}->{s.sub_top1}{_margin(res, s)}"
                                                          for s in flips[:8]))

@@ -46,8 +46,11 @@ def test_make_engine_builds_through_the_table(small_model):
                                          r" llama\.cpp, vllm-dump, sglang-dump$"):
         make_engine("cdua", small_model)
     for name in names(options=False):
-        with pytest.raises(UsageError, match=rf"^engine {name}: takes no options \(got x\); its toggles are"):
+        with pytest.raises(UsageError, match=rf"^engine {name}: takes no options but schedule \(got x\); its"):
             make_engine(EngineSpec(name, options={"x": "1"}), small_model)
+    for name in set(ENGINES) - set(names(schedules=True)):  # a recorded run or a program keeps its own passes
+        with pytest.raises(UsageError, match=rf"^engine {name}: runs its own passes, so it takes no schedule"):
+            make_engine(EngineSpec(name, options={"schedule": "forward"}), small_model)
 
 
 def test_an_out_of_process_engine_is_built_behind_a_child(monkeypatch, small_model):
@@ -79,7 +82,14 @@ def test_the_profile_loader_reads_the_table(tmp_path):
             if name != "cuda":  # cuda's option names are checked at load (its own test)
                 assert load_profile(p).subject.options == {"x": "1"}
         else:
-            with pytest.raises(ProfileError, match=rf"subject.options: engine {name} takes no options; remove them"):
+            with pytest.raises(ProfileError, match=rf"subject.options: engine {name} takes no options but schedule;"
+                                                   rf" remove them"):
+                load_profile(p)
+        p = _profile(tmp_path, name, "\n[subject.options]\nschedule = \"chunked:16\"\n")
+        if ENGINE_TABLE[name].schedules:
+            assert load_profile(p).subject.options["schedule"] == "chunked:16"
+        else:
+            with pytest.raises(ProfileError, match=rf"subject.options.schedule: engine {name} runs its own passes"):
                 load_profile(p)
 
     toggle = '\n[[toggle]]\nname = "t"\nkey = "k"\nfast = "a"\nexact = "b"\n'

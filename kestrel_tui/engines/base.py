@@ -17,6 +17,7 @@ from typing import Callable
 from ..errors import UsageError
 from ..trace.keys import parse_key
 from ..trace.run import Position
+from .schedule import DECODE, Schedule
 
 OnPosition = Callable[[Position], None]
 # The most CPU threads an engine's option may ask for: far past any machine this runs on, and short of
@@ -164,6 +165,10 @@ class Engine:
     def owners(self, field_name: str) -> tuple[str, ...]:
         """The binary toggles that can originate a first DIFF in ``field_name``, most likely first."""
         return tuple(t.name for t in self.toggles if t.binary and field_name in t.owns)
+
+    def schedule(self, values: Mapping[str, str]) -> Schedule:
+        """The passes a run with these toggle values makes (engines/schedule.py); decode unless it has one."""
+        return DECODE
 
     def prefill_problem(self, reference: "Engine") -> str | None:
         """Why this engine cannot take ``reference``'s prefill (None: it can)."""

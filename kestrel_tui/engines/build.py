@@ -4,7 +4,7 @@ from __future__ import annotations
 from ..errors import UsageError
 from ..model.weights import Model
 from .decoders import BACKENDS, CPU_IMPLS, cpu_impl, make_backend  # noqa: F401 (re-exported)
-from .registry import ENGINE_TABLE, ENGINES  # noqa: F401 (ENGINES re-exported)
+from .registry import ENGINE_TABLE, ENGINES, names  # noqa: F401 (ENGINES re-exported)
 
 
 def make_engine(spec, model: Model | None, kv: str = "q8", deep: bool = False, impl: str = "auto",
@@ -19,7 +19,15 @@ def make_engine(spec, model: Model | None, kv: str = "q8", deep: bool = False, i
     entry = ENGINE_TABLE.get(spec.engine)
     if entry is None:
         raise UsageError(f"unknown engine {spec.engine!r}; choose from {', '.join(ENGINES)}")
-    if spec.options and not entry.options:
-        raise UsageError(f"engine {spec.engine}: takes no options (got {', '.join(map(str, spec.options))});"
+    if "schedule" in spec.options:
+        from .schedule import parse_schedule
+
+        if not entry.schedules:
+            raise UsageError(f"engine {spec.engine}: runs its own passes, so it takes no schedule; the engines"
+                             f" that do: {', '.join(names(schedules=True))}")
+        parse_schedule(spec.options["schedule"], f"engine {spec.engine}: schedule")
+    others = [str(k) for k in spec.options if k != "schedule"]
+    if others and not entry.options:
+        raise UsageError(f"engine {spec.engine}: takes no options but schedule (got {', '.join(others)});"
                          f" its toggles are the op families")
     return entry.factory(spec, model, kv=kv, deep=deep, impl=impl, cuda_options=cuda_options)

@@ -20,9 +20,10 @@ from ..errors import UsageError
 from ..model.weights import Model
 from ..trace.rawstore import RawStore
 from ..trace.run import Position, Trace
-from .base import Capabilities, Engine, Graft, RunRequest, fast_exact
+from .base import Capabilities, Engine, Graft, RunRequest, Toggle, fast_exact
 from .decode import decode_loop
 from .decoders import cpu_impl, make_backend
+from .schedule import DECODE, Schedule, parse_schedule
 
 
 def _owned_fields(op: str) -> tuple[str, ...]:
@@ -37,16 +38,22 @@ class BuiltinEngine(Engine):
     _caps = Capabilities(prefill_from=True, forcing=True, isolate=True, logits=True, raw=True)
 
     def __init__(self, kind: str, model: Model, kv: str = "q8", deep: bool = False, impl: str = "auto",
-                 cuda_options=None):
+                 cuda_options=None, schedule: Schedule = DECODE):
         self.name, self.model, self.kv, self.deep = kind, model, kv, deep
         self.cuda_options = cuda_options  # a cuda subject's runtime switches (backends/cuda/options.py)
+        self.own_schedule = schedule  # the side's option; a toggle switches it back to decode
         self.toggles = () if kind == "cpu" else OP_TOGGLES  # cpu is all exact by definition
+        if schedule != DECODE:  # the side's schedule, switchable back to decode (bisection's exact choice)
+            self.toggles = (*self.toggles, schedule_toggle(schedule))
         # the cpu reference's implementation (the same bits either way); a fallback is said once
         self.impl, why = cpu_impl(impl) if kind == "cpu" else ("numpy", None)
         self.notes: tuple[str, ...] = (why,) if why else ()
 
     def exact_ops(self, values: Mapping[str, str]) -> frozenset[str]:
-        return frozenset(t.name for t in self.toggles if values.get(t.name) == t.exact)
+        return frozenset(t.name for t in self.toggles if values.get(t.name) == t.exact and t.name in TOGGLES)
+
+    def schedule(self, values: Mapping[str, str]) -> Schedule:
+        return parse_schedule(values["schedule"]) if "schedule" in values else self.own_schedule
 
     def backend(self, values: Mapping[str, str]):
         return make_backend(self.name, self.model, kv=self.kv, exact=self.exact_ops(values) if self.toggles
@@ -61,7 +68,10 @@ class BuiltinEngine(Engine):
         return None
 
     def describe(self, values: Mapping[str, str]) -> str:
-        return self.name if not self.toggles else f"{self.name} ({describe(self.exact_ops(values))})"
+        schedule = self.schedule(values)
+        what = [describe(self.exact_ops(values))] if self.name != "cpu" else []
+        what += [f"schedule {schedule}"] if schedule != DECODE else []
+        return f"{self.name} ({', '.join(what)})" if what else self.name
 
     @property
     def caps(self) -> Capabilities:
@@ -73,7 +83,12 @@ class BuiltinEngine(Engine):
         if req.graft is not None and not self.caps.graft:
             raise UsageError(f"{self.name} subject: no graft (its kernels take every buffer of a step from one"
                              f" place: their own, or in isolate mode the reference's); graft on sim or hf")
-        return decode_request(self.backend(req.values), req)
+        return decode_request(self.backend(req.values), req, schedule=self.schedule(req.values))
+
+
+def schedule_toggle(schedule: Schedule) -> Toggle:
+    return Toggle("schedule", (str(schedule), "decode"), "decode", owns=(),
+                  help=f"run the positions in the passes of schedule {schedule}, or decode (token by token)")
 
 
 def run_decode(backend: Backend, prompt: list[int], n_tokens: int, *, forced: list[int] | None = None,
@@ -94,11 +109,14 @@ def run_decode(backend: Backend, prompt: list[int], n_tokens: int, *, forced: li
                                               stop=stop, graft=graft), store)
 
 
-def decode_request(backend: Backend, req: RunRequest, store: RawStore | None = None) -> Trace:
-    """``req`` on ``backend``, through the engines' decode loop (engines/decode.py); its raw buffers in
-    ``store`` (None: a store of its own)."""
-    backend.reset(len(req.prompt) + req.n_tokens)
-    trace = Trace(backend=backend.describe(), prompt=list(req.prompt), store=store or RawStore())
+def decode_request(backend: Backend, req: RunRequest, store: RawStore | None = None,
+                   schedule: Schedule = DECODE) -> Trace:
+    """``req`` on ``backend``, through the engines' decode loop (engines/decode.py) in ``schedule``'s
+    passes; its raw buffers in ``store`` (None: a store of its own)."""
+    n_positions = len(req.prompt) + req.n_tokens
+    backend.reset(n_positions)
+    label = backend.describe() + (f" schedule {schedule}" if schedule != DECODE else "")
+    trace = Trace(backend=label, prompt=list(req.prompt), store=store or RawStore())
 
     def feed(pos0: int, m: int):
         if req.feed_from is not None:
@@ -112,4 +130,5 @@ def decode_request(backend: Backend, req: RunRequest, store: RawStore | None = N
     def step(tokens: list[int], pos0: int):
         return backend.step(np.array(tokens), pos0, raw=req.raw, feed=feed(pos0, len(tokens)))
 
-    return decode_loop(req, trace, step, take_prefill=lambda src: backend.load_kv(0, [p.raw for p in src]))
+    return decode_loop(req, trace, step, take_prefill=lambda src: backend.load_kv(0, [p.raw for p in src]),
+                       schedule=schedule, restart=lambda: backend.reset(n_positions))

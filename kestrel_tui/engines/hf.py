@@ -26,6 +26,7 @@ from .base import Capabilities, Engine, EngineFailed, EngineSpec, RunRequest, To
 from .decode import decode_loop
 from .hf_options import HF, OptionTable
 from .hf_torch import first_line, load_model, needs_torch, quiet, torch_flags
+from .schedule import parse_schedule
 
 
 class HFFamily(Engine):
@@ -50,6 +51,9 @@ class HFFamily(Engine):
     def settings(self, values: Mapping[str, str]) -> dict[str, object]:
         """Each option's value for a run: a toggle's value where one sets it, else the option's."""
         return self.table.settings(self.options, self.toggles, values)
+
+    def schedule(self, values: Mapping[str, str]):
+        return parse_schedule(self.settings(values)["schedule"])
 
     def versions(self) -> str:
         import torch
@@ -189,19 +193,23 @@ class HFEngine(HFFamily):
             except ValueError as e:
                 raise UsageError(f"hf engine: {e} (docs/engines-hf.md: where a graft goes)") from None
             try:
-                cache = DynamicCache(config=model.config)
+                cache = [DynamicCache(config=model.config)]
+
+                def restart():  # the rollout a scoring schedule runs first: its cache goes
+                    cache[0] = DynamicCache(config=model.config)
 
                 def step(ids: list[int], pos0: int):
                     try:
-                        return cap.step(ids, pos0, cache, raw=req.raw)
+                        return cap.step(ids, pos0, cache[0], raw=req.raw)
                     except (UsageError, KeyboardInterrupt):
                         raise
                     except Exception as e:  # a torch / transformers failure mid-run: the positions so far stand
                         raise EngineFailed(f"hf engine failed at position {pos0}: {type(e).__name__}:"
                                            f" {first_line(e)}", partial=trace) from e
 
-                take = (lambda src: _load_kv(cache, src, cap)) if self.kv == "f32" else None
-                return decode_loop(req, trace, step, token_prefill=s["prefill"] == "token", take_prefill=take)
+                take = (lambda src: _load_kv(cache[0], src, cap)) if self.kv == "f32" else None
+                return decode_loop(req, trace, step, token_prefill=s["prefill"] == "token", take_prefill=take,
+                                   schedule=parse_schedule(s["schedule"]), restart=restart)
             finally:
                 cap.end()
 

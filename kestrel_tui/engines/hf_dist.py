@@ -40,10 +40,11 @@ from .hf import HFFamily, make_family_engine
 from .hf_dist_group import Group, RankFailure
 from .hf_dist_rank import EXPERTS, RankJob, layer_rules, splits
 from .hf_options import HF, HF_DIST, WORLD_SIZES
+from .schedule import parse_schedule
 
 NAME = "hf-dist"
 NCCL_ENV = {"nccl_algo": "NCCL_ALGO", "nccl_proto": "NCCL_PROTO"}
-PER_RUN = ("prefill",)  # settings each run reads: a change of any other starts a new group of ranks
+PER_RUN = ("prefill", "schedule")  # settings each run reads: a change of any other starts a new group of ranks
 
 # How the ranks' buffers make a key. HEADS: a column-parallel projection's heads, one slice per rank;
 # WHOLE: every rank holds all of it (replicated).
@@ -310,7 +311,9 @@ class HFDistEngine(HFFamily):
                                        for m, (_, raw, _) in enumerate(columns)])
                     return StepOut(logits=logits, hashes=[c[0] for c in columns], raw=[c[1] for c in columns])
 
-                return decode_loop(req, trace, step, token_prefill=s["prefill"] == "token")
+                # each rank starts a new cache at position 0: the rollout's restart needs nothing more
+                return decode_loop(req, trace, step, token_prefill=s["prefill"] == "token",
+                                   schedule=parse_schedule(s["schedule"]), restart=lambda: None)
             except RankFailure as f:
                 self._end_group()
                 who = f"rank {f.rank} of {n} " if f.rank is not None else ""

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from .. import bounds
 from ..errors import UsageError
 from .base import MOST_THREADS, Toggle, check_toggle_keys
+from .schedule import GRAMMAR, schedule_problem
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,20 @@ class Number:
         return f": {self.accepts.problem(value)}; want {self.accepts.allowed()}"
 
 
+@dataclass(frozen=True)
+class ScheduleOption:
+    """The option that takes a schedule (engines/schedule.py): a setting of the run, or a profile's toggle."""
+    name: str = "schedule"
+    default: str = "decode"
+    help: str = "which positions share a forward pass: " + GRAMMAR
+
+    def parse(self, value: object) -> str | None:
+        return None if schedule_problem(value) else str(value)
+
+    def refusal(self, value: object) -> str:
+        return f": {schedule_problem(value)}; write {GRAMMAR}"
+
+
 WHOLE = bounds.Number(whole=True)
 
 
@@ -73,7 +88,7 @@ def cuda_ok() -> bool:
 class OptionTable:
     """One engine's options by name: their checks, their defaults, a run's settings, the default toggles."""
 
-    def __init__(self, engine: str, options: tuple[Choice | Number, ...]):
+    def __init__(self, engine: str, options: tuple[Choice | Number | ScheduleOption, ...]):
         self.engine = engine
         self.options = {o.name: o for o in options}
 
@@ -139,6 +154,7 @@ HF_CHOICES = (
     Choice("device", ("cpu", "cuda"), "where the model runs", only="cuda"),
     Choice("tf32", ("on", "off"), "TF32 matmuls and convolutions on CUDA", exact="off", owns=("kraw", "attn", "x")),
     Choice("deterministic", ("off", "on"), "torch.use_deterministic_algorithms", exact="on", owns=("attn", "x")),
+    ScheduleOption(),
 )
 HF = OptionTable("hf", HF_CHOICES)
 

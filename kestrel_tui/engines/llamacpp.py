@@ -29,6 +29,7 @@ from ..trace.run import Cancelled, Trace
 from .base import (MOST_THREADS, Capabilities, Engine, EngineFailed, EngineSpec, RunRequest, Toggle,
                    check_toggle_keys)
 from .decode import decode_loop
+from .schedule import GRAMMAR, parse_schedule, schedule_problem
 
 NEEDS = "llama.cpp engine needs llama-cpp-python: pip install -e '.[llama]' (or pip install llama-cpp-python)"
 REBUILD = ("rebuild llama-cpp-python: CMAKE_ARGS=\"-DGGML_CUDA=on\""
@@ -50,6 +51,7 @@ OPTIONS: dict[str, tuple[str, ...] | None] = {
     "repack": ("on", "off"),            # use_extra_bufts: weights repacked for AMX / CPU_REPACK kernels
     "attn_rot": ("on", "off"),          # LLAMA_ATTN_ROT_DISABLE, read when a KV cache is made
     "cublas_compute_type": CUBLAS,      # GGML_CUDA_CUBLAS_COMPUTE_TYPE, read on every cuBLAS call
+    "schedule": ("decode",),            # or any schedule (engines/schedule.py), checked in _check_value
 }
 NUMBER = {"n_ubatch", "n_threads", "n_gpu_layers"}
 EXACT = {"n_ubatch": "1", "flash_attn": "off", "kv_type": "f32", "type_k": "f32", "type_v": "f32"}
@@ -66,6 +68,7 @@ HELP = {
     "repack": "use_extra_bufts: quantized weights repacked for the CPU's AMX / repack kernels",
     "attn_rot": "Hadamard rotation of Q/K (V) before a quantized cache (LLAMA_ATTN_ROT_DISABLE=1: off)",
     "cublas_compute_type": "GGML_CUDA_CUBLAS_COMPUTE_TYPE for cuBLAS matmuls",
+    "schedule": "which positions share a llama_decode: " + GRAMMAR,
 }
 # Environment read once per process by ggml (a static or std::call_once): settable only before llama.cpp
 # first runs here, through the `env` option, never as a toggle.
@@ -105,6 +108,11 @@ def _gpu(llama_cpp) -> bool:
 def _check_value(name: str, value: object, where: str = "option", gpu: bool = False, n_layers: int = 0) -> str:
     if name not in OPTIONS:
         raise UsageError(f"llama.cpp engine: unknown {where} {name!r}; choose from {', '.join([*OPTIONS, 'env'])}")
+    if name == "schedule":
+        why = schedule_problem(value)
+        if why:
+            raise UsageError(f"llama.cpp engine: schedule={value!r}: {why}; write {GRAMMAR}")
+        return str(value)
     v = str(value) if isinstance(value, (str, int)) and not isinstance(value, bool) else None
     allowed = OPTIONS[name]
     lowest, most = (0, None) if name == "n_gpu_layers" else (1, MOST_THREADS if name == "n_threads" else None)
@@ -336,6 +344,9 @@ class LlamaCppEngine(Engine):
         text = self._error if self._error is not None else self._log[-1] if self._log else None
         return f" ({inert(' '.join(text.split()))})" if text and text.strip() else ""
 
+    def schedule(self, values: Mapping[str, str]):
+        return parse_schedule(self.settings(values)["schedule"])
+
     def settings(self, values: Mapping[str, str]) -> dict[str, str]:
         out = dict(self.options)
         for t in self.toggles:
@@ -460,7 +471,9 @@ class LlamaCppEngine(Engine):
     def _run(self, req: RunRequest):
         s = self.settings(req.values)
         P, N = len(req.prompt), req.n_tokens
-        ctx, _ = self._context(s, P + N + 1, P)
+        schedule = parse_schedule(s["schedule"])
+        widest = max(m for _, m in schedule.groups(P, N))  # n_ubatch "prompt": the widest pass in one ubatch
+        ctx, _ = self._context(s, P + N + 1, widest)
         L = self.L
         L.llama_set_n_threads(ctx, int(s["n_threads"]), int(s["n_threads"]))
         L.llama_memory_clear(L.llama_get_memory(ctx), True)
@@ -468,7 +481,7 @@ class LlamaCppEngine(Engine):
         trace = Trace(backend=self.describe(req.values), prompt=list(req.prompt), store=RawStore())
         cap = self._cap = _Capture(self.ggml)
         self._cancel = req.cancel
-        batch = L.llama_batch_init(max(P, 1), 0, 1)
+        batch = L.llama_batch_init(max(widest, 1), 0, 1)
 
         def step(tokens: list[int], pos0: int) -> StepOut:
             for i, tok in enumerate(tokens):
@@ -495,7 +508,8 @@ class LlamaCppEngine(Engine):
                            raw=raws)
 
         try:
-            return decode_loop(req, trace, step)
+            return decode_loop(req, trace, step, schedule=schedule,
+                               restart=lambda: L.llama_memory_clear(L.llama_get_memory(ctx), True))
         finally:
             L.llama_batch_free(batch)
             self._cap = self._cancel = None

@@ -286,8 +286,19 @@ class _Checker:
         own = self.string(t, (side,), "model")
         side_model = self.model(own, (side, "model")) if own is not None else model
         options = self.table(t, (side,), "options") or {}
-        if options and not ENGINE_TABLE[engine].options:
-            self.fail((side, "options"), f"engine {engine} takes no options",
+        if "schedule" in options:
+            from .schedule import schedule_problem
+
+            if not ENGINE_TABLE[engine].schedules:
+                self.fail((side, "options", "schedule"), f"engine {engine} runs its own passes",
+                          "remove it; a schedule is for " + ", ".join(engine_names(schedules=True)))
+            problem = schedule_problem(options["schedule"])
+            if problem:
+                from .schedule import GRAMMAR
+
+                self.fail((side, "options", "schedule"), f"{options['schedule']!r} {problem}", f"write {GRAMMAR}")
+        if any(k != "schedule" for k in options) and not ENGINE_TABLE[engine].options:
+            self.fail((side, "options"), f"engine {engine} takes no options but schedule",
                       "remove them; its toggles are the op families")
         if engine == "cuda":  # its runtime switches (backends/cuda/options.py), checked before any load
             from dataclasses import fields
@@ -296,6 +307,8 @@ class _Checker:
 
             names = [f.name for f in fields(CudaOptions)]
             for name, value in options.items():
+                if name == "schedule":
+                    continue
                 if name not in names:
                     self.fail((side, "options", name), f"{name!r} is not a cuda option",
                               f"choose from {', '.join(names)}")

@@ -24,7 +24,9 @@ class EngineEntry:
     factory: Factory
     builtin: bool = False         # a backend of decoders.make_backend: its toggles are the op families (so a
                                   # profile gives it no [[toggle]]) and it decodes the reference's model
-    options: bool = True          # takes [side.options] (cpu and sim have nothing to switch but op families)
+    options: bool = True          # takes [side.options] (cpu and sim have nothing to switch but op families
+                                  # and their schedule)
+    schedules: bool = False       # runs its positions in the passes of a schedule (option schedule)
     flag_subject: bool = False    # --subject NAME without a profile: the engine needs nothing a flag cannot give
     out_of_process: bool = False  # runs in a child process (engines/child.py): a native crash ends the child
     bench: bool = False           # `kestrel-tui bench --subject NAME` has speed figures for it
@@ -36,10 +38,14 @@ def _builtin(spec, model, kv, deep, impl, cuda_options=None):
     from ..backends.cuda.options import CudaOptions
     from .builtin import BuiltinEngine
     from .decoders import check_decoder
+    from .schedule import DECODE, parse_schedule
 
     check_decoder(spec.engine, model)
-    return BuiltinEngine(spec.engine, model, kv=kv, deep=deep, impl=impl,
-                         cuda_options=CudaOptions.of(spec.options, cuda_options) if spec.engine == "cuda" else None)
+    options = {k: v for k, v in spec.options.items() if k != "schedule"}
+    schedule = parse_schedule(spec.options["schedule"], f"{spec.engine} option schedule") \
+        if "schedule" in spec.options else DECODE
+    return BuiltinEngine(spec.engine, model, kv=kv, deep=deep, impl=impl, schedule=schedule,
+                         cuda_options=CudaOptions.of(options, cuda_options) if spec.engine == "cuda" else None)
 
 
 def _hf(spec, model, kv, deep, impl, cuda_options=None):
@@ -80,13 +86,13 @@ def _dump(spec, model, kv, deep, impl, cuda_options=None):
 
 # The order is the order every message and the docs list them in.
 ENGINE_TABLE: dict[str, EngineEntry] = {e.name: e for e in (
-    EngineEntry("cpu", _builtin, builtin=True, options=False, bench=True),
-    EngineEntry("sim", _builtin, builtin=True, options=False, flag_subject=True),
-    EngineEntry("cuda", _builtin, builtin=True, flag_subject=True, bench=True),
-    EngineEntry("hf", _hf, flag_subject=True),
-    EngineEntry("hf-dist", _hf_dist, flag_subject=True),  # N ranks, its own process group (not engines/child.py)
+    EngineEntry("cpu", _builtin, builtin=True, options=False, schedules=True, bench=True),
+    EngineEntry("sim", _builtin, builtin=True, options=False, schedules=True, flag_subject=True),
+    EngineEntry("cuda", _builtin, builtin=True, schedules=True, flag_subject=True, bench=True),
+    EngineEntry("hf", _hf, schedules=True, flag_subject=True),
+    EngineEntry("hf-dist", _hf_dist, schedules=True, flag_subject=True),  # N ranks, its own process group
     EngineEntry("process", _process),  # its command comes from a profile
-    EngineEntry("llama.cpp", _llamacpp, out_of_process=True),
+    EngineEntry("llama.cpp", _llamacpp, schedules=True, out_of_process=True),
     EngineEntry("vllm-dump", _dump),    # a recorded run: its folder comes from a profile
     EngineEntry("sglang-dump", _dump),
 )}

@@ -8,7 +8,7 @@ argparse: `run_config` takes plain values.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..bounds import Number, shown
 from ..engines.base import EngineSpec
@@ -41,6 +41,7 @@ class RunConfig:
     subject: str | None = None              # --subject without a profile (None: the command's default)
     cache: bool = True                      # the reference cache (session/refcache.py); --no-cache: False
     profile: object | None = None           # engines/profile.Profile
+    schedules: tuple[tuple[str, str], ...] = ()  # (side, schedule) given by --schedule / --reference-schedule
     from_profile: frozenset[str] = frozenset()  # the settings the profile gave, for messages
 
     def origin(self, name: str, flag: str) -> str:
@@ -55,7 +56,8 @@ def run_config(*, profile: str | None = None, model: str | None = None, weights:
                kv: str | None = None, deep: bool | None = None, tokens: int | None = None,
                prompt_ids: str | None = None, prompt: str | None = None, cpu_impl: str | None = None,
                cuda_options: str | None = None, tol: str | None = None, no_cache: bool = False,
-               subject: str | None = None) -> RunConfig:
+               subject: str | None = None, schedule: str | None = None,
+               reference_schedule: str | None = None) -> RunConfig:
     """The command line's options (None: not given) over ``profile``'s settings over DEFAULTS.
 
     Everything that needs no model is checked here, before anything slow: a bad profile, a prompt
@@ -89,7 +91,13 @@ def run_config(*, profile: str | None = None, model: str | None = None, weights:
         from ..backends.cuda.options import CudaOptions
 
         CudaOptions.of(flag=cuda_options)
+    from ..engines.schedule import parse_schedule
+
+    schedules = tuple((side, str(parse_schedule(text, flag))) for side, text, flag in (
+        ("subject", schedule, "--schedule"), ("reference", reference_schedule, "--reference-schedule"))
+        if text is not None)
     return RunConfig(**values, cpu_impl=cpu_impl or CPU_IMPLS[0], cuda_options=cuda_options or None,
+                     schedules=schedules,
                      tolerance=tolerance if tolerance is not None else getattr(loaded, "tolerance", None),
                      subject=subject, cache=not no_cache, profile=loaded, from_profile=frozenset(taken))
 
@@ -165,12 +173,21 @@ def side_specs(config: RunConfig, subject: str | None = None) -> dict[str, Engin
     """Each side's engine: the profile's, or cpu and ``subject`` (the config's --subject, else sim)."""
     profile = config.profile
     if profile is not None:
-        return {"reference": profile.reference, "subject": profile.subject}
-    name = subject or config.subject or DEFAULT_SUBJECT
-    if name == "process":
-        raise UsageError("--subject process: a process engine needs its command; name it in a profile"
-                         " (--profile FILE, see docs/profiles.md)")
-    return {"reference": EngineSpec("cpu"), "subject": EngineSpec(name, model=config.model)}
+        specs = {"reference": profile.reference, "subject": profile.subject}
+    else:
+        name = subject or config.subject or DEFAULT_SUBJECT
+        if name == "process":
+            raise UsageError("--subject process: a process engine needs its command; name it in a profile"
+                             " (--profile FILE, see docs/profiles.md)")
+        specs = {"reference": EngineSpec("cpu"), "subject": EngineSpec(name, model=config.model)}
+    for side, schedule in config.schedules:  # the flag over the profile's option
+        spec = specs[side]
+        flag = "--schedule" if side == "subject" else "--reference-schedule"
+        if any((t.key or t.name) == "schedule" for t in spec.toggles or ()):
+            raise UsageError(f"{flag} {schedule}: the profile's subject has a schedule toggle; flip the toggle,"
+                             f" or drop it from the profile")
+        specs[side] = replace(spec, options={**spec.options, "schedule": schedule})
+    return specs
 
 
 def engines_from_options(config: RunConfig, model: Model, subject: str | None = None,

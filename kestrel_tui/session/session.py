@@ -15,6 +15,7 @@ from typing import Callable
 from ..backends.toggles import TOGGLES
 from ..engines.base import Engine, EngineFailed, Graft, RunRequest, Toggle
 from ..engines.build import make_engine
+from ..engines.schedule import DECODE
 from ..model.weights import Model
 from ..trace.compare import (CLOSE, FAR, Comparison, DiffStats, KeyMetrics, Status, Tolerance, compare,
                              diff_stats, key_metrics)
@@ -169,6 +170,16 @@ class RunResult:
     _metrics: dict[str, KeyMetrics | None] = field(default_factory=dict, repr=False)
     _summaries: dict[Tolerance, ToleranceSummary] = field(default_factory=dict, repr=False)
     _events: list[Event] | None = field(default=None, repr=False)
+    _mismatch: list = field(default_factory=list, repr=False)  # [RunMismatch | None] once computed
+
+    @property
+    def mismatch(self):
+        """The logprob mismatch of the reference's chosen tokens (trace/logprobs.py); None without logits."""
+        if not self._mismatch:
+            from ..trace.logprobs import run_mismatch
+
+            self._mismatch.append(run_mismatch(self.ref, self.sub))
+        return self._mismatch[0]
 
     @property
     def first_diff(self) -> str | None:
@@ -388,7 +399,9 @@ class Session:
         eng = self.reference_engine
         if self.cache is None or not (isinstance(eng, BuiltinEngine) and eng.name == "cpu"):
             return None
-        return trace_key(model_fingerprint(self.model), self.prompt, self.n_tokens, self.kv, self.deep, eng.name)
+        schedule = eng.schedule({})
+        name = eng.name if schedule == DECODE else f"{eng.name} schedule {schedule}"  # the same bits, its own label
+        return trace_key(model_fingerprint(self.model), self.prompt, self.n_tokens, self.kv, self.deep, name)
 
     def unsupported(self, settings: RunSettings) -> list[str]:
         """What the subject cannot honour in ``settings`` (each noted on the run, which goes on without it)."""
@@ -434,6 +447,10 @@ class Session:
                              f" decodes its own (no teacher forcing)")
         prefill_from = ref if settings.prefill == "reference" and eng.prefill_problem(self.reference_engine) is None \
             else None
+        schedule = eng.schedule(settings.values(eng.toggles))
+        if prefill_from is not None and schedule.groups(P, self.n_tokens)[:1] != [(0, P)]:
+            prefill_from = None  # the schedule is about how the prompt is run: the subject runs its own
+            notes.append(f"schedule {schedule} runs the prompt in its own passes: the subject prefills itself")
         stop = threading.Event()
 
         def watch(pos: Position):

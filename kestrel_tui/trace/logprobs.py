@@ -125,4 +125,48 @@ class MismatchTally:
         return [f"logprob mismatch over {self.tokens} token(s) of {self.sequences} sequence(s):"
                 f" {self.bitwise} bitwise-equal; {bands}",
                 f"  KL(ref||subject) k1 {f['k1']:.3e}, k3 {f['k3']:.3e}; max |dp| {self.max_dp:.3e};"
-                f" per-sequence geometric-mean ratio {self.seq_ratio_min:.6f}..{self.seq_ratio_max:.6f}"]
+                + (f" geometric-mean ratio {self.seq_ratio_min:.6f}" if self.sequences == 1 else
+                   f" per-sequence geometric-mean ratio {self.seq_ratio_min:.6f}..{self.seq_ratio_max:.6f}")]
+
+
+@dataclass(frozen=True)
+class RunMismatch:
+    """A run's logprob mismatch: the reference's chosen tokens scored by both sides."""
+    tally: MismatchTally
+    positions: tuple[int, ...]   # the position whose logits scored each token (P-1, P, ...)
+    log_ratio: np.ndarray        # per scored token, subject over reference
+    unscored: int                # generated tokens left out: the subject's context or logits differ there
+
+    @property
+    def worst_position(self) -> int | None:
+        return None if self.tally.worst is None else self.positions[self.tally.worst[2]]
+
+    def as_dict(self) -> dict:
+        return {**self.tally.figures(), "positions": list(self.positions),
+                "log_ratios": [float(x) for x in self.log_ratio], "unscored": self.unscored,
+                "worst_position": self.worst_position}
+
+
+def run_mismatch(reference, subject) -> RunMismatch | None:
+    """The mismatch of two traces (trace.run.Trace) of the same prompt: at each position from the prompt's
+    last, the log-probability of the token the reference chose next (the one it consumed after it, or at
+    its last position its top-1) under each side's logits. A position counts while the subject consumed
+    the same tokens up to it (teacher forcing: all of them); None when either side reports no logits."""
+    P = len(reference.prompt)
+    ref, sub = reference.positions, subject.positions
+    if not ref or not sub or ref[0].logits is None or sub[0].logits is None:
+        return None
+    a, b, at = [], [], []
+    wanted = len(ref) - P + 1
+    for t in range(P - 1, len(ref)):
+        if t >= len(sub) or sub[t].token != ref[t].token or sub[t].logits is None or ref[t].logits is None:
+            break
+        token = ref[t + 1].token if t + 1 < len(ref) else ref[t].top1
+        if token < 0:
+            break
+        a.append(log_softmax_at(ref[t].logits, token))
+        b.append(log_softmax_at(sub[t].logits, token))
+        at.append(t)
+    tally = MismatchTally()
+    lr = tally.add(a, b)
+    return RunMismatch(tally, tuple(at), lr, wanted - len(at))
