@@ -312,3 +312,20 @@ def test_a_llama_cpp_py_in_the_working_directory_never_runs(tmp_path, ggufs):
     assert "Traceback" not in rc.stderr, rc.stderr
     assert rc.returncode in (0, 1), rc.stderr
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("schedule", ["forward", "chunked:2", "prefix:2", "verify:2"])
+def test_schedules_run_llamas_own_passes(ggufs, schedule):
+    """A schedule is llama_decode's batches: every position is there, its keys close to the reference's
+    (f32: ggml's order of sums only), and forward / verify score the tokens they are given."""
+    ours, eng = _engine(ggufs["dense", "f32"], schedule=schedule)
+    ref = make_engine("cpu", ours, kv="f32", deep=True)
+    s = Session(ours, PROMPT, N, reference=ref, subject=eng, kv="f32", deep=True)
+    r = s.run(RunSettings(exact=EXACT, prefill="subject"))
+    tol = r.tolerance(Tolerance())
+    assert [p.t for p in r.sub.positions] == list(range(len(PROMPT) + N))
+    assert [p.token for p in r.sub.positions] == [p.token for p in r.ref.positions]
+    assert tol.n_missing == 0 and tol.n_far == 0, (tol.first_far, tol.metrics.get(tol.first_far))
+    assert r.mismatch is not None and r.mismatch.tally.tokens == N + 1
+    assert f"schedule={schedule}" in r.sub.backend
+    eng.close()

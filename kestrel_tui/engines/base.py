@@ -178,8 +178,11 @@ class Engine:
 
     def describe(self, values: Mapping[str, str]) -> str:
         """The engine and its non-default toggle values, for headers and dumps."""
-        changed = [f"{t.name}={values[t.name]}" for t in self.toggles
-                   if t.name in values and values[t.name] != t.default]
+        moved = [t for t in self.toggles if t.name in values and values[t.name] != t.default]
+        changed = [f"{t.name}={values[t.name]}" for t in moved]
+        schedule = self.schedule(values)
+        if schedule != DECODE and "schedule" not in {t.key or t.name for t in moved}:  # the side's option
+            changed.append(f"schedule={schedule}")
         return f"{self.name} ({', '.join(changed)})" if changed else self.name
 
     def run(self, req: RunRequest):
