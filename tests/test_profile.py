@@ -54,7 +54,8 @@ def test_every_shipped_profile_is_covered():
 
 
 EXAMPLES = ["cpu-vs-cuda", "cpu-vs-hf", "cpu-vs-hf-cuda", "cpu-vs-hf-tp2", "cpu-vs-llamacpp", "hf-ep2-moe",
-            "hf-eager-vs-sdpa", "hf-tp1-vs-tp2", "llamacpp-cpu-vs-cuda", "seed-process"]
+            "hf-eager-vs-sdpa", "hf-tp1-vs-tp2", "llamacpp-cpu-vs-cuda", "seed-process", "trainer-vs-rollout-f32",
+            "trainer-vs-rollout-bf16", "chunked-prefill", "prefix-reuse"]
 
 
 @pytest.mark.parametrize("name", EXAMPLES)

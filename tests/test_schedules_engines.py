@@ -2,6 +2,9 @@
 real Qwen3 dimensions; a bug planted in one schedule only is found from the reference at its key."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -13,6 +16,8 @@ from kestrel_tui.engines.build import make_engine  # noqa: E402
 from kestrel_tui.model.hf import load_model  # noqa: E402
 from kestrel_tui.session.session import RunSettings, Session  # noqa: E402
 from kestrel_tui.trace.compare import parse_tolerance  # noqa: E402
+
+from clitools import run_cli as run  # noqa: E402
 
 PROMPT = [5, 77, 19, 33, 8]
 N = 4
@@ -124,3 +129,17 @@ def test_the_cpu_reference_is_bitwise_under_every_schedule_at_qwen3_dimensions(q
         assert [p.hashes for p in tr.positions] == [p.hashes for p in decode.positions], schedule
         assert all(np.array_equal(p.logits.view(np.uint32), q.logits.view(np.uint32))
                    for p, q in zip(tr.positions, decode.positions)), schedule
+
+
+@pytest.mark.parametrize("name,schedule", [("trainer-vs-rollout-f32", "forward"), ("trainer-vs-rollout-bf16", "forward"),
+                                           ("chunked-prefill", "chunked:4"), ("prefix-reuse", "prefix:6")])
+def test_shipped_schedule_profiles_run(capsys, name, schedule):
+    """Each shipped schedule profile, headless on the embedded model: its subject runs the schedule, and
+    --toggle schedule=decode (the reference's) is all ok — one engine, the same passes, the same bits."""
+    profile = Path(__file__).resolve().parents[1] / "profiles" / f"{name}.toml"
+    code, out, err = run(capsys, "run", "--profile", profile, "--tokens", "2", "--json")
+    report = json.loads(out)
+    assert code in (0, 1) and f"schedule={schedule}" in report["subject"], err
+    assert report["logprob_mismatch"]["tokens"] == 3
+    code, out, err = run(capsys, "run", "--profile", profile, "--tokens", "2", "--toggle", "schedule=decode")
+    assert code == 0 and "all ok" in out, out + err
