@@ -23,6 +23,7 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Footer, Label, Static
 
+from ...engines.schedule import GRAMMAR
 from ...files import create_whole
 from ...session.session import RunResult, ToleranceSummary
 from ...text import inert
@@ -36,12 +37,13 @@ from ..parts.export import ExportDone, export
 from ..widgets.histogram import Histogram, histogram_bins, histogram_svg
 MISMATCH_JSON, MISMATCH_SVG = "mismatch.json", "mismatch.svg"
 NO_LOGITS = "no logprob mismatch: a side reports no logits (hash-only or dump engines score no token)"
-HELP = """\
+_BANDS = " or ".join(f"[{lo:g}, {hi:g}]" for lo, hi in sorted(CLIP_BANDS, key=lambda b: b[1] - b[0]))
+HELP = f"""\
 Each generated token the reference chose is scored by both sides from the same context; its log-ratio is
 log p_subject - log p_reference and its ratio r = exp(log-ratio). Truncated importance sampling clips r
-to a band: a token outside [0.9, 1.1] or [0.8, 1.2] is one the trainer would clip. k1 and k3 estimate
-KL(reference || subject). A subject with a schedule (forward, chunked:N, prefix:K, verify:M) scores the
-same tokens in other forward passes: its schedule toggle switches it back to decode."""
+to a band: a token outside {_BANDS} is one the trainer would clip. k1 and k3 estimate
+KL(reference || subject). A subject with a schedule other than decode scores the same tokens in other
+forward passes ({GRAMMAR}): its schedule toggle switches it back to decode."""
 
 
 @message
