@@ -143,7 +143,7 @@ async def test_w_puts_the_grids_cursor_on_the_worst_token(small_model, tmp_path,
     async with app.run_test(size=(120, 40)) as pilot:
         await open_view(pilot, settle)
         main = app.main
-        main._set_cursor(main.cursor.__class__(0, 1, 0))
+        main.home()
         worst = main.result.mismatch.worst_position
         assert worst is not None and worst != 0
         await pilot.press("w")
@@ -163,7 +163,7 @@ async def test_F_puts_the_grids_cursor_on_the_first_far_key(small_model, tmp_pat
         far = main.board.tolerance.first_far
         assert far is not None
         assert f"first far key: {far}\n" in str(screen.query_one("#mismatch-worst").render())
-        main._set_cursor(main.cursor.__class__(0, 1, 0))
+        main.home()
         await pilot.press("F")
         await pilot.pause()
         assert isinstance(app.screen, MainScreen)
