@@ -1,9 +1,9 @@
 """Regenerate screenshots/*.svg: the app's main states, saved by the app itself (App.save_screenshot).
 
-    python scripts/screenshots.py [--out screenshots]
+    python scripts/screenshots.py [--out screenshots] [--only main|narrow|diff|mismatch]
 
 The embedded default model (48 layers), 16 prompt + 16 tokens, sim subject,
-at 120x40 (plus one at 80x24). Existing files are replaced: these are
+at 120x40 (plus one at 80x24); the mismatch view's with the sim subject in the forward schedule. Existing files are replaced: these are
 illustrations, regenerated from code, not evidence (exports are the evidence
 and never overwrite).
 """
@@ -19,6 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kestrel_tui.app.app import KestrelApp  # noqa: E402
 from kestrel_tui.app.source import DiffSource, LiveSource, loaded  # noqa: E402
+from kestrel_tui.engines.base import EngineSpec  # noqa: E402
+from kestrel_tui.engines.build import make_engine  # noqa: E402
 from kestrel_tui.session.inputs import default_prompt  # noqa: E402
 from kestrel_tui.session.session import RunSettings, Session  # noqa: E402
 from kestrel_tui.model.hf import load_model  # noqa: E402
@@ -45,8 +47,8 @@ def save(app, out: Path, name: str) -> None:
     print(f"wrote {path}")
 
 
-def new_app(model, exports: Path, n_tokens: int = 16) -> KestrelApp:
-    session = Session(model, default_prompt(model.cfg.vocab), n_tokens, subject="sim")
+def new_app(model, exports: Path, n_tokens: int = 16, subject="sim") -> KestrelApp:
+    session = Session(model, default_prompt(model.cfg.vocab), n_tokens, subject=subject)
     return KestrelApp(LiveSource(lambda _progress: loaded(session)), export_dir=exports)
 
 
@@ -93,6 +95,21 @@ async def narrow(model, out: Path, exports: Path) -> None:
         save(app, out, "narrow-80x24")
 
 
+async def mismatch(model, out: Path, exports: Path) -> None:
+    # the trainer's forward pass re-scoring the rollout's tokens, norm and attention exact (keys 1 and 5),
+    # a tolerance on (T): the log-ratios spread over the bands, and the first far key is known
+    app = new_app(model, exports, subject=make_engine(EngineSpec("sim", options={"schedule": "forward"}), model))
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        for key in ("1", "5", "T"):
+            await pilot.press(key)
+            await settle(pilot)
+        app.clear_notifications()
+        await pilot.press("L")
+        await settle(pilot)
+        save(app, out, "mismatch")
+
+
 async def diff_mode(model, out: Path, tmp: Path, exports: Path) -> None:
     # two dumps of the same decode: cpu reference vs sim with norm exact, plus one key dropped
     session = Session(model, default_prompt(model.cfg.vocab), 4, subject="sim")
@@ -110,15 +127,20 @@ async def diff_mode(model, out: Path, tmp: Path, exports: Path) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "screenshots"))
+    ap.add_argument("--only", choices=("main", "narrow", "diff", "mismatch"), help="regenerate these screenshots only")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     model = load_model(None)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        asyncio.run(main_states(model, out, tmp / "exports"))
-        asyncio.run(narrow(model, out, tmp / "exports"))
-        asyncio.run(diff_mode(model, out, tmp, tmp / "exports"))
+        states = {"main": lambda: main_states(model, out, tmp / "exports"),
+                  "narrow": lambda: narrow(model, out, tmp / "exports"),
+                  "diff": lambda: diff_mode(model, out, tmp, tmp / "exports"),
+                  "mismatch": lambda: mismatch(model, out, tmp / "exports")}
+        for name, states_of in states.items():
+            if args.only in (None, name):
+                asyncio.run(states_of())
     return 0
 
 

@@ -65,3 +65,26 @@ async def test_help_lists_the_sweep_views_keys(tmp_path, settle):
         rows = {(section, what) for section, _, what in app.screen._rows()}
         for b in SweepScreen.BINDINGS:
             assert ("sweep view", b.tooltip) in rows
+
+
+@pytest.mark.anyio
+async def test_help_names_schedules_their_toggle_and_the_mismatch_view(tmp_path, settle):
+    import io
+
+    from rich.console import Console
+
+    from kestrel_tui.app.screens.mismatch import MismatchScreen
+    from kestrel_tui.engines.schedule import GRAMMAR
+
+    app = diff_app(tmp_path, *write_dumps(tmp_path))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        await pilot.press("question_mark")
+        rows = {(section, what) for section, _, what in app.screen._rows()}
+        for b in MismatchScreen.BINDINGS:
+            assert ("mismatch view", b.tooltip) in rows
+        assert any(section == "main" and what.startswith("logprob mismatch view") for section, what in rows)
+        console = Console(width=200, record=True, file=io.StringIO())
+        console.print(app.screen._text())
+        text = " ".join(console.export_text().split())
+        assert GRAMMAR in text and "schedule toggle" in text and "L opens its view" in text

@@ -50,3 +50,20 @@ def test_main_screen_tolerance(snap_compare, small_model, tmp_path, make_app, se
         await settle(pilot)
 
     assert snap_compare(app_on(make_app, small_model, tmp_path), terminal_size=(120, 40), run_before=run_before)
+
+
+def test_mismatch_view(snap_compare, small_model, tmp_path, make_app, settle):
+    """L after a run of sim in the forward schedule: the log-ratio histogram with the clip bands marked,
+    the figures, the worst token and the first DIFF (no tolerance on)."""
+    from kestrel_tui.engines.base import EngineSpec
+    from kestrel_tui.engines.build import make_engine
+
+    async def run_before(pilot):
+        await settle(pilot)
+        pilot.app.clear_notifications()  # the note that the schedule prefills itself: a toast times out
+        await pilot.press("L")
+        await settle(pilot)
+
+    sub = make_engine(EngineSpec("sim", options={"schedule": "forward"}), small_model)
+    session = Session(small_model, default_prompt(small_model.cfg.vocab), N_TOKENS, subject=sub)
+    assert snap_compare(make_app(session, tmp_path), terminal_size=(120, 40), run_before=run_before)

@@ -87,6 +87,15 @@ def _finite(x):
     return x
 
 
+def json_safe(x):
+    """`x` (dicts, lists, numbers) with every non-finite float written as a string: JSON has no NaN."""
+    if isinstance(x, dict):
+        return {k: json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [json_safe(v) for v in x]
+    return _finite(x)
+
+
 def stats_json(s: DiffStats) -> dict:
     return {"n": s.n, "n_diff": s.n_diff, "n_nan": s.n_nan, "max_ulp": s.max_ulp,
             "max_abs_err": _finite(s.max_abs_err), "first_index": s.first_index,

@@ -10,6 +10,8 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
+from ...engines.schedule import GRAMMAR
+
 LEGEND = [
     ("ok", "grid: hashes equal", "green"),
     ("DIFF", "grid: hashes differ (▶ and bright red: the first DIFF in dataflow order)", "bold white on red"),
@@ -25,6 +27,12 @@ ABOUT = ("kestrel-tui runs the decode on the CPU reference and on the subject, h
          "(rows emb, L0..Ln, logits x the field columns) and shows where they first differ. Switch "
          "ops between fast and exact and watch the first DIFF move; b bisects automatically. "
          "Runs happen in the background: keys work while the grid fills, and a new run cancels the old.")
+SCHEDULES = (f"A side's schedule says which positions go into one forward pass: {GRAMMAR}; the same tokens, "
+             "so the same keys (--schedule, --reference-schedule, or a profile's option schedule). A subject "
+             "with a schedule other than decode gets a schedule toggle (its number key, listed with the "
+             "toggles) that switches it back to decode. Every run reports the logprob mismatch of the "
+             "reference's chosen tokens: {key} opens its view (the log-ratio histogram with the clip bands, the "
+             "figures, the worst token next to the first far key).")
 
 
 class HelpScreen(ModalScreen):
@@ -40,11 +48,13 @@ class HelpScreen(ModalScreen):
     def _rows(self) -> list[tuple[str, str, str]]:
         from .iso import IsoScreen
         from .main import MainScreen
+        from .mismatch import MismatchScreen
         from .sweep import SweepScreen
 
         rows = []
         for section, bindings in (("main", MainScreen.BINDINGS), ("app", self.app.BINDINGS),
-                                  ("iso view", IsoScreen.BINDINGS), ("sweep view", SweepScreen.BINDINGS)):
+                                  ("iso view", IsoScreen.BINDINGS), ("sweep view", SweepScreen.BINDINGS),
+                                  ("mismatch view", MismatchScreen.BINDINGS)):
             for b in bindings:
                 if not isinstance(b, Binding) or b.system:
                     continue
@@ -55,11 +65,18 @@ class HelpScreen(ModalScreen):
                      "command palette: every action by name"))
         return rows
 
+    def _key_of(self, action: str) -> str:
+        from .main import MainScreen
+
+        return next(self.app.get_key_display(Binding(b.key.split(",")[0], "")) for b in MainScreen.BINDINGS
+                    if isinstance(b, Binding) and b.action == action)
+
     def _text(self) -> Table:
         table = Table.grid(padding=(0, 2))
         table.add_column(style="bold")
         table.add_column()
         table.add_row(Text("kestrel-tui", style="bold"), Text(ABOUT))
+        table.add_row(Text("schedules", style="bold"), Text(SCHEDULES.format(key=self._key_of("mismatch"))))
         section = None
         for sec, keys, what in self._rows():
             if sec != section:

@@ -2,10 +2,10 @@
 
 The screen is made of parts (app/parts/): loading, the decode, the settings keys, tolerance, bisect,
 graft, repro, export and ranks, each with its keys, its thread worker and its messages. The screen
-lays out the widgets, lists the parts' keys (and its own: cursor moves in navigation.py, the iso and
-sweep views), hands each action and each worker message to its part, and holds what they share: the
-session, the board, the settings, the last finished run, the phase (which part's worker holds the
-session) and the run id. Numerics run only in the workers; a new run cancels the one in flight,
+lays out the widgets, lists the parts' keys (and its own: cursor moves in navigation.py, the iso,
+sweep and logprob mismatch views), hands each action and each worker message to its part, and holds
+what they share: the session, the board, the settings, the last finished run, the phase (which part's
+worker holds the session) and the run id. Numerics run only in the workers; a new run cancels the one in flight,
 and messages of any run but the current one are dropped by id.
 """
 from __future__ import annotations
@@ -49,15 +49,17 @@ MIN_SIZE = (80, 24)  # the smallest terminal the layout supports (app.tcss's nar
 
 PARTS: tuple[type[Part], ...] = (Load, Runs, Settings, Tolerances, Bisect, Graft, Repro, Export, Ranks)
 
-# The screen's own keys: the views it opens over the grid (both need a model).
+# The screen's own keys: the views it opens over the grid (all need a model).
 VIEWS = (
     Binding("i", "iso", "iso", tooltip="iso view: batch-verify (M columns) vs M=1 decode, logits byte by byte"),
     Binding("s", "sweep", "sweep", show=False, tooltip="sweep one setting over its values (a toggle, M, the"
             " prompt length, hf batch composition): where the answer changes, with a chart"),
+    Binding("L", "mismatch", "mismatch", show=False, tooltip="logprob mismatch view: the last finished run's"
+            " log-ratio histogram with the clip bands, its figures, the worst token next to the first far key"),
 )
 
 # The order the footer, the help screen and the command palette list the keys in, by action.
-KEY_ORDER = ("move", "toggle", "first_diff", "first_far", "next_diff", "token", "rerun", "bisect", "iso",
+KEY_ORDER = ("move", "toggle", "first_diff", "first_far", "next_diff", "token", "rerun", "bisect", "iso", "mismatch",
              "tolerance", "export", "all_exact", "rank", "sweep", "repro", "graft", "all_fast", "switch", "cancel")
 
 
@@ -240,6 +242,19 @@ class MainScreen(GridNavigation, Screen):
             return
         self.app.push_screen(SweepScreen(self.session, self.settings, tol=self.tolerance or Tolerance(),
                                          lock=self.run_lock))
+
+    def action_mismatch(self) -> None:
+        from .mismatch import MismatchScreen
+
+        if self.session is None:
+            self.no_model()
+            return
+        if self.result is None:
+            self.notify("no finished run yet: the mismatch view shows the last finished run", severity="warning",
+                        markup=False)
+            return
+        summary = self.board.tolerance if self.board is not None else None
+        self.app.push_screen(MismatchScreen(self.result, self.tolerance, summary))
 
     # ---- actions availability ---------------------------------------------
 
