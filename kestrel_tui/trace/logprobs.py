@@ -73,7 +73,7 @@ class MismatchTally:
     seq_ratios: list[float] = field(default_factory=list)
     seq_ratio_min: float = math.inf
     seq_ratio_max: float = 0.0
-    worst: tuple[float, int, int] | None = None  # (|log-ratio|, sequence, token index)
+    worst: tuple[float, int, int] | None = None  # (|log-ratio|, sequence, token index); a NaN one stays worst
 
     def add(self, reference: Sequence[float], subject: Sequence[float]) -> np.ndarray:
         """One sequence's chosen-token log-probabilities (the same tokens, in order); returns its log-ratios."""
@@ -91,7 +91,9 @@ class MismatchTally:
         self.k3_sum += float((r - 1.0 - lr).sum())
         self.bitwise += int((a == b).sum())
         if lr.size:
-            self.max_dp = max(self.max_dp, float(np.abs(np.exp(b) - np.exp(a)).max()))
+            dp = float(np.abs(np.exp(b) - np.exp(a)).max())  # NaN when a side's log-probability is NaN
+            if not dp <= self.max_dp:  # a NaN stays: a figure over NaN is not a number
+                self.max_dp = dp
             for i, c in zip(*np.unique(bin_of(lr), return_counts=True)):
                 self.histogram[int(i)] += int(c)
             j = int(np.argmax(np.abs(lr)))
@@ -110,8 +112,8 @@ class MismatchTally:
         return {"sequences": self.sequences, "tokens": n, **frac,
                 "k1": self.k1_sum / n if n else None, "k3": self.k3_sum / n if n else None,
                 "max_abs_dp": self.max_dp, "bitwise_tokens": self.bitwise,
-                "seq_geo_ratio_min": self.seq_ratio_min if self.sequences else None,
-                "seq_geo_ratio_max": self.seq_ratio_max if self.sequences else None,
+                "seq_geo_ratio_min": self.seq_ratio_min if n else None,  # sequences of no token have none
+                "seq_geo_ratio_max": self.seq_ratio_max if n else None,
                 "worst": None if self.worst is None else {"sequence": self.worst[1], "token": self.worst[2],
                                                           "abs_log_ratio": self.worst[0]},
                 "histogram": dict(zip(bin_labels(), self.histogram))}
