@@ -681,6 +681,33 @@ def cmd_iso(args: argparse.Namespace, config: RunConfig) -> int:
     return 0 if all(c.ndiff == 0 for c in cols) else 1
 
 
+def cmd_logprobs(args: argparse.Namespace, config: RunConfig | None = None) -> int:
+    """Two JSONL files of chosen-token log-probabilities: the mismatch figures; exit 0 when every scored
+    token's two log-probabilities are the same float, 1 when one differs (docs/decisions.md)."""
+    from .terminal import bytes_bar
+    from .text import inert
+    from .trace.logprob_files import compare_files, total_bytes
+    from .trace.logprobs import bin_labels
+
+    with bytes_bar("reading logprobs", total_bytes(args.a, args.b)) as progress:
+        result = compare_files(args.a, args.b, progress)
+    tally, worst = result.tally, result.worst
+    if args.json:
+        print(json.dumps({"a": args.a, "b": args.b, **tally.figures(),
+                          "worst_token": worst.as_dict() if worst else None}, indent=2))
+    else:
+        console.print(f"{inert(args.a)} (reference) vs {inert(args.b)} (subject)")
+        for line in tally.lines():
+            console.print(line)
+        if worst is not None:
+            console.print(f"  largest |log-ratio| {tally.worst[0]:.3e}: line {worst.line}, token {worst.token_id}"
+                          f" (A[{worst.index_a}] {worst.logprob_a:.6g}, B[{worst.index_b}] {worst.logprob_b:.6g})")
+        rows = [[label, str(n), f"{n / tally.tokens:.2%}"] for label, n in zip(bin_labels(), tally.histogram) if n]
+        console.print(whole_columns_table("log-ratio (B - A) histogram", [("log-ratio", True), ("tokens", True),
+                                                                           ("share", True)], rows))
+    return 0 if tally.bitwise == tally.tokens else 1
+
+
 def cmd_export(args: argparse.Namespace, config: RunConfig) -> int:
     from .model.gguf import write_gguf
 
