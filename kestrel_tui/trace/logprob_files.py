@@ -58,6 +58,7 @@ class WorstToken:
     logprob_a: float
     logprob_b: float
     token_ids: list[int]  # the sequence's ids from the side that has more of them (the prompt too)
+    index: int  # the token's index in token_ids
 
     def as_dict(self) -> dict:
         return {"line": self.line, "index_a": self.index_a, "index_b": self.index_b, "token_id": self.token_id,
@@ -213,16 +214,17 @@ def compare_files(path_a: str, path_b: str, progress: Callable[[int], None] | No
         b = parse_line(lb, f"{shown_b}:{n}", "B")
         span = align(a.token_ids, b.token_ids)
         if span is None:
-            raise UsageError(f"{shown_a}:{n} and {shown_b}:{n} score different tokens: {_mismatch(a.token_ids, b.token_ids)};"
-                             f" line i of A and line i of B must hold the same sequence")
+            raise UsageError(f"{shown_a}:{n} and {shown_b}:{n} score different tokens:"
+                             f" {_mismatch(a.token_ids, b.token_ids)}; line i of A and line i of B must hold the"
+                             f" same sequence")
         sa, sb, length = span
         la, lb_ = a.logprobs[sa:sa + length], b.logprobs[sb:sb + length]
         kept = np.flatnonzero(~(np.isnan(la) | np.isnan(lb_)))
         tally.add(la[kept], lb_[kept])
         if tally.worst is not None and tally.worst[1] == tally.sequences - 1:
             j = int(kept[tally.worst[2]])
-            longer = a.token_ids if len(a.token_ids) >= len(b.token_ids) else b.token_ids
-            worst = WorstToken(n, sa + j, sb + j, a.token_ids[sa + j], float(la[j]), float(lb_[j]), longer)
+            longer, at = (a.token_ids, sa + j) if len(a.token_ids) >= len(b.token_ids) else (b.token_ids, sb + j)
+            worst = WorstToken(n, sa + j, sb + j, a.token_ids[sa + j], float(la[j]), float(lb_[j]), longer, at)
     if tally.sequences == 0:
         raise UsageError(f"{shown_a} and {shown_b} are empty: no sequence to compare; give one {_SHAPE} a line")
     if tally.tokens == 0:
