@@ -156,6 +156,18 @@ COMMANDS = (
             " input", ("a", "b", "tol", "tui"),
             tol="two dump folders: judge the DIFF keys with their raw values, as for run; exit 0 when every one is"
                 " close"),
+    Command("logprobs", "the RL logprob mismatch of two JSONL files of chosen-token log-probabilities (A the"
+            " reference, B the subject): clip-band fractions, k1/k3, max |dp|, histogram; exit 0 every token"
+            " the same float, 1 one differs, 2 bad input; with --profile or --model the worst sequence replayed"
+            " and grafted", ("a", "b", "json", "profile", "model", "tol"),
+            {"a": dict(metavar="A.jsonl", help='the reference (the rollout that chose the tokens): one'
+                       ' {"token_ids": [...], "logprobs": [...]} a line (docs/schedules.md)'),
+             "b": dict(metavar="B.jsonl", help="the subject (e.g. the trainer's forward); line i pairs with A's"
+                       " line i, the same token ids or a suffix of them"),
+             "profile": dict(help="replay the worst sequence (the largest |log-ratio|) on the profile's reference"
+                             " and subject, its tokens forced on both, and graft from the first far key"),
+             "model": dict(help="the model of the replay (HF directory or .gguf); the files' token ids are its")},
+            tol="the tolerance the replay's first far key and graft judge by"),
     Command("run", "reference vs subject, headless; exit 0 all ok, 1 DIFF, 2 bad input, 3 an engine failed",
             (*RUN_INPUTS, *SUBJECT, "mode", "prefill", "forcing", "tol", "json"),
             tol="judge DIFF keys with raw values close/far; exit 0 when every DIFF key is close, 1 when one is far"

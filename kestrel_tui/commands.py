@@ -22,7 +22,7 @@ ENGINE_FAILED = 3  # the exit status of a run an engine did not finish: not a DI
 # What a command judges by when neither --tol nor the profile gives a tolerance (docs/decisions.md): the
 # commands that ask whether the bits agree judge bits (None); the ones that look for far keys, nmse=1e-7.
 TOLERANCE_DEFAULT: dict[str, Tolerance | None] = {"diff": None, "run": None, "repro": None, "bisect": Tolerance(),
-                                                  "graft": Tolerance(), "sweep": Tolerance()}
+                                                  "graft": Tolerance(), "sweep": Tolerance(), "logprobs": Tolerance()}
 
 
 def _tolerance(args: argparse.Namespace, config: RunConfig | None) -> Tolerance | None:
@@ -683,6 +683,68 @@ def cmd_iso(args: argparse.Namespace, config: RunConfig) -> int:
         console.print(whole_columns_table(f"batch-verify M={args.m} vs M=1 ({spec.engine}, exact: {args.exact})",
                                           columns, rows))
     return 0 if all(c.ndiff == 0 for c in cols) else 1
+
+
+def cmd_logprobs(args: argparse.Namespace, config: RunConfig | None = None) -> int:
+    """Two JSONL files of chosen-token log-probabilities: the mismatch figures; exit 0 when every scored
+    token's two log-probabilities are the same float, 1 when one differs (docs/decisions.md)."""
+    from .terminal import bytes_bar
+    from .text import inert
+    from .trace.logprob_files import compare_files, total_bytes
+    from .trace.logprobs import bin_labels
+
+    replay = config is not None and (args.model is not None or args.profile is not None)
+    if args.tol is not None and not replay:
+        raise UsageError(f"--tol {args.tol!r}: it judges the replay of the worst sequence, which needs --profile"
+                         f" (or --model); give one or drop --tol")
+    with bytes_bar("reading logprobs", total_bytes(args.a, args.b)) as progress:
+        result = compare_files(args.a, args.b, progress)
+    tally, worst = result.tally, result.worst
+    report = {"a": args.a, "b": args.b, **tally.figures(), "worst_token": worst.as_dict() if worst else None}
+    if not args.json:
+        console.print(f"{inert(args.a)} (reference) vs {inert(args.b)} (subject)")
+        for line in tally.lines():
+            console.print(line)
+        if worst is not None:
+            console.print(f"  largest |log-ratio| {tally.worst[0]:.3e}: line {worst.line}, token {worst.token_id}"
+                          f" (A[{worst.index_a}] {worst.logprob_a:.6g}, B[{worst.index_b}] {worst.logprob_b:.6g})")
+        rows = [[label, str(n), f"{n / tally.tokens:.2%}"] for label, n in zip(bin_labels(), tally.histogram) if n]
+        console.print(whole_columns_table("log-ratio (B - A) histogram", [("log-ratio", True), ("tokens", True),
+                                                                           ("share", True)], rows))
+    verdict = 0 if tally.bitwise == tally.tokens else 1
+    if not replay:
+        if args.json:
+            print(json.dumps(report, indent=2))
+        return verdict
+    return _replay_worst(args, config, worst, report, verdict)
+
+
+def _replay_worst(args: argparse.Namespace, config: RunConfig, worst, report: dict, verdict: int) -> int:
+    """The worst sequence through the session (session/logprob_replay.py): its first far key and the graft
+    from there, after the figures (with --json, under "replay")."""
+    from .session.logprob_replay import replay_worst
+    from .session.session import SideFailed
+
+    model = load_model(config)
+    ref, sub = engines_from_options(config, model)
+    tol = _tolerance(args, config)
+    try:
+        with console.status(f"replaying line {worst.line} ({worst.index} tokens) and grafting"):
+            session, result = replay_worst(model, worst.token_ids, worst.index, ref, sub, kv=config.kv,
+                                           deep=config.deep, tol=tol)
+    except SideFailed as e:
+        return _engine_failed(args, e.failure, report=report)
+    replay = {"line": worst.line, "positions": session.n_tokens + 1, "tolerance": tol.spec(),
+              "first_far": result.start, "sources": [{"field": s.site[0], "layer": s.site[1], "key": s.key,
+                                                      "next": s.next_key} for s in result.sources],
+              "remaining": result.remaining, "graft": result.line()}
+    if args.json:
+        print(json.dumps({**report, "replay": replay}, indent=2))
+    else:
+        console.print(f"replay of line {worst.line} ({replay['positions']} positions, {session.reference_engine.name}"
+                      f" vs {session.subject}, tolerance {tol.spec()}): first far key {result.start or 'none'}")
+        console.print(Text(result.line(), "bold green" if result.remaining is None else "bold red"))
+    return verdict
 
 
 def cmd_export(args: argparse.Namespace, config: RunConfig) -> int:

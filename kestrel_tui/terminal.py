@@ -5,6 +5,8 @@ Part of the command line: only those modules import it (tests/test_structure.py 
 """
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from rich.console import Console
@@ -42,6 +44,21 @@ def _load_with_bar(config: RunConfig, progress) -> Model:
         def show(step) -> None:
             bar.update(task, total=step.bytes_total, completed=step.bytes_read, line=step.line())
         return model_from_options(config, show)
+
+
+@contextlib.contextmanager
+def bytes_bar(label: str, total: int | None) -> Iterator[Callable[[int], None] | None]:
+    """A progress bar on stderr over `total` bytes when stderr is a terminal: yields the callback told
+    each chunk's bytes, or None (no bar) when stderr is piped."""
+    if not err_console.is_terminal:
+        yield None
+        return
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+
+    with Progress(TextColumn("{task.fields[name]}", markup=False), BarColumn(), DownloadColumn(), TimeRemainingColumn(), console=err_console,
+                  transient=True) as bar:
+        task = bar.add_task("read", total=total, name=label)  # a field: outside text is never a format
+        yield lambda n: bar.advance(task, n)
 
 
 def whole_columns_table(title: str | None, columns: list[tuple[str, bool]], rows: list[list]) -> Table:

@@ -336,8 +336,12 @@ class Session:
     toggles are what RunSettings switch; the reference runs once, with its own option values."""
 
     def __init__(self, model: Model, prompt: list[int], n_tokens: int, *, subject: str | Engine = "sim",
-                 reference: str | Engine = "cpu", kv: str = "q8", deep: bool = False, cache=None):
+                 reference: str | Engine = "cpu", kv: str = "q8", deep: bool = False, cache=None,
+                 forced: list[int] | None = None):
         self.model, self.prompt, self.n_tokens = model, list(prompt), n_tokens
+        # the tokens after the prompt, given (a sequence another engine scored): the reference consumes them
+        # instead of its own greedy ones, and teacher forcing hands the subject the same
+        self.forced = None if forced is None else list(forced)
         self.kv, self.deep = kv, deep
         self.cache = cache  # a session.refcache.RefCache, or None: the reference is always computed
         self.reference_cached = False  # the reference came from the cache
@@ -382,7 +386,7 @@ class Session:
                     return cached
                 eng = self.reference_engine
                 req = RunRequest(self.prompt, self.n_tokens, {t.name: t.default for t in eng.toggles},
-                                 on_position=on_position, cancel=cancel)
+                                 forced=self.forced, on_position=on_position, cancel=cancel)
                 try:
                     self._ref = eng.run(req)
                 except EngineFailed as e:  # nothing compares against half a reference
@@ -398,6 +402,8 @@ class Session:
 
         eng = self.reference_engine
         if self.cache is None or not (isinstance(eng, BuiltinEngine) and eng.name == "cpu"):
+            return None
+        if self.forced is not None:  # the key names no forced tokens: a replay is computed every time
             return None
         schedule = eng.schedule({})
         name = eng.name if schedule == DECODE else f"{eng.name} schedule {schedule}"  # the same bits, its own label

@@ -111,7 +111,7 @@ class MismatchTally:
         frac = {f"outside_{lo:g}_{hi:g}": (self.outside[(lo, hi)] / n if n else None) for lo, hi in CLIP_BANDS}
         return {"sequences": self.sequences, "tokens": n, **frac,
                 "k1": self.k1_sum / n if n else None, "k3": self.k3_sum / n if n else None,
-                "max_abs_dp": self.max_dp, "bitwise_tokens": self.bitwise,
+                "max_abs_dp": self.max_dp if n else None, "bitwise_tokens": self.bitwise,
                 "seq_geo_ratio_min": self.seq_ratio_min if n else None,  # sequences of no token have none
                 "seq_geo_ratio_max": self.seq_ratio_max if n else None,
                 "worst": None if self.worst is None else {"sequence": self.worst[1], "token": self.worst[2],
