@@ -539,3 +539,22 @@ def test_run_json_through_a_profile(monkeypatch, ckpt, capsys):
     assert (sides["reference"]["world_size"], sides["subject"]["world_size"]) == (1, 2)
     assert sides["subject"]["ranks"] == [0, 1] and sides["subject"]["backend"] == "gloo"
     assert code == 0, err
+
+
+def test_a_schedule_runs_on_every_rank(ckpt, runs):
+    """forward at TP=2: each rank runs the whole sequence in one pass (its cache restarts at position 0),
+    the keys are those of the ranks' decode up to summation order, and with no tokens given the ranks
+    first decode them (the rollout), then score them."""
+    base = runs("dense")
+    eng = _engine(ckpt, "dense", schedule="forward")
+    try:
+        forced = [p.token for p in base.positions[len(PROMPT):]]
+        for given in (forced, None):
+            tr = eng.run(RunRequest(PROMPT, N, _values(eng, world_size="2"), forced=given))
+            assert [p.token for p in tr.positions] == [p.token for p in base.positions]
+            diff = [k for k, st in compare(base.hashes(), tr.hashes()).status.items() if st.name == "DIFF"]
+            far = [k for k in diff if not Tolerance().holds(key_metrics(base.raw(k), tr.raw(k)))]
+            assert far == [] and len(tr.positions) == len(PROMPT) + N
+        assert "schedule=forward" in eng.describe(_values(eng))
+    finally:
+        eng.close()

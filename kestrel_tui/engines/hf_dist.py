@@ -235,6 +235,9 @@ class HFDistEngine(HFFamily):
                 if t.name in values and values[t.name] != t.default
                 and (t.key or t.name) not in ("world_size", "ep", "ep_impl")]
         plan = {"none": [], "tp": ["tp"], "tp+ep": ["tp+ep", p.ep_impl]}[p.plan]
+        schedule = self.schedule(values)
+        if str(schedule) != "decode" and not any(r.startswith("schedule=") for r in rest):
+            rest.append(f"schedule={schedule}")
         return f"{self.name} ({', '.join([f'world_size={p.world_size}', *plan, p.backend, *rest])})"
 
     @property
