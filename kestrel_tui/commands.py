@@ -137,10 +137,15 @@ def _diff_side(path: str, other=None):
 
         tokens = [p.token for p in other.positions] if other is not None else None
         trace = read_folder(path, tokens=tokens)
-        for note in trace.notes:
-            err_console.print(f"note: {path}: {note}", markup=False, highlight=False)
         return trace.hashes(), trace
     return read_dump(path), None
+
+
+def _diff_notes(*sides: tuple[str, object]) -> None:
+    """The folders' notes, once both sides are read and checked: a refusal stays the one line."""
+    for path, trace in sides:
+        for note in getattr(trace, "notes", ()):
+            err_console.print(f"note: {path}: {note}", markup=False, highlight=False)
 
 
 def cmd_diff(args: argparse.Namespace, config: None = None) -> int:
@@ -152,13 +157,19 @@ def cmd_diff(args: argparse.Namespace, config: None = None) -> int:
     if args.tui:
         from .app.main import run_diff_app
 
+        _diff_notes((args.a, trace_a), (args.b, trace_b))
         return run_diff_app(args.a, args.b, a, b)
     cmp = compare(a, b)
     if cmp.identical:
+        _diff_notes((args.a, trace_a), (args.b, trace_b))
         console.print(Text.assemble(("identical", "green"), f": {len(a)} keys"))
         return 0
     if trace_a is not None and trace_b is not None:
         _check_shapes(args.a, args.b, cmp, trace_a, trace_b)
+    if tol is not None and (trace_a is None or trace_b is None):
+        raise UsageError(f"--tol {args.tol!r}: a dump file holds hashes only; a tolerance judges raw values, which"
+                         f" only a serving engine's dump folder has on both sides")
+    _diff_notes((args.a, trace_a), (args.b, trace_b))
     console.print(f"{args.a} vs {args.b}")
     console.print(counts_table(cmp.counts))
     first = cmp.first_diff or cmp.first_mismatch
@@ -174,9 +185,6 @@ def cmd_diff(args: argparse.Namespace, config: None = None) -> int:
                       f" bits say nothing; --tol judges them")
     if tol is None:
         return 1
-    if trace_a is None or trace_b is None:
-        raise UsageError(f"--tol {args.tol!r}: a dump file holds hashes only; a tolerance judges raw values, which"
-                         f" only a serving engine's dump folder has on both sides")
     return _diff_tolerance(diff, trace_a, trace_b, tol)
 
 

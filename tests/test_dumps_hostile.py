@@ -147,3 +147,16 @@ def test_a_dump_of_another_models_width_is_compared_not_crashed(capsys, tmp_path
     code, out, err = run_cli(capsys, *_commands(tmp_path, good, good, True)[2])
     assert code == 1 and "Traceback" not in err, err[-2000:]
     assert "t0_emb" in out
+
+
+def test_a_noted_folder_then_a_refusal_is_one_line(capsys, tmp_path):
+    """A folder read with a note (a request starting past position 0: a cached prefix) against one that
+    cannot hold its tokens: the refusal is the one line; the note is said only when both sides are read."""
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    write_pass(good, {})
+    write_pass(bad, {POSITIONS: torch.arange(4) + 1000})
+    code, _, err = run_cli(capsys, "diff", bad, good)
+    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+    assert code == 2 and len(lines) == 1 and "no dumped request has the session's tokens" in lines[0], err
+    code, out, err = run_cli(capsys, "diff", bad, bad)  # read whole: the note, then the verdict
+    assert code == 0 and "identical" in out and err.startswith("note: ") and "position 1000" in err, err
