@@ -348,7 +348,29 @@ def run_report(res, summary=None) -> dict:
             k: ({**summary.metrics[k].as_dict(), "verdict": summary.verdict[k], "rule": summary.rule[k]}
                 if k in summary.metrics else None)
             for k, st in res.comparison.status.items() if st is Status.DIFF}
+    report["ranks"] = rank_view(res, summary)
     return report
+
+
+def rank_view(res, summary=None) -> dict | None:
+    """Each rank's share of the first DIFF key and of the first far key, judged (trace/ranks.judged); None
+    when neither side ran over ranks."""
+    from .trace.ranks import judged, split_run
+
+    if not split_run(res.ref, res.sub):
+        return None
+    tol = summary.tolerance if summary is not None else None
+    first_far = summary.first_far if summary is not None else None
+    return {"first_diff": judged(res.ref, res.sub, res.comparison.first_diff, tol) if res.comparison.first_diff
+            else None,
+            "first_far": judged(res.ref, res.sub, first_far, tol) if first_far else None}
+
+
+def print_rank_view(view: dict | None, which: str) -> None:
+    """The line naming the ranks whose share of the first DIFF / far key is off."""
+    judged = (view or {}).get(which)
+    if judged is not None:
+        console.print(Text.assemble("  ranks: ", judged["line"]))
 
 
 def _base_report(res) -> dict:
@@ -422,8 +444,11 @@ def print_run(res, summary=None) -> None:
     if st is not None:
         console.print(f"  {st.n_diff}/{st.n} elements differ, max {st.max_ulp} ULP, max abs {st.max_abs_err:.3g},"
                       f" first at [{st.first_index}]: {st.first_a!r} vs {st.first_b!r}")
+    view = rank_view(res, summary)
+    print_rank_view(view, "first_diff")
     if summary is not None:
         print_tolerance(summary)
+        print_rank_view(view, "first_far")
     print_events(res, summary)
     flips = [s for s in res.tokens if s.flip]
     console.print(f"top-1 flips: {len(flips)}" + "".join(f"  t{s.t}: {s.ref_top1}->{s.sub_top1}{_margin(res, s)}"

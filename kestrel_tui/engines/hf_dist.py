@@ -156,7 +156,7 @@ class HFDistEngine(HFFamily):
         for t in self.toggles:
             for v in t.values:
                 self._fits(t.key or t.name, self.table.check(t.key or t.name, v), f"toggle {t.name}")
-        for name in ("world_size", "ep"):
+        for name in ("world_size", "ep", "split_sums"):
             self._fits(name, self.options[name], "option")
         self.notes: tuple[str, ...] = self._shared_cores() + self._experts_whole()
         self.findings: list[str] = []  # the last run's replicated keys the ranks disagreed on
@@ -169,6 +169,8 @@ class HFDistEngine(HFFamily):
 
     def _offered(self, name: str, value: str) -> bool:
         """A world size the default toggles offer: one the heads split over and the machine takes."""
+        if name == "split_sums":  # an option of the reference's, never a toggle
+            return value == self.options[name]
         if name != "world_size":
             return True
         n = int(value)
@@ -177,7 +179,13 @@ class HFDistEngine(HFFamily):
 
     def _fits(self, name: str, value, where: str) -> None:
         """A world size, EP or device the model and the machine can take (each toggle value, each option)."""
-        if name == "world_size":
+        if name == "split_sums" and value != "off":
+            n = int(value)
+            bad = [f"attention heads {self.heads[0]}"] if self.heads[0] % n else []
+            if bad:
+                raise UsageError(f"{NAME} engine: {where} split_sums={value}: the model's {bad[0]} do not split"
+                                 f" over {n} ranks; choose a count that divides them, or off")
+        elif name == "world_size":
             n = int(value)
             bad = [f"{what} {h}" for what, h in zip(("attention heads", "kv heads"), self.heads) if h % n]
             if bad:
@@ -265,7 +273,8 @@ class HFDistEngine(HFFamily):
         job = RankJob(model_dir=self.model_dir, n_layers=self.n_layers,
                       settings={k: s[k] for k in HF.options if k not in PER_RUN},
                       kv=self.kv, deep=self.deep, world_size=n, ep=s["ep"] == "on", ep_impl=s["ep_impl"],
-                      threads=threads, store="", timeout_s=max(s["timeout"] * 4, s["load_timeout"]))
+                      threads=threads, split_sums=0 if s["split_sums"] == "off" else int(s["split_sums"]),
+                      store="", timeout_s=max(s["timeout"] * 4, s["load_timeout"]))
         group = Group(job, env, s["load_timeout"], s["timeout"])
         try:
             self._layout = layout_of(group.infos, self.heads, self.kv)
@@ -429,5 +438,8 @@ def gather(payloads: list[dict], pos0: int, M: int, layout: Mapping[str, str], c
             if differ:
                 found.append(f"{key}: the all-reduce returned other bits on rank"
                              f"{'s' * (len(differ) > 1)} {', '.join(map(str, differ))} than on rank 0")
+        if n == 1:  # split_sums: one rank's row-parallel sums as N ranks' partials (no all-reduce, no @sum)
+            for key, split in payloads[0].get("split", [{}] * M)[m].items():
+                raw.update({rank_key(key, r): part for r, part in enumerate(split)})
         out.append((hashes, raw, found))
     return out

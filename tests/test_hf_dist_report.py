@@ -1,0 +1,108 @@
+"""The headless reports of a split run name the rank: `run` and `graft`, text and --json, with a bug planted
+in one rank's shard of o_proj (tests/rankfaults.py) at TP=2 over gloo, against one rank through
+profiles/hf-tp1-vs-tp2.toml (its reference reports its o_proj / down_proj sums as 2 ranks' partials,
+split_sums). A tiny dense Qwen3 made here with transformers' own classes; 2 positions."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from kestrel_tui.trace.compare import Tolerance, key_metrics  # noqa: E402
+from kestrel_tui.trace.ranks import judged  # noqa: E402
+
+from clitools import run_cli  # noqa: E402
+from rankfaults import env as fault_env  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+PROFILE = ROOT / "profiles" / "hf-tp1-vs-tp2.toml"
+O_PROJ = "1:scale_shard:L1.self_attn.o_proj"  # row-parallel: rank 1's columns of layer 1's o_proj × 1.01
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    cfg = transformers.Qwen3Config(vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=8,
+                                   num_key_value_heads=4, head_dim=16, intermediate_size=96, rope_theta=1e6,
+                                   rms_norm_eps=1e-6, max_position_embeddings=128, tie_word_embeddings=False)
+    torch.manual_seed(2)
+    model = transformers.Qwen3ForCausalLM(cfg).eval()
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad():  # large weights: logits far from ties
+        for _, p in model.named_parameters():
+            scale, shift = (0.2, 1.0) if p.ndim == 1 else (0.25, 0.0)
+            p.copy_(shift + scale * torch.randn(p.shape, generator=g))
+    path = tmp_path_factory.mktemp("hf_dist_report") / "dense"
+    model.save_pretrained(path)
+    return str(path)
+
+
+def _planted(monkeypatch, faults):
+    for name, value in fault_env(faults).items():
+        monkeypatch.setenv(name, value)
+
+
+def _cli(capsys, ckpt, *argv):
+    return run_cli(capsys, *argv, "--profile", PROFILE, "--model", ckpt, "--tokens", "1", "--no-cache")
+
+
+@pytest.mark.slow
+def test_run_names_the_rank_of_a_far_partial_sum(monkeypatch, capsys, ckpt):
+    _planted(monkeypatch, O_PROJ)
+    code, out, err = _cli(capsys, ckpt, "run", "--json")
+    report = json.loads(out)
+    assert code == 1 and report["first_far"] == "t0_l1_ores", err
+    far = report["ranks"]["first_far"]
+    assert far["key"] == "t0_l1_ores" and far["far"] == [1]
+    r0, r1 = far["ranks"]
+    assert (r0["rank"], r1["rank"], r1["verdict"]) == (0, 1, "far") and r1["nmse"] > 1e-5
+    # rank 0's partial is its GEMM on its shard: the same as the reference's, to rounding of the inputs
+    assert r0["verdict"] in ("ok", "close") and r0.get("nmse", 0.0) <= Tolerance().nmse
+    first = report["ranks"]["first_diff"]  # a head-split key: each rank's heads against the reference's slice
+    assert first["key"] == report["first_diff"] and [r["rank"] for r in first["ranks"]] == [0, 1]
+    assert first["far"] == []
+
+    code, out, err = _cli(capsys, ckpt, "run")
+    assert code == 1
+    line = next(ln for ln in out.splitlines() if "t0_l1_ores by rank" in ln)
+    assert " · r1 far (nmse " in line and line.endswith(": rank 1's share is far"), line
+
+
+class _Split:
+    """A trace of 2 ranks by hand: ``shares`` key -> each rank's share, ``whole`` key -> the gathered value."""
+
+    def __init__(self, whole, shares=None, partial=()):
+        self.whole, self.shares, self.partial = whole, shares or {}, set(partial)
+
+    def raw(self, key):
+        return self.whole.get(key)
+
+    def rank_values(self, key):
+        return self.shares.get(key)
+
+
+def test_each_share_judged_and_a_key_not_split_said_so():
+    import numpy as np
+
+    heads = np.arange(1, 9, dtype=np.float32)
+    off = heads.copy()
+    off[5] *= 1.01  # rank 1's second head
+    ref = _Split({"t0_l0_kraw": heads, "t0_l0_nrm": heads})
+    sub = _Split({"t0_l0_kraw": off, "t0_l0_nrm": heads}, {"t0_l0_kraw": (off[:4], off[4:])})
+    view = judged(ref, sub, "t0_l0_kraw", Tolerance())
+    assert [r["verdict"] for r in view["ranks"]] == ["ok", "far"] and view["far"] == [1]
+    assert view["ranks"][1]["nmse"] > 1e-7 and "nmse" not in view["ranks"][0]
+    nmse = key_metrics(heads[4:], off[4:]).nmse
+    assert view["line"] == f"t0_l0_kraw by rank: r0 ok · r1 far (nmse {nmse:.3g}): rank 1's share is far"
+    # without a tolerance the bits decide: DIFF
+    assert [r["verdict"] for r in judged(ref, sub, "t0_l0_kraw", None)["ranks"]] == ["ok", "DIFF"]
+    plain = judged(ref, sub, "t0_l0_nrm", Tolerance())
+    assert plain["ranks"] is None and plain["far"] == [] and "no share" in plain["line"]
+    # a partial sum with nothing of its world size to be held to is said to be one, not judged
+    sub.shares["t0_l0_ores"], sub.partial = (heads, heads), {"t0_l0_ores"}
+    ref.whole["t0_l0_ores"] = heads
+    partial = judged(ref, sub, "t0_l0_ores", Tolerance())
+    assert [r["verdict"] for r in partial["ranks"]] == ["partial", "partial"] and partial["far"] == []
