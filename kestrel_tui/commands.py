@@ -366,11 +366,11 @@ def rank_view(res, summary=None) -> dict | None:
             "first_far": judged(res.ref, res.sub, first_far, tol) if first_far else None}
 
 
-def print_rank_view(view: dict | None, which: str) -> None:
+def print_rank_view(view: dict | None, which: str, label: str = "  ranks: ") -> None:
     """The line naming the ranks whose share of the first DIFF / far key is off."""
     judged = (view or {}).get(which)
     if judged is not None:
-        console.print(Text.assemble("  ranks: ", judged["line"]))
+        console.print(Text.assemble(label, judged["line"]))
 
 
 def _base_report(res) -> dict:
@@ -568,7 +568,7 @@ def cmd_graft(args: argparse.Namespace, config: RunConfig) -> int:
     session = _session(config)
     if not session.subject_engine.caps.graft:
         raise UsageError(f"graft: the subject {session.subject_engine.name} cannot take the reference's values at a"
-                         f" key; graft on sim or hf (docs/engines-hf.md)")
+                         f" key; graft on sim, hf or hf-dist (docs/engines-hf.md)")
     settings = _settings(args, session)
 
     def on_source(src) -> None:
@@ -585,10 +585,15 @@ def cmd_graft(args: argparse.Namespace, config: RunConfig) -> int:
               "sources": [{"field": s.site[0], "layer": s.site[1], "key": s.key, "next": s.next_key}
                           for s in result.sources],
               "remaining": result.remaining, "line": result.line()}
+    # the run before any graft: each rank's share of its first DIFF and first far key
+    view = rank_view(result.first, result.first.tolerance(tol) if tol is not None else None)
+    report["ranks"] = view
     if args.json:
         print(json.dumps(report, indent=2))
     else:
         console.print(Text(result.line(), "bold green" if result.remaining is None else "bold red"))
+        print_rank_view(view, "first_diff", "before grafting, first DIFF ")
+        print_rank_view(view, "first_far", "before grafting, first far ")
     return 0 if result.remaining is None else 1
 
 

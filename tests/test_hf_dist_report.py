@@ -106,3 +106,52 @@ def test_each_share_judged_and_a_key_not_split_said_so():
     ref.whole["t0_l0_ores"] = heads
     partial = judged(ref, sub, "t0_l0_ores", Tolerance())
     assert [r["verdict"] for r in partial["ranks"]] == ["partial", "partial"] and partial["far"] == []
+
+
+# ---------------------------------------------------------------- graft on hf-dist: the cause test over ranks
+
+@pytest.mark.slow
+def test_graft_at_the_far_partial_sum_removes_every_far_key_after_it(monkeypatch, capsys, ckpt):
+    _planted(monkeypatch, O_PROJ)
+    code, out, err = _cli(capsys, ckpt, "graft", "--json")
+    report = json.loads(out)
+    assert report["start"] == "t0_l1_ores", err
+    assert report["sources"] == [{"field": "ores", "layer": 1, "key": "t0_l1_ores", "next": None}]
+    assert report["remaining"] is None and code == 0
+    assert report["ranks"]["first_far"]["far"] == [1]  # the run before grafting names the rank
+
+    code, out, err = _cli(capsys, ckpt, "graft")
+    assert code == 0 and "the only source: ores l1" in out, out + err
+    assert "before grafting, first far t0_l1_ores by rank: " in out and "rank 1's share is far" in out
+
+
+@pytest.mark.slow
+def test_graft_at_an_earlier_split_key_leaves_the_far_key(monkeypatch, capsys, ckpt):
+    """kraw of layer 0 is split by heads: each rank takes its slice of the reference's; the bug is after it."""
+    _planted(monkeypatch, O_PROJ)
+    code, out, err = _cli(capsys, ckpt, "graft", "--json", "--key", "t0_l0_kraw", "--limit", "1")
+    report = json.loads(out)
+    assert report["sources"] == [{"field": "kraw", "layer": 0, "key": "t0_l0_kraw", "next": "t0_l1_ores"}], err
+    assert report["remaining"] == "t0_l1_ores" and code == 1
+
+
+def test_each_rank_is_fed_its_share_of_the_reference():
+    import numpy as np
+
+    from kestrel_tui.engines.base import Graft
+    from kestrel_tui.engines.hf_dist import HEADS, WHOLE, graft_shares
+
+    class Ref:
+        positions = [type("P", (), {"raw": {"t0_l0_kraw": np.arange(8.0), "t0_l0_x": np.arange(4.0),
+                                            "t0_l0_k": np.arange(8.0).reshape(4, 2),
+                                            "t0_l0_v": -np.arange(8.0).reshape(4, 2)}})()]
+
+    layout = {"kraw": HEADS, "k": HEADS, "v": HEADS, "x": WHOLE}
+    fed = graft_shares(Graft(Ref(), frozenset({("kraw", 0), ("x", 0), ("k", 0)})), 0, 1, 2, layout, "f32")
+    (sites0, r0), (_, r1) = fed
+    assert sites0 == frozenset({("kraw", 0), ("x", 0), ("k", 0)})
+    assert r0[0]["t0_l0_kraw"].tolist() == [0, 1, 2, 3] and r1[0]["t0_l0_kraw"].tolist() == [4, 5, 6, 7]
+    assert r0[0]["t0_l0_x"].tolist() == r1[0]["t0_l0_x"].tolist() == [0, 1, 2, 3]  # replicated: whole
+    # a key row site takes the attention's rows: each rank its kv heads of k and v
+    assert r1[0]["t0_l0_k"].tolist() == [[4, 5], [6, 7]] and r1[0]["t0_l0_v"].shape == (2, 2)
+    assert graft_shares(None, 0, 1, 2, layout, "f32") is None

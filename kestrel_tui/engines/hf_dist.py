@@ -147,7 +147,7 @@ class HFDistEngine(HFFamily):
 
     name = NAME
     table = HF_DIST
-    caps = Capabilities(prefill_from=False, forcing=True, isolate=False, logits=True, raw=True)
+    caps = Capabilities(prefill_from=False, forcing=True, isolate=False, logits=True, raw=True, graft=True)
 
     def __init__(self, model_dir, model, options: Mapping[str, object], toggles: tuple[Toggle, ...] | None,
                  kv: str = "q8", deep: bool = False):
@@ -300,6 +300,13 @@ class HFDistEngine(HFFamily):
         if s["ep"] == "on" and n > 1 and self.n_experts % n:
             raise UsageError(f"{NAME} engine: ep=on with world_size={n}: the model's {self.n_experts} experts do"
                              f" not split over {n} ranks; choose a world size that divides them, or ep=off")
+        if req.graft is not None:
+            from .hf_hooks import GRAFTED  # torch: only where a graft is asked for
+
+            unknown = sorted({f for f, _ in req.graft.sites} - set(GRAFTED))
+            if unknown:
+                raise UsageError(f"{NAME} engine: no graft at {', '.join(unknown)} (docs/engines-hf.md: where a"
+                                 f" graft goes)")
         trace = DistTrace(backend=self.describe(req.values), prompt=list(req.prompt), store=RawStore())
         self.findings = trace.findings
         at = "while loading the model"
@@ -311,7 +318,9 @@ class HFDistEngine(HFFamily):
                 def step(ids: list[int], pos0: int) -> StepOut:
                     nonlocal at
                     at = f"at position {pos0}" if len(ids) == 1 else f"at positions {pos0}-{pos0 + len(ids) - 1}"
-                    columns = gather(group.step(ids, pos0, req.cancel), pos0, len(ids), self._layout, self.shapes)
+                    fed = graft_shares(req.graft, pos0, len(ids), n, self._layout, self.kv)
+                    columns = gather(group.step(ids, pos0, req.cancel, fed), pos0, len(ids), self._layout,
+                                     self.shapes)
                     for hashes, raw, found in columns:
                         trace.findings += found
                         trace.partial.update(k for k in hashes if sum_key(k) in raw)
@@ -329,6 +338,33 @@ class HFDistEngine(HFFamily):
             except (Cancelled, KeyboardInterrupt):
                 self._end_group()  # a rank may be mid-step: the group cannot be trusted to be in step
                 raise
+
+
+# a graft site -> the reference's fields the rank's hooks read for it (hf_hooks: the attention's rows are
+# rebuilt from k and v, q8 ones with their scales)
+ROWS = ("kpre", "k", "ks", "v", "vs")
+
+
+def graft_shares(graft, pos0: int, M: int, n: int, layout: Mapping[str, str], kv: str) -> list | None:
+    """Per rank: (the graft's sites, {position: key -> the reference's value}) for a step's positions, each
+    rank given its share: the slice its shard holds of a key split by heads, the whole value of a replicated
+    one; None without a graft."""
+    if graft is None:
+        return None
+    fields = set()
+    for f, layer in graft.sites:
+        rows = (("k", "v") + (("ks", "vs") if kv == "q8" else ())) if f in ROWS else (f,)
+        fields.update((g, layer) for g in rows)
+    out = [(graft.sites, {}) for _ in range(n)]
+    for t in range(pos0, pos0 + M):
+        raw = graft.reference.positions[t].raw
+        for f, layer in fields:
+            key = f"t{t}_{f}" if layer is None else f"t{t}_l{layer}_{f}"
+            value = np.asarray(raw[key])
+            parts = np.split(value, n, axis=0) if layout.get(f, WHOLE) == HEADS else [value] * n
+            for r in range(n):
+                out[r][1].setdefault(t, {})[key] = parts[r]
+    return out
 
 
 def _group_key(s: Mapping[str, object]) -> tuple:

@@ -205,6 +205,13 @@ class Rank:
         self.partials = PartialSums(model) if job.world_size > 1 else None
         self.split = SplitSums(model, job.split_sums) if job.world_size == 1 and job.split_sums > 1 else None
         self.cache = None
+        self.fed = None  # this step's graft: (sites, {position: the reference's values, this rank's share})
+        self._graft = None
+
+    def feed(self, fed) -> None:
+        """What the engine sent with the next step: None, or a graft's sites and this rank's share of the
+        reference's values at them for the step's positions (hf_dist.graft_shares)."""
+        self.fed = fed
 
     def info(self) -> dict:
         import torch
@@ -226,12 +233,34 @@ class Rank:
 
         if pos0 == 0:  # a new run
             self.cache = DynamicCache(config=self.model.config)
-            self.capture.begin(None)
+            self._graft = _FedGraft(self.fed[0]) if self.fed is not None else None
+            self.capture.end()  # the last run's graft, if any, goes
+            self.capture.begin(None, graft=self._graft)
+        if self._graft is not None and self.fed is not None:
+            self._graft.add(self.fed[1])
         with torch_flags(self.job.settings), quiet():
             out = self.capture.step(ids, pos0, self.cache, raw=True)
         partial = self.partials.take(pos0, len(ids)) if self.partials is not None else [{} for _ in ids]
         split = self.split.take(pos0, len(ids)) if self.split is not None else [{} for _ in ids]
         return {"raw": out.raw, "partial": partial, "split": split}
+
+
+class _FedGraft:
+    """A Graft (engines/base.py) as the Capture reads it, its reference only the values sent so far:
+    ``reference.positions[t].raw`` for every position this run has stepped."""
+
+    def __init__(self, sites):
+        self.sites, self.reference = frozenset(sites), self
+        self.positions: dict[int, _Fed] = {}
+
+    def add(self, values: dict) -> None:
+        for t, raw in values.items():
+            self.positions[t] = _Fed(raw)
+
+
+@dataclass(frozen=True)
+class _Fed:
+    raw: dict
 
 
 def _local_rows(w) -> int:
@@ -271,7 +300,9 @@ def serve() -> None:
         _install_hooks(r)
         send("ready", r.info())
         while True:
-            _, ids, pos0 = pickle.load(commands)  # ("step", ids, pos0); the engine ends a rank by its group
+            # ("step", ids, pos0, fed); the engine ends a rank by its group
+            _, ids, pos0, fed = pickle.load(commands)
+            r.feed(fed)
             r.begin_step(ids, pos0)
             send("started", pos0)
             send("out", pos0, r.step(ids, pos0))
