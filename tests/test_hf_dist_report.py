@@ -155,3 +155,45 @@ def test_each_rank_is_fed_its_share_of_the_reference():
     # a key row site takes the attention's rows: each rank its kv heads of k and v
     assert r1[0]["t0_l0_k"].tolist() == [[4, 5], [6, 7]] and r1[0]["t0_l0_v"].shape == (2, 2)
     assert graft_shares(None, 0, 1, 2, layout, "f32") is None
+
+
+# ---------------------------------------------------------------- where head-split keys are bit-equal
+
+@pytest.mark.slow
+def test_head_split_keys_against_one_rank(ckpt):
+    """docs/engines-distributed.md, "Which keys are bit-equal": with the prompt token by token on both sides
+    (one row a GEMM), TP=2's heads of layer 0 are bit for bit one rank's; the prompt batched on one side only
+    moves them within rounding (a batch's GEMM against a row's: another kernel), at one rank as at two."""
+    from dataclasses import replace
+
+    from kestrel_tui.engines.base import EngineSpec
+    from kestrel_tui.engines.hf_dist import make_hf_dist_engine
+    from kestrel_tui.model.hf import load_model
+    from kestrel_tui.session.session import Session
+    from kestrel_tui.trace.compare import Status
+    from kestrel_tui.trace.keys import parse_key
+
+    model = load_model(ckpt, "f32")
+    opts = {"timeout": 120, "prefill": "token", "attn_implementation": "eager", "threads": 1}
+    ref = make_hf_dist_engine(EngineSpec("hf-dist", ckpt, {**opts, "world_size": "1"}), model, kv="f32", deep=True)
+    sub = make_hf_dist_engine(EngineSpec("hf-dist", ckpt, opts), model, kv="f32", deep=True)
+    session = Session(model, [5, 77, 190, 33], 2, reference=ref, subject=sub, kv="f32", deep=True)
+
+    def run(world, prefill):
+        s = replace(session.initial_settings(), prefill="subject")
+        for name, value in (("world_size", world), ("prefill", prefill)):
+            s = s.pick(next(t for t in session.toggles if t.name == name), value)
+        return session.run(s, record=False)
+    try:
+        split = {"kraw", "knorm", "kpre", "k", "v", "qrope", "attn"}
+        token = run("2", "token")
+        layer0 = [k for k in token.comparison.status if parse_key(k).layer == 0 and parse_key(k).field in split]
+        assert len(layer0) == 6 * len(split) and all(token.comparison.status[k] is Status.OK for k in layer0)
+        assert token.tolerance(Tolerance()).first_far is None
+        for world in ("2", "1"):
+            batched = run(world, "batched")
+            summary = batched.tolerance(Tolerance())
+            assert summary.first_far is None and summary.n_close > 0  # bits may move; never beyond 1e-7
+    finally:
+        ref.close()
+        sub.close()
