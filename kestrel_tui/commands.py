@@ -356,7 +356,29 @@ def run_report(res, summary=None) -> dict:
             k: ({**summary.metrics[k].as_dict(), "verdict": summary.verdict[k], "rule": summary.rule[k]}
                 if k in summary.metrics else None)
             for k, st in res.comparison.status.items() if st is Status.DIFF}
+    report["ranks"] = rank_view(res, summary)
     return report
+
+
+def rank_view(res, summary=None) -> dict | None:
+    """Each rank's share of the first DIFF key and of the first far key, judged (trace/ranks.judged); None
+    when neither side ran over ranks."""
+    from .trace.ranks import judged, split_run
+
+    if not split_run(res.ref, res.sub):
+        return None
+    tol = summary.tolerance if summary is not None else None
+    first_far = summary.first_far if summary is not None else None
+    return {"first_diff": judged(res.ref, res.sub, res.comparison.first_diff, tol) if res.comparison.first_diff
+            else None,
+            "first_far": judged(res.ref, res.sub, first_far, tol) if first_far else None}
+
+
+def print_rank_view(view: dict | None, which: str, label: str = "  ranks: ") -> None:
+    """The line naming the ranks whose share of the first DIFF / far key is off."""
+    judged = (view or {}).get(which)
+    if judged is not None:
+        console.print(Text.assemble(label, judged["line"]))
 
 
 def _base_report(res) -> dict:
@@ -431,8 +453,11 @@ def print_run(res, summary=None) -> None:
     if st is not None:
         console.print(f"  {st.n_diff}/{st.n} elements differ, max {st.max_ulp} ULP, max abs {st.max_abs_err:.3g},"
                       f" first at [{st.first_index}]: {st.first_a!r} vs {st.first_b!r}")
+    view = rank_view(res, summary)
+    print_rank_view(view, "first_diff")
     if summary is not None:
         print_tolerance(summary)
+        print_rank_view(view, "first_far")
     print_events(res, summary)
     if res.mismatch is not None:
         for line in res.mismatch.tally.lines():
@@ -555,7 +580,7 @@ def cmd_graft(args: argparse.Namespace, config: RunConfig) -> int:
     session = _session(config)
     if not session.subject_engine.caps.graft:
         raise UsageError(f"graft: the subject {session.subject_engine.name} cannot take the reference's values at a"
-                         f" key; graft on sim or hf (docs/engines-hf.md)")
+                         f" key; graft on sim, hf or hf-dist (docs/engines-hf.md)")
     settings = _settings(args, session)
 
     def on_source(src) -> None:
@@ -572,10 +597,15 @@ def cmd_graft(args: argparse.Namespace, config: RunConfig) -> int:
               "sources": [{"field": s.site[0], "layer": s.site[1], "key": s.key, "next": s.next_key}
                           for s in result.sources],
               "remaining": result.remaining, "line": result.line()}
+    # the run before any graft: each rank's share of its first DIFF and first far key
+    view = rank_view(result.first, result.first.tolerance(tol) if tol is not None else None)
+    report["ranks"] = view
     if args.json:
         print(json.dumps(report, indent=2))
     else:
         console.print(Text(result.line(), "bold green" if result.remaining is None else "bold red"))
+        print_rank_view(view, "first_diff", "before grafting, first DIFF ")
+        print_rank_view(view, "first_far", "before grafting, first far ")
     return 0 if result.remaining is None else 1
 
 

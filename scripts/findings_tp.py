@@ -13,7 +13,12 @@ against hf-dist TP=2 with the deep keys: where the first far key lands, and each
 layer's split keys against a clean run of the same settings (and, for a column-parallel key, against
 the reference's slice).
 
-    python scripts/findings_tp.py [--model DIR] [--tokens 16] [--part moe|dense|planted|all] [--json FILE]
+    python scripts/findings_tp.py [--model DIR] [--tokens 16] [--part moe|dense|planted|shapes|all] [--json FILE]
+
+shapes: tiny dense Qwen3 checkpoints made with transformers' Qwen3Config (2 layers, head_dim 16, the
+(hidden, heads, kv heads) of SHAPES), against TP=1 with the prompt token by token: TP=2 with the prompt
+token by token (one row a GEMM) and batched, and TP=1 batched (the control): per head-split field, how
+many keys are bit-equal and the worst NMSE of the others.
 
 moe: without --model the embedded default (synthetic Qwen3-MoE, 48 layers, hidden 256, 8 heads / 2 kv
 heads, 16 experts top-4, vocab 2048); dense: a synthetic dense Qwen3 of the same dims with 4 kv heads
@@ -223,11 +228,63 @@ def dense_model():
     return synthetic_model(cfg.validate("f32"), "f32")
 
 
+SHAPES = ((64, 8, 4), (64, 8, 2), (128, 8, 2), (128, 8, 4), (128, 4, 2), (256, 16, 4))
+HEAD_SPLIT = ("kraw", "knorm", "kpre", "v", "qrope", "attn")
+
+
+def shape_checkpoint(folder: Path, hidden: int, heads: int, kv: int) -> str:
+    import torch
+    import transformers
+
+    cfg = transformers.Qwen3Config(vocab_size=256, hidden_size=hidden, num_hidden_layers=2, num_attention_heads=heads,
+                                   num_key_value_heads=kv, head_dim=16, intermediate_size=96, rope_theta=1e6,
+                                   rms_norm_eps=1e-6, max_position_embeddings=128, tie_word_embeddings=False)
+    torch.manual_seed(2)
+    model = transformers.Qwen3ForCausalLM(cfg).eval()
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for _, p in model.named_parameters():
+            scale, shift = (0.2, 1.0) if p.ndim == 1 else (0.25, 0.0)
+            p.copy_(shift + scale * torch.randn(p.shape, generator=g))
+    path = folder / f"h{hidden}-q{heads}-kv{kv}"
+    model.save_pretrained(path)
+    return str(path)
+
+
+def shape_rows(tokens: int) -> list[dict]:
+    import tempfile
+
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        for hidden, heads, kv in SHAPES:
+            path = shape_checkpoint(Path(folder), hidden, heads, kv)
+            model = load_model(path, "f32")
+            ref, sub = hf_dist(model, path, deep=True, world_size="1"), hf_dist(model, path, deep=True)
+            session = Session(model, PROMPT, tokens, reference=ref, subject=sub, kv="f32", deep=True)
+            for world, prefill in (("2", "token"), ("2", "batched"), ("1", "batched")):
+                s = with_fields(session.initial_settings(), prefill="subject")
+                for tname, value in (("world_size", world), ("prefill", prefill)):
+                    s = s.pick(next(t for t in session.toggles if t.name == tname), value)
+                res = session.run(s, record=False)
+                out = {"hidden": hidden, "heads": heads, "kv_heads": kv, "world_size": world, "prefill": prefill,
+                       "first_diff": res.comparison.first_diff, "first_far": res.tolerance(TOL).first_far}
+                for f in HEAD_SPLIT:
+                    keys = [k for k in res.comparison.status if parse_key(k).field == f]
+                    differ = [k for k in keys if res.comparison.status[k] is Status.DIFF]
+                    worst = max((res.metrics(k).nmse for k in differ), default=0.0)
+                    out[f] = f"{len(keys) - len(differ)}/{len(keys)} equal" + (f", nmse ≤ {worst:.1e}" if differ else "")
+                rows.append(out)
+                print(json.dumps(out), flush=True)
+            ref.close()
+            sub.close()
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", help="an HF qwen3_moe directory for the moe part; default: the embedded model")
     ap.add_argument("--tokens", type=int, default=16)
-    ap.add_argument("--part", choices=("moe", "dense", "planted", "all"), default="all")
+    ap.add_argument("--part", choices=("moe", "dense", "planted", "shapes", "all"), default="all")
     ap.add_argument("--json", metavar="FILE")
     cli = ap.parse_args()
     engines, rows = [], []
@@ -264,6 +321,8 @@ def main() -> None:
     if cli.part in ("planted", "all"):
         rows += planted_rows({"moe": (load_model(cli.model, "f32"), cli.model), "dense": (dense_model(), None)},
                              cli.tokens)
+    if cli.part in ("shapes", "all"):
+        rows += shape_rows(cli.tokens)
     for e in engines:
         e.close()
     if cli.json:

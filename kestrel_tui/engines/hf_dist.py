@@ -148,7 +148,7 @@ class HFDistEngine(HFFamily):
 
     name = NAME
     table = HF_DIST
-    caps = Capabilities(prefill_from=False, forcing=True, isolate=False, logits=True, raw=True)
+    caps = Capabilities(prefill_from=False, forcing=True, isolate=False, logits=True, raw=True, graft=True)
 
     def __init__(self, model_dir, model, options: Mapping[str, object], toggles: tuple[Toggle, ...] | None,
                  kv: str = "q8", deep: bool = False):
@@ -157,7 +157,7 @@ class HFDistEngine(HFFamily):
         for t in self.toggles:
             for v in t.values:
                 self._fits(t.key or t.name, self.table.check(t.key or t.name, v), f"toggle {t.name}")
-        for name in ("world_size", "ep"):
+        for name in ("world_size", "ep", "split_sums"):
             self._fits(name, self.options[name], "option")
         self.notes: tuple[str, ...] = self._shared_cores() + self._experts_whole()
         self.findings: list[str] = []  # the last run's replicated keys the ranks disagreed on
@@ -170,6 +170,8 @@ class HFDistEngine(HFFamily):
 
     def _offered(self, name: str, value: str) -> bool:
         """A world size the default toggles offer: one the heads split over and the machine takes."""
+        if name == "split_sums":  # an option of the reference's, never a toggle
+            return value == self.options[name]
         if name != "world_size":
             return True
         n = int(value)
@@ -178,7 +180,13 @@ class HFDistEngine(HFFamily):
 
     def _fits(self, name: str, value, where: str) -> None:
         """A world size, EP or device the model and the machine can take (each toggle value, each option)."""
-        if name == "world_size":
+        if name == "split_sums" and value != "off":
+            n = int(value)
+            bad = [f"attention heads {self.heads[0]}"] if self.heads[0] % n else []
+            if bad:
+                raise UsageError(f"{NAME} engine: {where} split_sums={value}: the model's {bad[0]} do not split"
+                                 f" over {n} ranks; choose a count that divides them, or off")
+        elif name == "world_size":
             n = int(value)
             bad = [f"{what} {h}" for what, h in zip(("attention heads", "kv heads"), self.heads) if h % n]
             if bad:
@@ -269,7 +277,8 @@ class HFDistEngine(HFFamily):
         job = RankJob(model_dir=self.model_dir, n_layers=self.n_layers,
                       settings={k: s[k] for k in HF.options if k not in PER_RUN},
                       kv=self.kv, deep=self.deep, world_size=n, ep=s["ep"] == "on", ep_impl=s["ep_impl"],
-                      threads=threads, store="", timeout_s=max(s["timeout"] * 4, s["load_timeout"]))
+                      threads=threads, split_sums=0 if s["split_sums"] == "off" else int(s["split_sums"]),
+                      store="", timeout_s=max(s["timeout"] * 4, s["load_timeout"]))
         group = Group(job, env, s["load_timeout"], s["timeout"])
         try:
             self._layout = layout_of(group.infos, self.heads, self.kv)
@@ -295,6 +304,13 @@ class HFDistEngine(HFFamily):
         if s["ep"] == "on" and n > 1 and self.n_experts % n:
             raise UsageError(f"{NAME} engine: ep=on with world_size={n}: the model's {self.n_experts} experts do"
                              f" not split over {n} ranks; choose a world size that divides them, or ep=off")
+        if req.graft is not None:
+            from .hf_hooks import GRAFTED  # torch: only where a graft is asked for
+
+            unknown = sorted({f for f, _ in req.graft.sites} - set(GRAFTED))
+            if unknown:
+                raise UsageError(f"{NAME} engine: no graft at {', '.join(unknown)} (docs/engines-hf.md: where a"
+                                 f" graft goes)")
         trace = DistTrace(backend=self.describe(req.values), prompt=list(req.prompt), store=RawStore())
         self.findings = trace.findings
         at = "while loading the model"
@@ -306,7 +322,9 @@ class HFDistEngine(HFFamily):
                 def step(ids: list[int], pos0: int) -> StepOut:
                     nonlocal at
                     at = f"at position {pos0}" if len(ids) == 1 else f"at positions {pos0}-{pos0 + len(ids) - 1}"
-                    columns = gather(group.step(ids, pos0, req.cancel), pos0, len(ids), self._layout, self.shapes)
+                    fed = graft_shares(req.graft, pos0, len(ids), n, self._layout, self.kv)
+                    columns = gather(group.step(ids, pos0, req.cancel, fed), pos0, len(ids), self._layout,
+                                     self.shapes)
                     for hashes, raw, found in columns:
                         trace.findings += found
                         trace.partial.update(k for k in hashes if sum_key(k) in raw)
@@ -326,6 +344,33 @@ class HFDistEngine(HFFamily):
             except (Cancelled, KeyboardInterrupt):
                 self._end_group()  # a rank may be mid-step: the group cannot be trusted to be in step
                 raise
+
+
+# a graft site -> the reference's fields the rank's hooks read for it (hf_hooks: the attention's rows are
+# rebuilt from k and v, q8 ones with their scales)
+ROWS = ("kpre", "k", "ks", "v", "vs")
+
+
+def graft_shares(graft, pos0: int, M: int, n: int, layout: Mapping[str, str], kv: str) -> list | None:
+    """Per rank: (the graft's sites, {position: key -> the reference's value}) for a step's positions, each
+    rank given its share: the slice its shard holds of a key split by heads, the whole value of a replicated
+    one; None without a graft."""
+    if graft is None:
+        return None
+    fields = set()
+    for f, layer in graft.sites:
+        rows = (("k", "v") + (("ks", "vs") if kv == "q8" else ())) if f in ROWS else (f,)
+        fields.update((g, layer) for g in rows)
+    out = [(graft.sites, {}) for _ in range(n)]
+    for t in range(pos0, pos0 + M):
+        raw = graft.reference.positions[t].raw
+        for f, layer in fields:
+            key = f"t{t}_{f}" if layer is None else f"t{t}_l{layer}_{f}"
+            value = np.asarray(raw[key])
+            parts = np.split(value, n, axis=0) if layout.get(f, WHOLE) == HEADS else [value] * n
+            for r in range(n):
+                out[r][1].setdefault(t, {})[key] = parts[r]
+    return out
 
 
 def _group_key(s: Mapping[str, object]) -> tuple:
@@ -435,5 +480,8 @@ def gather(payloads: list[dict], pos0: int, M: int, layout: Mapping[str, str], c
             if differ:
                 found.append(f"{key}: the all-reduce returned other bits on rank"
                              f"{'s' * (len(differ) > 1)} {', '.join(map(str, differ))} than on rank 0")
+        if n == 1:  # split_sums: one rank's row-parallel sums as N ranks' partials (no all-reduce, no @sum)
+            for key, split in payloads[0].get("split", [{}] * M)[m].items():
+                raw.update({rank_key(key, r): part for r, part in enumerate(split)})
         out.append((hashes, raw, found))
     return out

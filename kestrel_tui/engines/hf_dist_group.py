@@ -100,10 +100,12 @@ class Group:
             raise RankFailure(r, self._death(r)) from None
 
     # -- lock step
-    def step(self, ids: list[int], pos0: int, cancel: threading.Event | None = None) -> list[dict]:
-        """Every rank's payload for the forward of ``ids`` at ``pos0`` (pos0 0 starts a new cache)."""
+    def step(self, ids: list[int], pos0: int, cancel: threading.Event | None = None,
+             fed: list | None = None) -> list[dict]:
+        """Every rank's payload for the forward of ``ids`` at ``pos0`` (pos0 0 starts a new cache); ``fed``:
+        what each rank takes with it, in rank order (a graft's share of the reference's values)."""
         for r in range(self.world):
-            self._send(r, ("step", list(ids), pos0))
+            self._send(r, ("step", list(ids), pos0, fed[r] if fed is not None else None))
         return self._wait_all("out", pos0, self.step_timeout, cancel)
 
     def _wait_all(self, kind: str, pos0: int | None, timeout: float, cancel) -> list:

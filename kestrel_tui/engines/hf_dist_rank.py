@@ -52,6 +52,7 @@ class RankJob:
     ep: bool
     ep_impl: str              # transformers' ep_implementation: all_reduce | all_to_all
     threads: int              # torch CPU threads per rank
+    split_sums: int           # at world size 1: the row-parallel sums also as this many ranks' partials (0: not)
     store: str                # the file store torch.distributed meets in
     timeout_s: float          # collectives give up after this (the engine kills the group first)
 
@@ -101,6 +102,45 @@ class PartialSums:
                 r = reduced.float().reshape(M, -1).cpu().numpy()
                 for m in range(M):
                     cols[m].setdefault(f"t{pos0 + m}_l{li}_{field}", []).append((p[m].copy(), r[m].copy()))
+        self.seen = {}
+        return cols
+
+
+class SplitSums:
+    """At world size 1, the row-parallel sums as N ranks would make them: forward hooks on each layer's
+    ``o_proj`` and (dense) ``mlp.down_proj`` compute, beside the module's own output, the product of each
+    rank's slice of the inputs with its columns of the weight — the GEMM a TP=N rank runs on its shard —
+    so a TP=N run's partial sums (``KEY@R``) are held against the same rank's share here."""
+
+    def __init__(self, model, n: int):
+        self.n, self.seen = n, {}
+        self._hooks = []
+        for li, L in enumerate(model.model.layers[:model.config.num_hidden_layers]):
+            for path, field in (("self_attn.o_proj", "ores"), ("mlp.down_proj", "x")):
+                try:
+                    module = L.get_submodule(path)
+                except AttributeError:  # a MoE layer: its experts have no one down_proj
+                    continue
+                self._hooks.append(module.register_forward_hook(self._split(field, li)))
+
+    def _split(self, field: str, li: int):
+        def hook(module, args, out):
+            import torch.nn.functional as F
+
+            x, w = args[0], module.weight
+            width = x.shape[-1] // self.n
+            self.seen[field, li] = [F.linear(x[..., r * width:(r + 1) * width].contiguous(),
+                                             w[:, r * width:(r + 1) * width].contiguous()) for r in range(self.n)]
+        return hook
+
+    def take(self, pos0: int, M: int) -> list[dict]:
+        """Per column: key -> [(partial, None)] for each rank, f32 [hidden] each (PartialSums' shape, no sum)."""
+        cols: list[dict] = [{} for _ in range(M)]
+        for (field, li), parts in self.seen.items():
+            for part in parts:
+                p = part.float().reshape(M, -1).cpu().numpy()
+                for m in range(M):
+                    cols[m].setdefault(f"t{pos0 + m}_l{li}_{field}", []).append(p[m].copy())
         self.seen = {}
         return cols
 
@@ -163,7 +203,15 @@ class Rank:
         self.model = model = load_model(job.model_dir, job.settings, job.n_layers, where, **extra)
         self.capture = Capture(model, job.kv, job.deep)
         self.partials = PartialSums(model) if job.world_size > 1 else None
+        self.split = SplitSums(model, job.split_sums) if job.world_size == 1 and job.split_sums > 1 else None
         self.cache = None
+        self.fed = None  # this step's graft: (sites, {position: the reference's values, this rank's share})
+        self._graft = None
+
+    def feed(self, fed) -> None:
+        """What the engine sent with the next step: None, or a graft's sites and this rank's share of the
+        reference's values at them for the step's positions (hf_dist.graft_shares)."""
+        self.fed = fed
 
     def info(self) -> dict:
         import torch
@@ -185,11 +233,34 @@ class Rank:
 
         if pos0 == 0:  # a new run
             self.cache = DynamicCache(config=self.model.config)
-            self.capture.begin(None)
+            self._graft = _FedGraft(self.fed[0]) if self.fed is not None else None
+            self.capture.end()  # the last run's graft, if any, goes
+            self.capture.begin(None, graft=self._graft)
+        if self._graft is not None and self.fed is not None:
+            self._graft.add(self.fed[1])
         with torch_flags(self.job.settings), quiet():
             out = self.capture.step(ids, pos0, self.cache, raw=True)
         partial = self.partials.take(pos0, len(ids)) if self.partials is not None else [{} for _ in ids]
-        return {"raw": out.raw, "partial": partial}
+        split = self.split.take(pos0, len(ids)) if self.split is not None else [{} for _ in ids]
+        return {"raw": out.raw, "partial": partial, "split": split}
+
+
+class _FedGraft:
+    """A Graft (engines/base.py) as the Capture reads it, its reference only the values sent so far:
+    ``reference.positions[t].raw`` for every position this run has stepped."""
+
+    def __init__(self, sites):
+        self.sites, self.reference = frozenset(sites), self
+        self.positions: dict[int, _Fed] = {}
+
+    def add(self, values: dict) -> None:
+        for t, raw in values.items():
+            self.positions[t] = _Fed(raw)
+
+
+@dataclass(frozen=True)
+class _Fed:
+    raw: dict
 
 
 def _local_rows(w) -> int:
@@ -229,7 +300,9 @@ def serve() -> None:
         _install_hooks(r)
         send("ready", r.info())
         while True:
-            _, ids, pos0 = pickle.load(commands)  # ("step", ids, pos0); the engine ends a rank by its group
+            # ("step", ids, pos0, fed); the engine ends a rank by its group
+            _, ids, pos0, fed = pickle.load(commands)
+            r.feed(fed)
             r.begin_step(ids, pos0)
             send("started", pos0)
             send("out", pos0, r.step(ids, pos0))

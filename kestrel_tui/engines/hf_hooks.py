@@ -48,7 +48,9 @@ GRAFTED = {
     "emb": "model.embed_tokens output", "nrm": "L.input_layernorm output", "kraw": "L.self_attn.k_norm input",
     "knorm": "L.self_attn.k_norm output", "qrope": "attention query", "kpre": "attention key rows",
     "k": "attention key rows", "ks": "attention key rows", "v": "attention value rows",
-    "vs": "attention value rows", "attn": "L.self_attn.o_proj input", "pnrm": "L.post_attention_layernorm output",
+    "vs": "attention value rows", "attn": "L.self_attn.o_proj input",
+    "ores": "L.post_attention_layernorm input, and the residual the layer adds its FFN output to",
+    "pnrm": "L.post_attention_layernorm output",
     "router": "L.mlp.gate output", "topk": "L.mlp.gate output", "topw": "L.mlp.gate output",
     "moe": "L.mlp output", "x": "L output"}
 
@@ -326,6 +328,25 @@ class Capture:
                         self._graft_ref("topk", layer, idx.to(torch.int32)).to(idx.dtype))
             return hook
 
+        def ores_hooks(li):
+            # HF keeps ores in a local (the residual its FFN output is added to): the norm takes the
+            # reference's value, and the layer's last add is redone on it, as isolate does
+            L = m.model.layers[li]
+
+            def ffn_in(mod, args):
+                fed = self._graft_ref("ores", li, args[0])
+                self.bufs["_graft_ores", li] = fed
+                return (fed, *args[1:])
+
+            def mlp_out(mod, args, out):
+                self.bufs["_graft_mlp", li] = out
+
+            def layer_out(mod, args, out):
+                x = self.bufs.pop(("_graft_ores", li)) + self.bufs.pop(("_graft_mlp", li))
+                return x if not isinstance(out, tuple) else (x, *out[1:])
+            return [L.post_attention_layernorm.register_forward_pre_hook(ffn_in),
+                    L.mlp.register_forward_hook(mlp_out), L.register_forward_hook(layer_out)]
+
         gated = set()
         for field, li in sorted(sites, key=lambda s: (s[1] is None, s[1] or 0, s[0])):
             L = m.model.layers[li] if li is not None else None
@@ -339,6 +360,8 @@ class Capture:
                 hooks.append(L.self_attn.k_norm.register_forward_pre_hook(in_hook(field, li)))
             elif field == "attn":
                 hooks.append(L.self_attn.o_proj.register_forward_pre_hook(in_hook(field, li)))
+            elif field == "ores":
+                hooks += ores_hooks(li)
             elif field == "pnrm":
                 hooks.append(L.post_attention_layernorm.register_forward_hook(out_hook(field, li)))
             elif field == "moe":

@@ -162,6 +162,8 @@ WORLD_SIZES = ("2", "1", "4")
 HF_DIST = OptionTable("hf-dist", (
     Choice("world_size", WORLD_SIZES, "ranks: transformers' tensor-parallel plan over this many processes"
            " (1: no plan)", exact="1", owns=("ores", "x", "logits"), whole=True),
+    Choice("split_sums", ("off", "2", "4"), "at world_size=1: also each row-parallel sum (o_proj, a dense"
+           " FFN's down_proj) as the partial sums N ranks add, so a TP=N run's partials have a counterpart", whole=True),
     Choice("ep", ("off", "on"), "expert parallelism: each rank holds 1/N of the experts (the MoE's"
            " base_model_ep_plan)", exact="off", owns=("x",), only="moe"),
     Choice("ep_impl", ("all_reduce", "all_to_all"), "how EP brings experts their tokens: an all-reduce of"

@@ -9,7 +9,8 @@ after it are the test.
 
 A q8 cache row and its scale are one site: grafting k takes ks too, v takes vs (the codes mean
 nothing under another scale). Engines take a graft where Capabilities.graft says so: the sim (fed
-steps), hf (forward hooks that return the reference's tensor).
+steps), hf (forward hooks that return the reference's tensor), hf-dist (the same hooks on every rank,
+each given its share of the reference's values).
 """
 from __future__ import annotations
 
@@ -47,6 +48,7 @@ class GraftResult:
     start: str | None                # the first far / DIFF key before any graft (None: nothing to graft)
     sources: list[Source] = field(default_factory=list)
     last: RunResult | None = None    # the run with every source grafted
+    first: RunResult | None = None   # the run before any graft (where start was found)
 
     @property
     def remaining(self) -> str | None:
@@ -105,11 +107,12 @@ def graft(session: Session, settings: RunSettings, tol: Tolerance | None = None,
     tolerance) until no far key is left or ``limit`` sources are grafted."""
     if not session.subject_engine.caps.graft:
         raise UsageError(f"graft: the subject {session.subject} cannot take the reference's values at a key"
-                         f" (engines that can: sim, hf)")
+                         f" (engines that can: sim, hf, hf-dist)")
     LIMIT.parse(limit, "--limit")
     first = session.run(settings, record=False, cancel=cancel)
     found = first_source(first, tol, frozenset())
-    out = GraftResult("far" if tol is not None else "ok", start if start is not None else found, last=first)
+    out = GraftResult("far" if tol is not None else "ok", start if start is not None else found, last=first,
+                      first=first)
     if start is not None:
         _check_start(start, first, found)
     grafted: frozenset[Site] = frozenset()

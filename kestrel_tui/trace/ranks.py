@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .compare import key_metrics
+from .compare import KeyMetrics, Tolerance, key_metrics
 
 
 def rank_key(key: str, rank: int) -> str:
@@ -48,6 +48,7 @@ class RankShare:
     rank: int
     status: str            # ok | DIFF | partial (a sum's share, judged through the key) | ? (nothing to hold it to)
     nmse: float | None = None
+    metrics: KeyMetrics | None = None  # a differing float32 share's NMSE, max rel. err and max ULP
 
 
 def shares(trace, key: str) -> tuple[np.ndarray, ...] | None:
@@ -87,7 +88,8 @@ def compare_shares(ref, sub, key: str) -> list[RankShare] | None:
         elif np.array_equal(a.view(np.uint8), b.view(np.uint8)):
             out.append(RankShare(r, "ok"))
         else:
-            out.append(RankShare(r, "DIFF", key_metrics(a, b).nmse if a.dtype == np.float32 else None))
+            m = key_metrics(a, b) if a.dtype == np.float32 else None
+            out.append(RankShare(r, "DIFF", m.nmse if m is not None else None, m))
     return out
 
 
@@ -109,3 +111,50 @@ def line(report: list[RankShare]) -> str:
     for s in report:
         parts.append(f"r{s.rank} {s.status}" + (f" ({s.nmse:.2g})" if s.nmse is not None else ""))
     return "ranks: " + " · ".join(parts)
+
+
+# ---------------------------------------------------------------- a key's shares judged, for the reports
+
+NO_SHARE = "no share"  # the key is not split: one value, judged as the key
+
+
+def verdict(share: RankShare, key: str, tol: Tolerance | None) -> str:
+    """A share's verdict: ok, close or far (DIFF without a tolerance, or without metrics to judge), or
+    partial / ? where it has nothing of its own to be held to."""
+    if share.status != "DIFF" or tol is None or share.metrics is None:
+        return share.status
+    return "close" if tol.for_key(key)[0].holds(share.metrics) else "far"
+
+
+def split_run(ref, sub) -> bool:
+    """Whether either side of a run can say what its ranks held (a parallel engine's or a dump's trace)."""
+    return any(getattr(t, "rank_values", None) is not None for t in (ref, sub))
+
+
+def judged(ref, sub, key: str, tol: Tolerance | None) -> dict:
+    """``key``'s shares held against the reference and judged, as the headless reports give them:
+    ``ranks`` each rank's verdict with its metrics (None: the key is not split), ``far`` the ranks whose
+    share is far (DIFF without a tolerance)."""
+    report = compare_shares(ref, sub, key)
+    if not report:
+        return {"key": key, "ranks": None, "far": [], "line": f"{key}: {NO_SHARE} (one value, not split over ranks)"}
+    ranks = [{"rank": s.rank, "verdict": verdict(s, key, tol),
+              **(s.metrics.as_dict() if s.metrics is not None else {})} for s in report]
+    bad = "far" if tol is not None else "DIFF"
+    far = [r["rank"] for r in ranks if r["verdict"] == bad]
+    return {"key": key, "ranks": ranks, "far": far, "line": judged_line(key, ranks, far, bad)}
+
+
+def judged_line(key: str, ranks: list[dict], far: list[int], bad: str) -> str:
+    """One line: each rank's verdict (a differing one with its NMSE) and the ranks whose share is ``bad``."""
+    parts = [f"r{r['rank']} {r['verdict']}" + (f" (nmse {r['nmse']:.3g})" if isinstance(r.get("nmse"), float) else "")
+             for r in ranks]
+    tail = ""
+    if len(far) == 1:
+        tail = f": rank {far[0]}'s share is {bad}"
+    elif far:
+        tail = f": the shares of ranks {', '.join(map(str, far))} are {bad}"
+    elif all(r["verdict"] == "partial" for r in ranks):
+        tail = (": partial sums, held only against the same rank of a run with the same world size"
+                " (docs/engines-distributed.md)")
+    return f"{key} by rank: {' · '.join(parts)}{tail}"
