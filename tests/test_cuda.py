@@ -8,6 +8,10 @@
   with the prefill on either side, in isolate mode, with --deep, and with f32
   weights and KV; batch-verify columns equal M=1 decode; the M=1 step as a graph
   replay (the default) equals the direct launches on every key and raw buffer;
+* all exact on qwen3_moe checkpoints with dense MLP layers (decoder_sparse_step,
+  mlp_only_layers), q4_0 and f32, default and deep keys, chain and isolate: every
+  key equals the cpu reference; and under the schedules forward, chunked, prefix
+  and verify, every key, token and logit bit equals the cpu decode;
 * all fast: the first DIFF is at position 0, layer 0 (prefill on the subject);
   switching toggles on one by one moves it monotonically to all ok.
 """
@@ -200,6 +204,18 @@ def test_deep_keys_exact(rt, small_model):
     assert any(k.endswith("_topw") for k in res.comparison.status)
 
 
+def test_deep_keys_exact_on_a_dense_model(rt):
+    """--deep on qwen3 (every layer dense): the MLP output as moe, empty router buffers, all ok."""
+    from kestrel_tui.model.config import Config
+    from kestrel_tui.model.weights import synthetic_model
+
+    cfg = Config(arch="qwen3", n_layers=2, hidden=256, n_heads=8, n_kv_heads=2, head_dim=64, vocab=2048,
+                 rope_theta=1e6, eps=1e-6, tie_embeddings=False, max_positions=64, intermediate=320)
+    res = _run(_session(synthetic_model(cfg, "q4_0"), deep=True), TOGGLES, prefill="subject")
+    assert res.all_ok, res.first_diff
+    assert any(k.endswith("_moe") for k in res.comparison.status)
+
+
 def test_f32_weights_and_kv_exact(rt):
     from kestrel_tui.model.config import default_config
     from kestrel_tui.model.weights import synthetic_model
@@ -341,7 +357,7 @@ def test_device_generator_equals_its_host_twin(rt):
     assert np.array_equal(host[:, 2:], w) and np.array_equal(host[:, :2].copy().view(np.float16)[:, 0], d)
 
 
-@pytest.mark.parametrize("arch", ["qwen3_moe", "qwen3"])
+@pytest.mark.parametrize("arch", ["qwen3_moe", "qwen3", "qwen3_moe-mixed"])
 def test_device_synthetic_all_exact_equals_cpu_on_its_twin(rt, arch):
     """The full-size proof's method at small size: cuda on device-made weights vs cpu on the host twin."""
     from kestrel_tui.backends.base import NumpyBackend
@@ -355,6 +371,8 @@ def test_device_synthetic_all_exact_equals_cpu_on_its_twin(rt, arch):
     cfg = replace(qwen3_30b_a3b_config(2), vocab=4096)
     if arch == "qwen3":
         cfg = replace(cfg, arch="qwen3", n_experts=0, top_k=0, moe_intermediate=0, intermediate=1536)
+    elif arch == "qwen3_moe-mixed":  # layer 0 dense, layer 1 sparse
+        cfg = replace(cfg, intermediate=1536, mlp_only_layers=(0,))
     prompt = [(1 + 7919 * i) % cfg.vocab for i in range(8)]
     ref = run_decode(NumpyBackend(device_synthetic_model(cfg, seed=1)), prompt, 8, raw=False)
     sub = run_decode(make_cuda_backend(DeviceSyntheticModel(cfg, seed=1), exact=frozenset(TOGGLES)), prompt, 8,
@@ -393,3 +411,84 @@ def test_real_shaped_checkpoint_all_exact_equals_cpu(rt, real_shaped_dir, weight
     session = Session(model, [1, 2, 3, 151935, 100000], 4, subject="cuda")
     res = session.run(RunSettings(exact=frozenset(TOGGLES), prefill="subject"))
     assert res.all_ok, (res.first_diff, res.comparison.counts)
+
+
+# ------------------------------------------------------------ dense MLP layers inside a qwen3_moe model
+
+# transformers' two ways to make a qwen3_moe layer dense, on 4 layers: every second one (layers 0 and 2,
+# each after a MoE layer but the first) and one named (layer 1, between MoE layers); intermediate_size
+# 320 is wider than the 4 expert slots of 64 a sparse layer computes
+MIXED = {"sparse-step-2": (dict(decoder_sparse_step=2), (0, 2)), "mlp-only-1": (dict(mlp_only_layers=(1,)), (1,))}
+
+
+@pytest.fixture(scope="module")
+def mixed_dirs(tmp_path_factory):
+    """A tiny HF checkpoint of each style: transformers' Qwen3MoeConfig (save_pretrained's config.json)
+    and safetensors of a synthetic model's weights."""
+    from safetensors.numpy import save_file
+
+    from kestrel_tui.model.config import default_config
+    from kestrel_tui.model.hf_export import hf_config, hf_state_dict
+    from kestrel_tui.model.weights import synthetic_model
+
+    dirs = {}
+    for style, (over, _) in MIXED.items():
+        folder = dirs[style] = tmp_path_factory.mktemp(style)
+        src = synthetic_model(replace(default_config().with_layers(4), intermediate=320, **over), "q4_0")
+        hf_config(src).save_pretrained(str(folder))
+        save_file({k: np.ascontiguousarray(v, dtype=np.float32) for k, v in hf_state_dict(src).items()},
+                  str(folder / "model.safetensors"))
+    return dirs
+
+
+def _mixed_model(dirs, style, weights):
+    from kestrel_tui.model.hf import load_model
+
+    model = load_model(dirs[style], weights)
+    assert model.cfg.dense_layers == MIXED[style][1], model.cfg
+    return model
+
+
+@pytest.mark.parametrize("style", MIXED)
+@pytest.mark.parametrize("weights", ["q4_0", "f32"])
+def test_mixed_checkpoint_all_exact_equals_cpu(rt, mixed_dirs, style, weights):
+    """Dense MLP layers inside a qwen3_moe model, all exact: every key of the prompt (on the subject)
+    and the decode equals the cpu reference, in chain and isolate mode, with the default keys and
+    the deep ones (a dense layer's MLP output as moe, its empty router buffers)."""
+    model = _mixed_model(mixed_dirs, style, weights)
+    kv = "q8" if weights == "q4_0" else "f32"
+    for deep in (False, True):
+        session = _session(model, kv=kv, deep=deep)
+        for how in (dict(prefill="subject"), dict(mode="isolate")):
+            res = _run(session, TOGGLES, **how)
+            assert res.all_ok, (deep, how, res.first_diff, res.first_diff and res.stats(res.first_diff))
+            assert len(res.comparison.status) == 8 * (2 + 4 * (17 if deep else 11))
+
+
+SCHEDULE_PROMPT = [5, 77, 19, 33, 8, 9, 100, 3]
+
+
+def _bits(trace):
+    return ([p.hashes for p in trace.positions], [p.token for p in trace.positions],
+            [p.logits.view(np.uint32).tobytes() for p in trace.positions])
+
+
+@pytest.mark.parametrize("which", ["default-4-layers", "sparse-step-2"])
+@pytest.mark.parametrize("schedule", ["forward", "chunked:2", "prefix:2", "verify:3"])
+def test_all_exact_is_bitwise_under_schedules(rt, small_model, mixed_dirs, which, schedule):
+    """numerics.md G3 (columns are independent) on the device: the cuda subject with every toggle
+    exact, run under a schedule with the cpu decode's tokens given, has every key, token and logit
+    bit of the cpu reference's decode."""
+    from kestrel_tui.engines.base import EngineSpec, RunRequest
+    from kestrel_tui.engines.build import make_engine
+    from kestrel_tui.engines.builtin import OP_TOGGLES
+
+    model = small_model if which == "default-4-layers" else _mixed_model(mixed_dirs, which, "q4_0")
+    n = 6
+    cpu = make_engine(EngineSpec("cpu"), model).run(RunRequest(list(SCHEDULE_PROMPT), n, {}))
+    forced = [p.token for p in cpu.positions[len(SCHEDULE_PROMPT):]]
+    exact = {t.name: t.exact for t in OP_TOGGLES}
+    cuda = make_engine(EngineSpec("cuda", options={"schedule": schedule}), model)
+    got = cuda.run(RunRequest(list(SCHEDULE_PROMPT), n, exact, forced=forced))
+    assert len(got.positions) == len(SCHEDULE_PROMPT) + n
+    assert _bits(got) == _bits(cpu)

@@ -605,3 +605,221 @@ def test_heads_fused_only_where_a_lane_holds_its_rope_pairs(monkeypatch, head_di
     used = {n for n, k in fake.kernels.items() if k.calls}
     assert ("heads_fused" in used) is fused, used
     assert ("rope_fast" in used) is not fused, used
+
+
+# ------------------------------------------------------------ dense MLP layers inside a qwen3_moe model
+
+# transformers' two ways to make a qwen3_moe layer dense (model/config.py Config.layer_is_moe), on 4
+# layers: dense, MoE, dense, MoE (a MoE layer's expert sum goes on into a dense layer, and a dense
+# layer's output into a MoE one); MoE, dense, MoE, MoE (the last layer's sum goes to the final norm).
+# intermediate_size 320 is wider than the k = 4 slots of 64 of an expert layer: the scratch follows it.
+MIXED = {"sparse-step-2": dict(decoder_sparse_step=2), "mlp-only-1": dict(mlp_only_layers=(1,))}
+MIXED_KINDS = {"sparse-step-2": [False, True, False, True], "mlp-only-1": [True, False, True, True]}
+
+
+def _mixed_config(style: str):
+    from dataclasses import replace
+
+    cfg = replace(default_config().with_layers(4), intermediate=320, **MIXED[style])
+    assert [cfg.layer_is_moe(li) for li in range(4)] == MIXED_KINDS[style]
+    return cfg
+
+
+@pytest.mark.parametrize("style", MIXED)
+@pytest.mark.parametrize("weights,kv,deep", [("q4_0", "q8", False), ("q4_0", "q8", True), ("f32", "f32", True)])
+def test_mixed_model_step_returns_the_references_keys(monkeypatch, style, weights, kv, deep):
+    """The cuda subject takes a qwen3_moe model with dense layers (cuda_unsupported says nothing),
+    and a prefill, a decode step and an isolate step return the cpu reference's keys, shapes and
+    dtypes — with --deep, a dense layer's empty router/topk/topw and its MLP output as moe —,
+    every launch inside live allocations with the kernels' argument formats."""
+    from kestrel_tui.backends import cuda as cuda_pkg
+    from kestrel_tui.backends.base import NumpyBackend
+    from kestrel_tui.backends.cuda import backend as be
+    from kestrel_tui.model.config import cuda_unsupported
+    from kestrel_tui.model.weights import synthetic_model
+    from kestrel_tui.trace.keys import token_keys
+
+    fake = _FakeRuntime()
+    monkeypatch.setattr(be, "runtime", lambda: fake)
+    cfg = _mixed_config(style)
+    assert cuda_unsupported(cfg) is None
+    model = synthetic_model(cfg, weights)
+    sub = cuda_pkg.make_cuda_backend(model, kv=kv, deep=deep, graph=False)
+    ref = NumpyBackend(model, kv=kv, deep=deep)
+    for b in (sub, ref):
+        b.reset(8)
+    outs = [(ref.step(np.array([5, 9, 11]), 0), sub.step(np.array([5, 9, 11]), 0)),
+            (ref.step(np.array([7]), 3), sub.step(np.array([7]), 3))]
+    r_iso = ref.step(np.array([8]), 4)
+    outs.append((r_iso, sub.step(np.array([8]), 4, feed=r_iso.raw)))
+    for r_out, s_out in outs:
+        for r_col, s_col in zip(r_out.raw, s_out.raw, strict=True):
+            assert list(s_col) == list(r_col)
+            for key in r_col:
+                assert (s_col[key].shape, s_col[key].dtype) == (r_col[key].shape, r_col[key].dtype), key
+    assert list(outs[-1][1].hashes[0]) == token_keys(4, 4, deep)
+    if deep:  # a dense layer's router buffers are empty on both sides: the arena holds nothing for them
+        lay = sub._layout(1)
+        for li, moe in enumerate(MIXED_KINDS[style]):
+            for f, n in (("router", cfg.n_experts), ("topk", cfg.top_k), ("topw", cfg.top_k)):
+                assert outs[1][0].raw[0][f"t3_l{li}_{f}"].shape == (n if moe else 0,)
+                assert lay.regions[f, li].col_bytes == (4 * n if moe else 0)
+
+
+def _args(item, *names):
+    """Named arguments of a GEMV / router / combine launch (the kernels' parameter order)."""
+    n = item.kernel.name
+    if n.startswith("gemv_q4_x3") or n.startswith("gemv_q4_experts") or n.startswith("gemv_f32_experts"):
+        raise AssertionError(n)
+    order = {"gemv_q4": ("w", "d", "x_q", "x_d", "res", "y", "out", "nb", "M"),
+             "gemv_f32": ("w", "x", "res", "y", "out", "inp", "M"),
+             "router": ("logits", "topk", "topw", "E", "k", "norm", "exact"),
+             "combine_rmsnorm": ("y", "topw", "ores", "moe", "x", "k", "moe_exact", "w", "out"),
+             "down_combine": ("w", "d", "y", "topk", "aq", "ad", "n", "nb", "k", "topw", "ores", "moe", "x"),
+             "combine": ("y", "topw", "res", "moe", "x", "n", "k")}
+    prefix = max((p for p in order if n.startswith(p + "_")), key=len)
+    named = dict(zip(order[prefix], item.args))
+    return tuple(named[k] for k in names)
+
+
+@pytest.mark.parametrize("style", MIXED)
+@pytest.mark.parametrize("weights,fuse,deep", [("q4_0", True, False), ("q4_0", True, True), ("f32", True, False),
+                                               ("q4_0", False, False), ("f32", False, True)])
+def test_mixed_model_launch_plan(monkeypatch, style, weights, fuse, deep):
+    """plan.py decides per layer: a dense layer launches the dense GEMVs — gate_proj and up_proj of
+    intermediate_size rows, down_proj into x with the residual (and, with --deep, once more
+    into moe without it) — and no router, expert or combine launch; a MoE layer its router, its
+    experts and its expert sum. Each expert sum goes where the next layer's input norm or the
+    final norm reads it, whatever kind of layer comes next: folded into the down GEMV (q4_0),
+    with the next norm (combine_rmsnorm, f32) or on its own (the fuse option off)."""
+    from kestrel_tui.backends.cuda import backend as be
+    from kestrel_tui.backends.cuda import make_cuda_backend
+    from kestrel_tui.backends.cuda.launches import Launch, Target
+    from kestrel_tui.backends.cuda.options import CudaOptions
+    from kestrel_tui.backends.cuda.plan import plan
+    from kestrel_tui.model.weights import synthetic_model
+
+    fake = _FakeRuntime()
+    monkeypatch.setattr(be, "runtime", lambda: fake)
+    cfg = _mixed_config(style)
+    b = make_cuda_backend(synthetic_model(cfg, weights), deep=deep, graph=False, options=CudaOptions(fuse=fuse))
+    b.reset(8)
+    lay, base = b._layout(2), 1 << 40
+    items = [it for it in plan(b, lay, Target(None, base, tokens=1, scores=2), 0) if isinstance(it, Launch)]
+
+    def A(name, li=None):
+        return base + lay.offset(name, li)
+
+    def kind(it):
+        return it.kernel.name.rsplit("_", 1)[0]  # the fast/exact suffix off
+
+    def using(w):  # the launches that read weight matrix w
+        return [it for it in items if w.w in it.args]
+
+    gemv = "gemv_q4" if weights == "q4_0" else "gemv_f32"
+    moe_layers = [li for li, m in enumerate(MIXED_KINDS[style]) if m]
+    for li, moe in enumerate(MIXED_KINDS[style]):
+        W = b.dm.layers[li]
+        if not moe:
+            assert W["gate"] is None
+            for name in ("gate_proj", "up_proj"):
+                (it,) = using(W[name])
+                assert kind(it) == gemv and _args(it, "out") == (cfg.intermediate,), (li, name, it.kernel.name)
+            downs = using(W["down_proj"])
+            assert [kind(it) for it in downs] == [gemv] * (1 + deep)
+            assert [_args(it, "out", "res", "y") for it in downs] == \
+                [(cfg.hidden, 0, A("moe", li))] * deep + [(cfg.hidden, A("ores", li), A("x", li))]
+        else:
+            (r,) = using(W["gate"])
+            assert kind(r) == gemv and _args(r, "out", "y") == (cfg.n_experts, A("router", li))
+            assert {kind(it) for it in using(W["gate_proj"])} == {gemv + "_experts"}
+    routed = [_args(it, "topk", "topw") for it in items if kind(it) == "router"]
+    assert routed == [(A("topk", li), A("topw", li)) for li in moe_layers]
+    sums = {k: [it for it in items if kind(it) == k] for k in ("down_combine", "combine_rmsnorm", "combine")}
+    if fuse and weights == "q4_0":
+        assert [_args(it, "topw", "ores", "moe", "x") for it in sums["down_combine"]] == \
+            [(A("topw", li), A("ores", li), A("moe", li), A("x", li)) for li in moe_layers]
+        assert not sums["combine_rmsnorm"] and not sums["combine"]
+    elif fuse:  # the next norm (a layer's input norm, or the final one) adds the sum in
+        nxt = [A("nrm", li + 1) if li + 1 < cfg.n_layers else A("fnrm") for li in moe_layers]
+        assert [_args(it, "topw", "x", "out") for it in sums["combine_rmsnorm"]] == \
+            [(A("topw", li), A("x", li), out) for li, out in zip(moe_layers, nxt)]
+        assert not sums["down_combine"] and not sums["combine"]
+    else:
+        assert [_args(it, "topw", "x") for it in sums["combine"]] == [(A("topw", li), A("x", li)) for li in moe_layers]
+        assert not sums["down_combine"] and not sums["combine_rmsnorm"]
+    # every layer's attention reads the previous layer's x, whoever wrote it
+    for li in range(1, cfg.n_layers):
+        (o,) = using(b.dm.layers[li]["o_proj"])
+        assert _args(o, "res") == (A("x", li - 1),)
+
+
+def test_mixed_device_synthetic_model_matches_its_host_twin(monkeypatch):
+    """The device generator and its host twin (model/device_synthetic.py) make a mixed model's
+    matrices in the same order, with the same seeds and shapes: a dense layer's MLP of
+    intermediate_size where the config says, no router; its step runs on the fake device."""
+    from kestrel_tui.backends.cuda import backend as be
+    from kestrel_tui.backends.cuda import make_cuda_backend
+    from kestrel_tui.backends.cuda.weights import DeviceSyntheticModel
+    from kestrel_tui.model import device_synthetic as twin
+
+    fake = _FakeRuntime()
+    monkeypatch.setattr(be, "runtime", lambda: fake)
+    device_calls, host_calls = [], []
+    gen = fake.kernel("gemv", "gen_q4")
+    real_call = gen.prepared_call
+
+    def record(grid, block, w, d, n, seed, dscale, **kw):
+        device_calls.append((n, seed, np.float32(dscale)))
+        return real_call(grid, block, w, d, n, seed, dscale, **kw)
+
+    monkeypatch.setattr(gen, "prepared_call", record)
+    real_blocks = twin.gen_q4_blocks
+
+    def blocks(n, seed, dscale, start=0, count=None):
+        if start == 0:
+            host_calls.append((n, seed, np.float32(dscale)))
+        return real_blocks(n, seed, dscale, start=start, count=count)
+
+    monkeypatch.setattr(twin, "gen_q4_blocks", blocks)
+    cfg = _mixed_config("mlp-only-1")
+    dev = DeviceSyntheticModel(cfg, seed=2)
+    b = make_cuda_backend(dev, graph=False)
+    host = twin.device_synthetic_model(cfg, seed=2)
+    assert device_calls == host_calls and len(device_calls) == 2 + 8 * 3 + 7
+    for li, (dl, hl) in enumerate(zip(b.dm.layers, host.layers, strict=True)):
+        assert (dl["gate"] is None) is (hl.gate is None) is (not cfg.layer_is_moe(li))
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            lin, want = dl[name], getattr(hl, name)
+            assert (lin.experts, lin.out, lin.inp) == ((want.blocks.shape[0] if want.blocks.ndim == 4 else 0),
+                                                       want.out, want.inp), (li, name)
+        assert dl["gate_proj"].out == cfg.layer_ffn_dim(li)
+    b.reset(4)
+    assert b.step(np.array([1, 2]), 0, raw=False).logits.shape == (2, cfg.vocab)
+
+
+def test_dense_model_deep_keys(monkeypatch):
+    """--deep on a dense qwen3 model (every layer dense): the reference's 17 fields a layer, the
+    MLP output as moe and empty router buffers, as for a dense layer inside a MoE model."""
+    from kestrel_tui.backends.base import NumpyBackend
+    from kestrel_tui.backends.cuda import backend as be
+    from kestrel_tui.backends.cuda import make_cuda_backend
+    from kestrel_tui.model.config import Config
+    from kestrel_tui.model.weights import synthetic_model
+    from kestrel_tui.trace.keys import token_keys
+
+    fake = _FakeRuntime()
+    monkeypatch.setattr(be, "runtime", lambda: fake)
+    cfg = Config(arch="qwen3", n_layers=2, hidden=256, n_heads=8, n_kv_heads=2, head_dim=64, vocab=2048,
+                 rope_theta=1e6, eps=1e-6, tie_embeddings=False, max_positions=64, intermediate=320)
+    model = synthetic_model(cfg, "q4_0")
+    sub, ref = make_cuda_backend(model, deep=True, graph=False), NumpyBackend(model, deep=True)
+    for b in (sub, ref):
+        b.reset(8)
+    r_out, s_out = ref.step(np.array([5, 9]), 0), sub.step(np.array([5, 9]), 0)
+    for r_col, s_col in zip(r_out.raw, s_out.raw, strict=True):
+        assert list(s_col) == list(r_col)
+        for key in r_col:
+            assert (s_col[key].shape, s_col[key].dtype) == (r_col[key].shape, r_col[key].dtype), key
+    assert list(s_out.hashes[1]) == token_keys(1, 2, True)
+    assert fake.kernels["router_fast"].calls == 0

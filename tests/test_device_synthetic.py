@@ -58,3 +58,21 @@ def test_model_builds_and_decodes_at_small_size():
     assert m.layers[0].gate_proj.dense().shape == (8, 64, 128)
     trace = run_decode(NumpyBackend(m), [1, 2, 3], 2, raw=False)
     assert len(trace.positions) == 5 and all(len(p.hashes) == 24 for p in trace.positions)
+
+
+def test_mixed_model_has_dense_layers_where_the_config_says():
+    """decoder_sparse_step 2: layers 0 and 2 are dense MLPs of intermediate_size (no router), as the
+    device generator makes them (the order of matrices is checked against it in
+    test_cuda_fake_driver.py)."""
+    from dataclasses import replace
+
+    cfg = Config(arch="qwen3_moe", n_layers=4, hidden=128, n_heads=4, n_kv_heads=2, head_dim=32, vocab=512,
+                 rope_theta=1e6, eps=1e-6, tie_embeddings=False, max_positions=64, n_experts=8, top_k=2,
+                 moe_intermediate=64)
+    cfg = replace(cfg, intermediate=96, decoder_sparse_step=2)
+    m = device_synthetic_model(cfg, seed=5)
+    for li, L in enumerate(m.layers):
+        if li % 2 == 0:
+            assert L.gate is None and L.gate_proj.dense().shape == (96, 128) and L.down_proj.dense().shape == (128, 96)
+        else:
+            assert L.gate.dense().shape == (8, 128) and L.gate_proj.dense().shape == (8, 64, 128)

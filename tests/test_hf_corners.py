@@ -434,12 +434,22 @@ def test_cli_exit_2_one_line(sharded, tmp_path, capsys, case):
 
 def test_cuda_subject_refuses_what_it_cannot_run(tmp_path):
     """Checked before any device work, so this runs without a GPU."""
-    for over, needle in (({"mlp_only_layers": [0]}, "dense MLP layers"), ({"attention_bias": True}, "attention_bias"),
-                         ({"rope_parameters": dict(YARN)}, "yarn")):
+    for over, needle in (({"attention_bias": True}, "attention_bias"), ({"rope_parameters": dict(YARN)}, "yarn")):
         path = _save(_build("moe", 34, **over), tmp_path / needle.replace(" ", "_"))
         with pytest.raises(UsageError) as e:
             make_backend("cuda", load_hf_model(path, "f32"), kv="f32")
         _one_line(e, "cuda subject", needle, "--subject sim")
+
+
+@pytest.mark.parametrize("over", [{"mlp_only_layers": [0]}, {"decoder_sparse_step": 2}])
+def test_cuda_subject_takes_dense_layers_inside_moe(tmp_path, over):
+    """A qwen3_moe checkpoint with dense MLP layers passes the cuda subject's check (the kernels run
+    them: tests/test_cuda_fake_driver.py checks the launches, tests/test_cuda.py the bits)."""
+    from kestrel_tui.engines.decoders import check_decoder
+
+    model = load_hf_model(_save(_build("moe", 34, num_hidden_layers=2, **over), tmp_path / "m"), "f32")
+    assert model.cfg.is_mixed
+    check_decoder("cuda", model)
 
 
 def test_report(request):

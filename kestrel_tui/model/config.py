@@ -105,6 +105,10 @@ class Config:
     def ffn_dim(self) -> int:
         return self.moe_intermediate if self.is_moe else self.intermediate
 
+    def layer_ffn_dim(self, i: int) -> int:
+        """Layer i's MLP width: an expert's for a sparse layer, `intermediate` for a dense one."""
+        return self.moe_intermediate if self.layer_is_moe(i) else self.intermediate
+
     def validate(self, weights: str = "q4_0") -> "Config":
         def need(cond: bool, msg: str) -> None:
             if not cond:
@@ -152,8 +156,6 @@ class Config:
 def cuda_unsupported(cfg: Config) -> str | None:
     """What of cfg the cuda subject's kernels do not implement (one phrase), or None.
     The engine table's cuda factory (engines/registry.py) asks before it builds a cuda backend."""
-    if cfg.is_mixed:
-        return f"dense MLP layers inside a qwen3_moe model (layers {list(cfg.dense_layers)}) are not implemented"
     if cfg.attention_bias:
         return "attention_bias (q/k/v/o projection biases) is not implemented"
     if cfg.yarn is not None:

@@ -98,8 +98,8 @@ def _build(cfg: Config, g: _Generator, name: str | None) -> Model:
     lm_head = embed if cfg.tie_embeddings else g.lin(cfg.vocab, h, h ** -0.5)
     norm = g.norm(h)
     layers = []
-    for _ in range(cfg.n_layers):
-        if cfg.is_moe:
+    for li in range(cfg.n_layers):
+        if cfg.layer_is_moe(li):
             e, f = cfg.n_experts, cfg.moe_intermediate
             gate = g.lin(e, h, 1.0)
             ffn = (g.lin(f, h, h ** -0.5, e), g.lin(f, h, h ** -0.5, e), g.lin(h, f, f ** -0.5, e))

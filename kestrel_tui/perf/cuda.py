@@ -30,23 +30,20 @@ def q4_bytes(rows: int, cols: int) -> int:
 
 def active_bytes(cfg, ctx: int, kv: str = "q8") -> dict:
     """Bytes one M=1 decode step at context ctx must read: attention + router + top-k experts
-    (q4_0) + norms per layer, lm_head, the embedding row, and the KV cache rows 0..ctx."""
-    h, hd = cfg.hidden, cfg.head_dim
+    (or a dense layer's MLP) (q4_0) + norms per layer, lm_head, the embedding row, and the KV
+    cache rows 0..ctx."""
+    h, hd, n = cfg.hidden, cfg.head_dim, cfg.n_layers
     attn = q4_bytes(cfg.q_dim, h) + 2 * q4_bytes(cfg.kv_dim, h) + q4_bytes(h, cfg.q_dim)
-    if cfg.is_moe:
-        router = q4_bytes(cfg.n_experts, h)
-        ffn = cfg.top_k * (2 * q4_bytes(cfg.moe_intermediate, h) + q4_bytes(h, cfg.moe_intermediate))
-    else:
-        router = 0
-        ffn = 2 * q4_bytes(cfg.intermediate, h) + q4_bytes(h, cfg.intermediate)
+    n_moe = sum(cfg.layer_is_moe(li) for li in range(n))
+    router = n_moe * q4_bytes(cfg.n_experts, h)
+    ffn = n_moe * cfg.top_k * (2 * q4_bytes(cfg.moe_intermediate, h) + q4_bytes(h, cfg.moe_intermediate)) + \
+        (n - n_moe) * (2 * q4_bytes(cfg.intermediate, h) + q4_bytes(h, cfg.intermediate))
     norms = (2 * h + 2 * hd) * 4
     esz = 1 if kv == "q8" else 4
     kv_bytes = (ctx + 1) * cfg.n_kv_heads * (2 * hd * esz + 2 * 4)
-    per_layer = attn + router + ffn + norms + kv_bytes
-    out = dict(attention=attn * cfg.n_layers, router=router * cfg.n_layers, experts=ffn * cfg.n_layers,
-               norms=norms * cfg.n_layers + h * 4, kv=kv_bytes * cfg.n_layers, lm_head=q4_bytes(cfg.vocab, h),
-               embed_row=q4_bytes(1, h))
-    out["total"] = per_layer * cfg.n_layers + out["lm_head"] + out["embed_row"] + h * 4
+    out = dict(attention=attn * n, router=router, experts=ffn, norms=norms * n + h * 4, kv=kv_bytes * n,
+               lm_head=q4_bytes(cfg.vocab, h), embed_row=q4_bytes(1, h))
+    out["total"] = (attn + norms + kv_bytes) * n + router + ffn + out["lm_head"] + out["embed_row"] + h * 4
     return out
 
 

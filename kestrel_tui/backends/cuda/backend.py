@@ -97,8 +97,6 @@ class CudaBackend(Backend):
         if cfg.head_dim % 16 or cfg.head_dim > 256:
             raise UsageError(f"cuda subject: head_dim {cfg.head_dim} is not supported (needs a multiple of 16,"
                              f" at most 256); the sim subject is the fallback (--subject sim)")
-        if deep and not cfg.is_moe:
-            raise UsageError("cuda subject: --deep probes MoE internals and needs a qwen3_moe model")
         self.model, self.kv, self.exact, self.deep = model, kv, frozenset(exact), deep
         # hashing=False: steps return no hashes and launch no hash kernels — only so that the
         # benchmarks can measure what hashing costs through the same step(); switchable any time

@@ -98,20 +98,21 @@ class Layout:
         moe = cfg.is_moe
         add = self._add
         emb, logits = TOKEN_FIELDS
-        # a dense model's FFN adds its down GEMV straight into x: it has no expert sum to hold (and
-        # --deep, which would hash one, is refused there)
-        per_layer = [f for f in LAYER_FIELDS if moe or f.name != "moe"]
+        # a dense layer's FFN adds its down GEMV straight into x: a dense model has no expert sum
+        # to hold unless --deep hashes the MLP output under its name
+        per_layer = [f for f in LAYER_FIELDS if moe or deep or f.name != "moe"]
         for f, li in [(emb, None), *((f, li) for li in range(cfg.n_layers) for f in per_layer), (logits, None)]:
             add(f.name, li, f.np_dtype(kv), f.shape(cfg, li))
         self.key_bytes = self.total
-        # scratch, reused by every layer
-        slots = cfg.top_k if moe else 1
-        F = cfg.ffn_dim
-        max_in = max(h, nh * hd, F)
+        # scratch, reused by every layer: the FFN's for the widest kind of layer the model has (the
+        # sparse layers' k slots of an expert's width, the dense layers' one of intermediate_size)
+        ffns = ([(cfg.top_k, cfg.moe_intermediate)] if moe else []) + ([(1, cfg.intermediate)] if cfg.has_dense else [])
+        act = max(slots * width for slots, width in ffns)  # g, u, a: one column's activations
+        max_in = max(h, nh * hd, *(width for _, width in ffns))
         for name, dt, n in (("q", F32, nh * hd), ("qn", F32, nh * hd), ("vraw", F32, nkv * hd),
                             ("xq", I8, max_in), ("xd", F32, max(1, max_in // 32)),
-                            ("g", F32, slots * F), ("u", F32, slots * F), ("a", F32, slots * F),
-                            ("aq", I8, slots * F), ("ad", F32, max(1, slots * F // 32)), ("y", F32, slots * h),
+                            ("g", F32, act), ("u", F32, act), ("a", F32, act),
+                            ("aq", I8, act), ("ad", F32, max(1, act // 32)), ("y", F32, (cfg.top_k if moe else 1) * h),
                             ("fnrm", F32, h), ("cos", F32, hd // 2), ("sin", F32, hd // 2)):
             add(name, None, dt, (n,))
 

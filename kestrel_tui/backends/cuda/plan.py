@@ -47,6 +47,7 @@ class Step:
     fuse_q: bool           # the input norm too (in isolate mode its GEMVs read the reference's nrm)
     fused: bool            # fused.cu's launches
     fuse_heads: bool       # QK-norm, RoPE and the KV rows in one launch
+    # how a MoE layer adds its expert sum (a dense layer's down GEMV adds its output itself):
     fold_combine: bool     # the down GEMV adds the expert sum (down_combine_*)
     fuse_combine: bool     # else the sum goes with the norm behind it (combine_rmsnorm_*)
     items: list = field(default_factory=list)
@@ -177,10 +178,11 @@ def heads(s: Step, li: int, W) -> None:
 
 
 def ffn_block(s: Step, li: int, W) -> ExpertSum | None:
-    """Layer li's post-attention norm and its MoE (or dense MLP) with the residual; the expert sum
-    where the next norm adds it (fuse_combine)."""
+    """Layer li's post-attention norm and its MoE or dense MLP (cfg.layer_is_moe: a qwen3_moe model
+    may have dense layers) with the residual; the expert sum where the next norm adds it
+    (fuse_combine), whatever kind of layer that norm belongs to."""
     cfg, K, M, A = s.b.model.cfg, s.K, s.lay.M, s.A
-    h, F = cfg.hidden, cfg.ffn_dim
+    h, F = cfg.hidden, cfg.layer_ffn_dim(li)
     xq, xd = A("xq"), A("xd")
     ores = s.In("ores", li)
     pnrm = A("pnrm", li)
@@ -188,11 +190,13 @@ def ffn_block(s: Step, li: int, W) -> ExpertSum | None:
     if not s.fuse_all:
         quant(s, pnrm, M, h)
     aq, ad = (A("aq"), A("ad")) if s.q4 else (0, 0)
-    if not cfg.is_moe:
+    if not cfg.layer_is_moe(li):
         gemv(s, W["gate_proj"], pnrm, A("g"))
         gemv(s, W["up_proj"], pnrm, A("u"))
         silu(K, s.emit, A("g"), A("u"), A("a"), aq, ad, M * F)
         # the down projection reads silu's own quantization of its output
+        if s.b.deep:  # the deep key moe is the MLP output alone: the same GEMV without the residual
+            gemv(s, W["down_proj"], A("a"), A("moe", li), x_q=A("aq"), x_d=A("ad"))
         gemv(s, W["down_proj"], A("a"), A("x", li), res=ores, x_q=A("aq"), x_d=A("ad"))
         return None
     k, E = cfg.top_k, cfg.n_experts

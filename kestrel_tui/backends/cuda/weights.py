@@ -192,8 +192,8 @@ def generate_device_model(rt, sm: DeviceSyntheticModel) -> DeviceModel:
     dm.norm = norm(h)
     dm.inv_freq = up(sm.inv_freq)
     dm.layers = []
-    for _ in range(cfg.n_layers):
-        if cfg.is_moe:
+    for li in range(cfg.n_layers):
+        if cfg.layer_is_moe(li):  # a qwen3_moe model may have dense layers
             e, f = cfg.n_experts, cfg.moe_intermediate
             gate = lin(e, h, 1.0)
             ffn = (lin(f, h, h ** -0.5, e), lin(f, h, h ** -0.5, e), lin(h, f, f ** -0.5, e))
