@@ -76,7 +76,6 @@ class HelpScreen(ModalScreen):
         table.add_column(style="bold")
         table.add_column()
         table.add_row(Text("kestrel-tui", style="bold"), Text(ABOUT))
-        table.add_row(Text("schedules", style="bold"), Text(SCHEDULES.format(key=self._key_of("mismatch"))))
         section = None
         for sec, keys, what in self._rows():
             if sec != section:
@@ -88,4 +87,6 @@ class HelpScreen(ModalScreen):
         table.add_row(Text("legend", style="bold underline"), "")
         for sym, what, style in LEGEND:
             table.add_row(Text(sym, style=style), Text(what))
+        table.add_row("", "")  # after the keys, which are what the screen is opened for
+        table.add_row(Text("schedules", style="bold underline"), Text(SCHEDULES.format(key=self._key_of("mismatch"))))
         return table
