@@ -458,6 +458,16 @@ def test_a_crashing_rank_ends_the_group(ckpt, monkeypatch):
     assert (_bits(copies[0]) ^ _bits(copies[1])).tolist() == [1] + [0] * 63
 
 
+def test_a_raising_rank_is_named_not_the_peer_its_death_resets(ckpt, monkeypatch):
+    """A rank that raises reports it; its peer's collective then fails too ("Connection reset by peer"),
+    and whichever report comes first, the cause named is the raising rank. The crash of
+    test_a_crashing_rank_ends_the_group is the other way round: a rank that ends without a report is the
+    cause even when its peer's failure arrives first."""
+    err, _ = _fail(ckpt, monkeypatch, "1:raise:5")
+    assert str(err).startswith("hf-dist engine: at position 5, rank 1 of 2 raised RuntimeError: planted fault")
+    assert len(err.partial.positions) == 5
+
+
 @pytest.mark.slow
 def test_a_hanging_rank_ends_the_group(ckpt, monkeypatch):
     err, _ = _fail(ckpt, monkeypatch, "1:hang:5", timeout=2)

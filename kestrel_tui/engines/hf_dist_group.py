@@ -33,6 +33,9 @@ from .hf_dist_rank import RankJob
 STDERR_TAIL = 300
 STDERR_READ = 4096
 POLL_S = 0.05
+# A rank that dies takes its peers' collectives with it ("Connection reset by peer"), and their reports
+# can arrive first: this long is waited for a rank that ended without a report, the cause to name.
+CAUSE_GRACE_S = 1.0
 STORE = "store"  # the file store's name in the group's folder
 
 
@@ -127,12 +130,31 @@ class Group:
             elif msg[0] == kind and (pos0 is None or msg[1] == pos0):
                 got[r] = msg[-1]
             elif msg[0] == "failed":
+                silent = self._silent_death(r)
+                if silent is not None:
+                    raise RankFailure(silent, self._death(silent))
                 raise RankFailure(r, f"raised {inert(msg[1])}")
             elif msg[0] == "eof":
                 raise RankFailure(r, self._death(r))
             else:
                 raise RankFailure(r, f"sent {inert(msg[0])!r} where {kind!r} was due (a protocol error)")
         return [got[r] for r in range(self.world)]
+
+    def _silent_death(self, reported: int) -> int | None:
+        """A rank that ended without reporting an exception, within CAUSE_GRACE_S of ``reported``'s report:
+        a crash whose peers' failures are its consequence. None: the report stands."""
+        raised = {reported}
+        deadline = time.monotonic() + CAUSE_GRACE_S
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                r, msg = self.events.get(timeout=min(POLL_S, left))
+            except queue.Empty:
+                continue
+            if msg[0] == "failed":
+                raised.add(r)
+            elif msg[0] == "eof" and r not in raised:
+                return r
+        return None
 
     def _hung(self, kind: str, pos0, timeout: float, started: set[int], got: dict) -> RankFailure:
         if kind == "ready":
