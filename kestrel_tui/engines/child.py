@@ -76,7 +76,8 @@ def in_child(job: Job):
         try:
             while True:
                 messages.put(pickle.load(proc.stdout))
-        except (EOFError, pickle.UnpicklingError, OSError):
+        except (EOFError, pickle.UnpicklingError, OSError, ValueError):
+            # ValueError: the pipe closed under this thread by the run's end (a read of a closed file)
             messages.put(("eof",))
 
     threading.Thread(target=read, daemon=True, name="engine-child-reader").start()
