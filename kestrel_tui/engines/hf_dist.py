@@ -239,12 +239,11 @@ class HFDistEngine(HFFamily):
 
     def describe(self, values: Mapping[str, str]) -> str:
         p = self.parallel(values)
-        rest = [f"{t.name}={values[t.name]}" for t in self.toggles
-                if t.name in values and values[t.name] != t.default
-                and (t.key or t.name) not in ("world_size", "ep", "ep_impl")]
+        moved = [t for t in self.toggles if t.name in values and values[t.name] != t.default]
+        rest = [f"{t.name}={values[t.name]}" for t in moved if (t.key or t.name) not in ("world_size", "ep", "ep_impl")]
         plan = {"none": [], "tp": ["tp"], "tp+ep": ["tp+ep", p.ep_impl]}[p.plan]
         schedule = self.schedule(values)
-        if str(schedule) != "decode" and not any(r.startswith("schedule=") for r in rest):
+        if str(schedule) != "decode" and "schedule" not in {t.key or t.name for t in moved}:  # the side's option
             rest.append(f"schedule={schedule}")
         return f"{self.name} ({', '.join([f'world_size={p.world_size}', *plan, p.backend, *rest])})"
 
