@@ -30,6 +30,18 @@
 //                        bytes runs FNV-1a once, from its true state, and adds
 //                        its term of the closed-form fold (below) to the key's
 //                        hash with a 64-bit atomicAdd.
+//   fnv_scan             one launch, one block a key of up to SCAN_MAX bytes (what
+//                        the backend uses for every such key: a step's keys but the
+//                        logits of a large vocabulary), ~1/5 of fnv_states' work:
+//                        the low 8 bits of the state are a T-function of the bytes
+//                        (bit j of s' depends only on bits 0..j of s ^ b), so
+//                        bit j of the state before every byte is a prefix XOR over
+//                        the key once bits 0..j-1 are known,
+//                            s'_j = s_j ^ b_j ^ bit_j(((s ^ b) & (2^j - 1)) * 0xb3),
+//                        eight block-wide XOR scans give every byte's true state
+//                        with no 256 starts; then each thread runs FNV-1a over its
+//                        SCAN_SEG bytes from its true start and adds its term of
+//                        fnv_chunks' closed-form sum (one block sum, no atomics).
 // The powers of P are precomputed on the host. The ticket counters reset
 // themselves, so the scratch needs zeroing once, at allocation.
 #include "common.cuh"
@@ -285,5 +297,95 @@ extern "C" __global__ void fnv_chunks(const unsigned char *__restrict__ base, co
     if ((threadIdx.x & 31) == 0 && k0 >= 0) atomicAdd(&out[k0], term);
   } else if (k >= 0) {
     atomicAdd(&out[k], term);
+  }
+}
+
+// ------------------------------------------------------------ one block a key
+
+static_assert(SCAN_SEG == 32, "a thread's bytes are the bits of one word in the scans");
+
+// grid = the keys of the list, block SCAN_THREADS. key i is scan_len[i] bytes (a multiple of 4,
+// at most SCAN_MAX) at base + scan_off[i] (a multiple of 4); its hash goes to out[scan_key[i]].
+// pow_seg[n] = P^(SCAN_SEG*n) (n < SCAN_THREADS), pow_word[n] = P^(4n) (n <= SCAN_SEG/4).
+// A thread takes bytes [SCAN_SEG*tid, +SCAN_SEG); each 4-byte word is held as two registers of
+// 16-bit lanes (even bytes, odd bytes), so one 32-bit multiply by 0xb3 steps two bytes'
+// states (255 * 0xb3 < 2^16: no carry crosses a lane).
+extern "C" __global__ void __launch_bounds__(SCAN_THREADS)
+    fnv_scan(const unsigned char *__restrict__ base, const int *__restrict__ scan_key,
+             const unsigned long long *__restrict__ scan_off, const int *__restrict__ scan_len,
+             const unsigned long long *__restrict__ pow_seg, const unsigned long long *__restrict__ pow_word,
+             unsigned long long *__restrict__ out) {
+  pdl_wait();
+  __shared__ unsigned wpar[2][SCAN_THREADS / 32];
+  __shared__ unsigned long long wsum[SCAN_THREADS / 32];
+  const int i = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int len = scan_len[i];
+  const int my = min(SCAN_SEG, max(0, len - tid * SCAN_SEG));  // this thread's bytes
+  const unsigned *src = (const unsigned *)(base + scan_off[i] + (size_t)tid * SCAN_SEG);
+  constexpr int NW = SCAN_SEG / 4;
+  unsigned be[NW], bo[NW], se[NW], so[NW];
+#pragma unroll
+  for (int r = 0; r < NW; r++) {
+    const unsigned w = 4 * r < my ? src[r] : 0u;
+    be[r] = w & 0x00FF00FFu;
+    bo[r] = (w >> 8) & 0x00FF00FFu;
+    se[r] = so[r] = 0u;
+  }
+  const unsigned live = my == 32 ? 0xFFFFFFFFu : (1u << my) - 1u;  // bytes past the key add no term
+  // a warp wholly past the key (a short key's block) only keeps the barriers
+  const bool idle = warp * 32 * SCAN_SEG >= len;
+#pragma unroll
+  for (int j = 0; j < 8; j++) {
+    const unsigned mj = ((1u << j) - 1u) * 0x00010001u;
+    unsigned t = 0u;  // bit k: t_k = b_j ^ bit_j(((s ^ b) & (2^j - 1)) * 0xb3) of byte k
+    if (!idle) {
+#pragma unroll
+      for (int r = 0; r < NW; r++) {
+        const unsigned pe = ((se[r] ^ be[r]) & mj) * 0xB3u, po = ((so[r] ^ bo[r]) & mj) * 0xB3u;
+        unsigned t4 = (((pe ^ be[r]) >> j) & 0x00010001u) | ((((po ^ bo[r]) >> j) & 0x00010001u) << 1);
+        t4 = (t4 | (t4 >> 14)) & 0xFu;  // bytes 0..3 of the word in bits 0..3
+        t |= t4 << (4 * r);
+      }
+      t &= live;
+#pragma unroll
+      for (int sh = 1; sh < 32; sh <<= 1) t ^= t << sh;  // inclusive prefix XOR within the thread
+    }
+    const unsigned bal = __ballot_sync(FULL_MASK, t >> 31);
+    if (lane == 0) wpar[j & 1][warp] = __popc(bal) & 1u;
+    __syncthreads();  // (double-buffered: round j+2 writes this row after round j+1's barrier)
+    const unsigned wbal = __ballot_sync(FULL_MASK, lane < SCAN_THREADS / 32 && wpar[j & 1][lane]);
+    const unsigned c = (__popc(bal & ((1u << lane) - 1u)) + __popc(wbal & ((1u << warp) - 1u)) +
+                        (unsigned)(FNV_OFFSET >> j)) & 1u;
+    const unsigned e = (t << 1) ^ (0u - c);  // bit k: bit j of the state before byte k
+    if (!idle) {
+#pragma unroll
+      for (int r = 0; r < NW; r++) {
+        const unsigned e4 = e >> (4 * r);
+        se[r] |= ((e4 & 1u) | ((e4 & 4u) << 14)) << j;
+        so[r] |= (((e4 >> 1) & 1u) | ((e4 & 8u) << 13)) << j;
+      }
+    }
+  }
+  // FNV-1a from the true start (the offset basis for the key's first bytes), closed-form term
+  const int nseg = (len + SCAN_SEG - 1) / SCAN_SEG, last = len - (nseg - 1) * SCAN_SEG;
+  const unsigned s0 = se[0] & 255u;
+  unsigned long long h = tid == 0 ? FNV_OFFSET : (unsigned long long)s0;
+#pragma unroll
+  for (int r = 0; r < NW; r++)
+    if (4 * r < my) h = fnv_word(h, be[r] | (bo[r] << 8), 4);
+  unsigned long long term = 0;
+  if (tid == 0 || my > 0) {
+    term = tid == 0 ? h : h - (unsigned long long)s0 * pow_word[my / 4];
+    if (tid < nseg - 1) term *= pow_seg[nseg - 2 - tid] * pow_word[last / 4];
+  }
+#pragma unroll
+  for (int off = 16; off >= 1; off >>= 1) term += __shfl_xor_sync(FULL_MASK, term, off);
+  if (lane == 0) wsum[warp] = term;
+  __syncthreads();
+  if (warp == 0) {
+    unsigned long long v = lane < SCAN_THREADS / 32 ? wsum[lane] : 0ull;
+#pragma unroll
+    for (int off = 16; off >= 1; off >>= 1) v += __shfl_xor_sync(FULL_MASK, v, off);
+    if (lane == 0) out[scan_key[i]] = v;
   }
 }

@@ -14,6 +14,10 @@
 #define GEMV_ROWS1 4  // rows a warp of the q4_0 dense GEMVs at M = 1
 #define EXPERT_ROWS 4  // rows a warp of gemv_q4_experts_*
 
+// hash.cu
+#define SCAN_THREADS 512  // fnv_scan's block: keys up to SCAN_THREADS * SCAN_SEG bytes
+#define SCAN_SEG 32  // bytes a thread of fnv_scan
+
 // fused.cu
 #define FUSED_MAX_ROW 4096  // combine_rmsnorm_*: hidden sizes up to
 #define COMBINE_MAX_K 8  // down_combine_*: a warp a slot, up to this many slots

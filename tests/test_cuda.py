@@ -56,8 +56,11 @@ def test_device_fnv_equals_host(rt):
     from kestrel_tui.backends.cuda.backend import device_hash_work, launch_hash
     from kestrel_tui.backends.cuda.layout import HashWork
 
+    from kestrel_tui.backends.cuda.layout import SCAN_MAX
+
     rng = np.random.default_rng(7)
-    lengths = [0, 4, 8, 2044, 2048, 2052, 4096, 10_000, 600_000, 2048 * 17 + 4]
+    lengths = [0, 4, 8, 28, 32, 36, 2044, 2048, 2052, 4096, 10_000, SCAN_MAX - 4, SCAN_MAX, SCAN_MAX + 4, 600_000,
+               2048 * 17 + 4, *(rng.integers(1, SCAN_MAX // 4, 40) * 4)]
     spans, off = [], 0
     for n in lengths:
         spans.append((off, n))
@@ -67,13 +70,13 @@ def test_device_fnv_equals_host(rt):
     want = [fnv1a64(data[o:o + n].tobytes()) for o, n in spans]
     with rt.active():
         base = cuda.to_device(data)
-        for onepass in (False, True):
-            hb = device_hash_work(cuda, HashWork(spans), onepass=onepass)
+        for onepass, scan_max in ((False, 0), (True, 0), (False, SCAN_MAX), (True, 2048)):
+            hb = device_hash_work(cuda, HashWork(spans, scan_max=scan_max), onepass=onepass)
             for _ in range(2):  # the second launch checks that the tickets reset themselves
                 launch_hash(rt, hb, int(base))
                 out = np.empty(len(spans), np.uint64)
                 cuda.memcpy_dtoh(out, hb["ptr"]["out"])
-                assert [int(h) for h in out] == want, f"onepass={onepass}"
+                assert [int(h) for h in out] == want, f"onepass={onepass} scan_max={scan_max}"
 
 
 # ------------------------------------------------------------ runs against the cpu reference

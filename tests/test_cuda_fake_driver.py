@@ -18,10 +18,12 @@ import contextlib
 import functools
 import shutil
 import struct
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
+from kestrel_tui.backends.cuda.layout import SCAN_MAX
 from kestrel_tui.model.config import default_config
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH (the kernels' formats are"
@@ -188,7 +190,9 @@ def test_step_wiring_against_fake_driver(monkeypatch, weights, kv, deep, exact):
 
     fake = _FakeRuntime()
     monkeypatch.setattr(be, "runtime", lambda: fake)
-    model = synthetic_model(default_config().with_layers(2), weights)
+    # a vocabulary whose logits pass fnv_scan's span limit: the logits hashed in chunks
+    cfg = replace(default_config().with_layers(2), vocab=5000) if weights == "q4_0" else default_config().with_layers(2)
+    model = synthetic_model(cfg, weights)
     sub = cuda_pkg.make_cuda_backend(model, kv=kv, exact=parse_exact(exact), deep=deep)
     ref = NumpyBackend(model, kv=kv, deep=deep)
     for b in (sub, ref):
@@ -203,8 +207,12 @@ def test_step_wiring_against_fake_driver(monkeypatch, weights, kv, deep, exact):
             assert (s_col[key].shape, s_col[key].dtype) == (r_col[key].shape, r_col[key].dtype), key
     assert list(s_iso.hashes[0]) == token_keys(3, 2, deep)
     assert s_out.logits.shape == r_out.logits.shape
-    # two steps, each: the body keys (on the hash stream) and the logits
-    assert fake.kernels["fnv_states"].calls == fake.kernels["fnv_chunks"].calls == 4
+    # two steps, each: the body keys (on the hash stream, a block a key) and the logits (in chunks
+    # where they pass fnv_scan's limit)
+    chunked = cfg.vocab * 4 > SCAN_MAX
+    assert fake.kernels["fnv_scan"].calls == (2 if chunked else 4)
+    assert fake.kernels["fnv_states"].calls == fake.kernels["fnv_chunks"].calls == 2 if chunked else \
+        "fnv_states" not in fake.kernels
 
 
 class _FakeLibcuda:
@@ -363,10 +371,10 @@ def test_hashing_off_launches_no_hash_kernels(monkeypatch, graph):
     b.hashing = False
     out = b.step(np.array([5]), 0, raw=False)
     assert out.hashes == [{}] and out.logits.shape == (1, b.model.cfg.vocab)
-    assert "fnv_states" not in fake.kernels and "fnv_chunks" not in fake.kernels
+    assert not {"fnv_scan", "fnv_states", "fnv_chunks"} & set(fake.kernels)
     b.hashing = True
     assert list(b.step(np.array([6]), 1, raw=False).hashes[0]) == token_keys(1, 2, False)
-    assert fake.kernels["fnv_states"].calls == fake.kernels["fnv_chunks"].calls == 2
+    assert fake.kernels["fnv_scan"].calls == 2  # every key (the logits too) within fnv_scan's limit
     assert lib.calls.count("cuStreamBeginCapture_v2") == (2 if graph else 0)
     assert b.graph_steps == (2 if graph else 0)
 
@@ -436,7 +444,7 @@ def test_pdl_launch_structures_and_routing(monkeypatch):
     g = gr.DecodeGraph(b, hashing=True)
     pycuda_calls = sum(k.calls for k in fake.kernels.values()) - before
     assert g.pdl and launched and all(x["n_attrs"] == 1 and x["attr"] == 6 and x["value"] == 1 for x in launched)
-    assert pycuda_calls == 2  # the body hash (fnv_states, fnv_chunks) on its own stream
+    assert pycuda_calls == 1  # the body hash (fnv_scan) on its own stream
     monkeypatch.setenv("KESTREL_CUDA_PDL", "0")  # the pdl option off: the graph captures without
     off = make_cuda_backend(b.model)
     off.reset(8)

@@ -25,7 +25,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kestrel_tui.backends.cuda.layout import FNV_PRIME, HASH_CHUNK, HASH_PIECE, HashWork, Layout
+from kestrel_tui.backends.cuda.launches import SCAN_SEG, SCAN_THREADS
+from kestrel_tui.backends.cuda.layout import (FNV_PRIME, HASH_CHUNK, HASH_PIECE, SCAN_MAX, SCAN_POW_SEG, SCAN_POW_WORD,
+                                              HashWork, Layout)
 from kestrel_tui.backends.cuda.runtime import KERNEL_DIR, MODULES, nvcc_options
 from kestrel_tui.backends.cuda.selfcheck import replica_inputs
 from kestrel_tui.backends.cuda.weights import device_q4_0
@@ -212,6 +214,9 @@ def _fold_onepass(work, arena: bytes) -> list[int]:
     out = []
     for k in range(work.n_keys):
         first, n = int(work.key_first[k]), int(work.key_n[k])
+        if n == 0:  # an fnv_scan span (_fold)
+            out.append(0)
+            continue
         data = np.frombuffer(arena, np.uint8, int(work.chunk_len[first]), int(work.chunk_off[first]))
         h = fnv1a64(data.tobytes()) if data.size else OFFSET_BASIS
         for c in range(first + 1, first + n):
@@ -267,6 +272,66 @@ def _fold_two_pass(work, arena: bytes) -> list[int]:
     return out
 
 
+def _scan_one(data: bytes) -> int:
+    """fnv_scan of one span in numpy, a row per thread: the eight XOR scans of the low state
+    bits over words held as two registers of 16-bit lanes, then each thread's FNV-1a term."""
+    mask, u = (1 << 64) - 1, np.uint32
+    buf = np.zeros(SCAN_MAX, np.uint8)
+    buf[:len(data)] = np.frombuffer(data, np.uint8)
+    w = buf.view("<u4").reshape(SCAN_THREADS, SCAN_SEG // 4)
+    my = np.clip(len(data) - np.arange(SCAN_THREADS) * SCAN_SEG, 0, SCAN_SEG)
+    live = np.array([(1 << int(n)) - 1 for n in my], np.uint32)
+    be, bo = w & u(0x00FF00FF), (w >> u(8)) & u(0x00FF00FF)
+    se, so = np.zeros_like(w), np.zeros_like(w)
+    for j in range(8):
+        mj, t = u(((1 << j) - 1) * 0x00010001), np.zeros(SCAN_THREADS, np.uint32)
+        for r in range(SCAN_SEG // 4):
+            pe, po = ((se[:, r] ^ be[:, r]) & mj) * u(0xB3), ((so[:, r] ^ bo[:, r]) & mj) * u(0xB3)
+            t4 = (((pe ^ be[:, r]) >> u(j)) & u(0x00010001)) | ((((po ^ bo[:, r]) >> u(j)) & u(0x00010001)) << u(1))
+            t |= ((t4 | (t4 >> u(14))) & u(0xF)) << u(4 * r)
+        t &= live
+        for sh in (1, 2, 4, 8, 16):
+            t ^= t << u(sh)
+        par = (t >> u(31)).astype(np.int64)
+        c = (np.cumsum(par) - par + ((OFFSET_BASIS >> j) & 1)) & 1
+        e = (t << u(1)) ^ (u(0) - c.astype(np.uint32))
+        for r in range(SCAN_SEG // 4):
+            e4 = e >> u(4 * r)
+            se[:, r] |= ((e4 & u(1)) | ((e4 & u(4)) << u(14))) << u(j)
+            so[:, r] |= (((e4 >> u(1)) & u(1)) | ((e4 & u(8)) << u(13))) << u(j)
+    nseg = -(-len(data) // SCAN_SEG)
+    last, total = len(data) - (nseg - 1) * SCAN_SEG, 0
+    for tid in range(max(1, nseg)):
+        s0 = int(se[tid, 0] & 255)
+        h = OFFSET_BASIS if tid == 0 else s0
+        for b in data[tid * SCAN_SEG:tid * SCAN_SEG + int(my[tid])]:
+            h = ((h ^ b) * FNV_PRIME) & mask
+        term = h if tid == 0 else (h - s0 * int(SCAN_POW_WORD[int(my[tid]) // 4])) & mask
+        if tid < nseg - 1:
+            term = term * int(SCAN_POW_SEG[nseg - 2 - tid]) * int(SCAN_POW_WORD[last // 4]) & mask
+        total = (total + term) & mask
+    return total
+
+
+def _fold(work, arena: bytes, chunks=None) -> list[int]:
+    """A work list's hashes: its scan spans by _scan_one, the chunked ones by `chunks` (by default
+    _fold_two_pass)."""
+    out = (chunks or _fold_two_pass)(work, arena)
+    for k, off, n in zip(work.scan_key, work.scan_off, work.scan_len):
+        out[int(k)] = _scan_one(arena[int(off):int(off) + int(n)])
+    return out
+
+
+def test_scan_hash_is_fnv1a64_at_every_edge():
+    """fnv_scan's arithmetic (its numpy replica) on lengths at each edge of a thread's bytes and of
+    the block, on random, zero and all-ones bytes (the low state runs through other values)."""
+    rng = np.random.default_rng(11)
+    lengths = [0, 4, 28, 32, 36, 64, 1020, 1024, 1028, SCAN_MAX - 4, SCAN_MAX, *rng.integers(1, SCAN_MAX // 4, 6) * 4]
+    for n in lengths:
+        for data in (rng.integers(0, 256, int(n), dtype=np.uint8).tobytes(), bytes(int(n)), b"\xff" * int(n)):
+            assert _scan_one(data) == fnv1a64(data), n
+
+
 def test_hash_work_list_folds_to_fnv1a64():
     cfg = default_config().with_layers(1)
     from dataclasses import replace
@@ -279,11 +344,14 @@ def test_hash_work_list_folds_to_fnv1a64():
         for field, layer in lay.key_fields:
             r = lay.regions[field, layer]
             want.append(fnv1a64(arena[r.offset + m * r.col_bytes:r.offset + (m + 1) * r.col_bytes]))
-    assert _fold_onepass(lay.hash_work, arena) == want
-    assert _fold_two_pass(lay.hash_work, arena) == want
-    assert max(lay.hash_work.key_n) == 3
-    # the split the backend hashes with (body keys on a second stream, then the logits)
-    body, logits = _fold_two_pass(lay.hash_body, arena), _fold_two_pass(lay.hash_logits, arena)
+    every = HashWork(lay.spans)  # every key in chunks
+    assert _fold_onepass(every, arena) == want
+    assert _fold_two_pass(every, arena) == want
+    assert max(every.key_n) == 3
+    # the split the backend hashes with (body keys on a second stream, then the logits), each key
+    # up to SCAN_MAX bytes by fnv_scan
+    assert lay.hash_body.n_scan == len(lay.body_index) and lay.hash_body.n_chunks == 0
+    body, logits = _fold(lay.hash_body, arena), _fold(lay.hash_logits, arena)
     assert np.array(body + logits, dtype=np.uint64)[lay.merge].tolist() == want
     assert len(logits) == lay.M
 
@@ -298,4 +366,7 @@ def test_two_pass_hash_on_odd_spans():
     arena = rng.integers(0, 256, off + 64, dtype=np.uint8).tobytes()
     want = [fnv1a64(arena[o:o + n]) for o, n in spans]
     assert _fold_two_pass(HashWork(spans), arena) == want
+    mixed = HashWork(spans, scan_max=2048)  # the short spans by fnv_scan, the others in chunks
+    assert mixed.scan_key.tolist() == [0, 1, 2, 3, 4] and mixed.n_chunks == 3
+    assert _fold(mixed, arena) == _fold(mixed, arena, _fold_onepass) == want
 

@@ -37,7 +37,7 @@ from ...trace.keys import token_keys
 from ..base import KV_FIELDS, Backend, StepOut, key_of
 from ..toggles import describe
 from . import launches
-from .launches import FED, blocks_for, launch
+from .launches import FED, SCAN_THREADS, blocks_for, launch
 from .plan import plan
 from .graph import DecodeGraph
 from .layout import HASH_CHUNK, HASH_PIECE, HashWork, Layout
@@ -52,7 +52,9 @@ def device_hash_work(cuda, work: HashWork, onepass: bool = False, out: int | Non
     """Upload a hash work list with its scratch (self-resetting tickets) and output buffer
     (`out`: a device pointer to write the n_keys hashes to instead of an own allocation).
     onepass: scratch for fnv1a64_keys (256 x 8 bytes a chunk) instead of fnv_states/fnv_chunks."""
-    hb = {name: cuda.to_device(getattr(work, name)) for name in HashWork.ARRAYS}
+    # (an empty list still gets a one-element buffer: a launch's pointers are never null)
+    hb = {name: cuda.to_device(a if (a := getattr(work, name)).size else np.zeros(1, a.dtype))
+          for name in HashWork.ARRAYS}
     nc, nk = max(1, work.n_chunks), max(1, work.n_keys)
     if onepass:
         hb["F"] = cuda.mem_alloc(nc * 256 * 8)
@@ -62,7 +64,7 @@ def device_hash_work(cuda, work: HashWork, onepass: bool = False, out: int | Non
     cuda.memset_d32(hb["tickets"], 0, nk)
     hb["out"] = cuda.mem_alloc(nk * 8) if out is None else out
     hb["ptr"] = {name: int(a) for name, a in hb.items()}
-    hb["n_chunks"] = work.n_chunks
+    hb["n_chunks"], hb["n_scan"] = work.n_chunks, work.n_scan
     hb["onepass"] = onepass
     return hb
 
@@ -73,21 +75,31 @@ def device_hash_work(cuda, work: HashWork, onepass: bool = False, out: int | Non
 
 
 
-def launch_hash(rt, hb: dict, base: int, stream=None, launcher=None) -> None:
-    """Hash every span of the work list (two launches, or one with onepass scratch); launcher: as
-    launches.launch's."""
+def launch_hash(rt, hb: dict, base: int, stream=None, launcher=None,
+                kernels=("fnv_scan", "fnv1a64_keys", "fnv_states", "fnv_chunks")) -> None:
+    """Hash every span of the work list: fnv_scan for the short ones, then the chunked ones in two
+    launches (or one with onepass scratch); launcher: as launches.launch's. kernels: those to
+    launch (scripts/gpu/gpu_hash_bench.py times them one by one)."""
     p, n = hb["ptr"], hb["n_chunks"]
-    if hb["onepass"]:
-        launch(rt.kernel("hash", "fnv1a64_keys"), (n, 1, 1), (256, 1, 1), stream, base, p["chunk_key"],
-               p["chunk_off"], p["chunk_len"], p["chunk_pow"], p["key_first"], p["key_n"], p["F"], p["tickets"],
-               p["out"], launcher=launcher)
+    if hb["n_scan"] and "fnv_scan" in kernels:
+        launch(rt.kernel("hash", "fnv_scan"), (hb["n_scan"], 1, 1), (SCAN_THREADS, 1, 1), stream, base,
+               p["scan_key"], p["scan_off"], p["scan_len"], p["pow_seg"], p["pow_word"], p["out"], launcher=launcher)
+    if not n:
         return
-    launch(rt.kernel("hash", "fnv_states"), (n, 1, 1), (256, 1, 1), stream, base, p["chunk_key"], p["chunk_off"],
-           p["chunk_len"], p["key_first"], p["key_n"], p["snap"], p["start"], p["tickets"], p["out"],
-           launcher=launcher)
-    launch(rt.kernel("hash", "fnv_chunks"), (blocks_for(n * (HASH_CHUNK // HASH_PIECE), 128), 1, 1), (128, 1, 1),
-           stream, base, p["chunk_key"], p["chunk_off"], p["chunk_len"], p["key_first"], p["piece_pow"],
-           p["piece_spow"], p["snap"], p["start"], p["out"], n, launcher=launcher)
+    if hb["onepass"]:
+        if "fnv1a64_keys" in kernels:
+            launch(rt.kernel("hash", "fnv1a64_keys"), (n, 1, 1), (256, 1, 1), stream, base, p["chunk_key"],
+                   p["chunk_off"], p["chunk_len"], p["chunk_pow"], p["key_first"], p["key_n"], p["F"], p["tickets"],
+                   p["out"], launcher=launcher)
+        return
+    if "fnv_states" in kernels:
+        launch(rt.kernel("hash", "fnv_states"), (n, 1, 1), (256, 1, 1), stream, base, p["chunk_key"],
+               p["chunk_off"], p["chunk_len"], p["key_first"], p["key_n"], p["snap"], p["start"], p["tickets"],
+               p["out"], launcher=launcher)
+    if "fnv_chunks" in kernels:
+        launch(rt.kernel("hash", "fnv_chunks"), (blocks_for(n * (HASH_CHUNK // HASH_PIECE), 128), 1, 1),
+               (128, 1, 1), stream, base, p["chunk_key"], p["chunk_off"], p["chunk_len"], p["key_first"],
+               p["piece_pow"], p["piece_spow"], p["snap"], p["start"], p["out"], n, launcher=launcher)
 
 
 class CudaBackend(Backend):
@@ -364,7 +376,7 @@ class CudaBackend(Backend):
         self._body_launched = False
 
     def hash(self, lay: Layout, T: launches.Target) -> None:
-        """FNV-1a 64 of every key of every column (kernels/hash.cu: fnv_states + fnv_chunks; the
+        """FNV-1a 64 of every key of every column (kernels/hash.cu: fnv_scan, fnv_states + fnv_chunks; the
         logits' on the main stream, the rest on the hash stream unless forward started them),
         then their copy to pinned host memory on the copy stream (fetch waits for it)."""
         cuda = self.rt.cuda

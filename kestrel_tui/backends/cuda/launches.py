@@ -37,6 +37,8 @@ ATT_FAST_WARPS = _C["ATT_FAST_WARPS"]  # query heads a part block works on at on
 ATT_PV_THREADS = _C["ATT_PV_THREADS"]  # attn_exact_pv_q8's block
 EXPERT_ROWS = _C["EXPERT_ROWS"]  # rows a warp of gemv_q4_experts_*
 GEMV_ROWS1 = _C["GEMV_ROWS1"]  # rows a warp of the q4_0 dense GEMVs at M = 1
+SCAN_THREADS = _C["SCAN_THREADS"]  # fnv_scan's block
+SCAN_SEG = _C["SCAN_SEG"]  # bytes a thread of fnv_scan
 FUSED_MAX_ROW = _C["FUSED_MAX_ROW"]  # combine_rmsnorm_*: hidden sizes up to
 COMBINE_MAX_K = _C["COMBINE_MAX_K"]  # down_combine_*: a warp a slot
 # fields whose reference buffer replaces the subject's as the next op's input (isolate mode)

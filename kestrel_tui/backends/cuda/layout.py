@@ -11,8 +11,8 @@ the per-step scratch reused by every layer.
 Isolate mode uploads the reference's buffers into a second arena with the
 same layout, so an op's input pointer is simply taken from the other arena.
 
-The hash work list cuts each key into HASH_CHUNK-byte chunks for the one-launch
-FNV kernel (kernels/hash.cu); its layout depends only on M (and deep).
+The hash work lists give each key of up to SCAN_MAX bytes a block of fnv_scan and cut the
+others into HASH_CHUNK-byte chunks (kernels/hash.cu); their layout depends only on M (and deep).
 """
 from __future__ import annotations
 
@@ -24,23 +24,41 @@ from ...model.config import Config
 from ...trace.fields import LAYER as LAYER_FIELDS
 from ...trace.fields import TOKEN as TOKEN_FIELDS
 from ...trace.keys import parse_key, token_keys
+from .launches import SCAN_SEG, SCAN_THREADS
 
 HASH_CHUNK = 4096  # must equal kernels/hash.cu HASH_CHUNK
 HASH_PIECE = 256  # must equal kernels/hash.cu PIECE
 FNV_PRIME = 0x100000001B3
+SCAN_MAX = SCAN_THREADS * SCAN_SEG  # fnv_scan: spans up to this many bytes, a block each
+# fnv_scan's powers of P: of its threads' SCAN_SEG bytes, and of a word count up to a thread's
+SCAN_POW_SEG = np.array([pow(FNV_PRIME, SCAN_SEG * n, 1 << 64) for n in range(SCAN_THREADS)], np.uint64)
+SCAN_POW_WORD = np.array([pow(FNV_PRIME, 4 * n, 1 << 64) for n in range(SCAN_SEG // 4 + 1)], np.uint64)
 ALIGN = 256
 F32, I8 = np.dtype(np.float32), np.dtype(np.int8)
 
 
 class HashWork:
-    """The chunk list of kernels/hash.cu for byte spans (offset, nbytes), one hash per span.
-    Offsets must be multiples of 4."""
+    """The work lists of kernels/hash.cu for byte spans (offset, nbytes), one hash per span, out[k]
+    for span k: spans of up to `scan_max` bytes (at most SCAN_MAX; 0: none) for fnv_scan, a block each;
+    the others cut into chunks for fnv_states + fnv_chunks (or fnv1a64_keys). Offsets must be
+    multiples of 4."""
 
-    def __init__(self, spans: list[tuple[int, int]]):
+    def __init__(self, spans: list[tuple[int, int]], scan_max: int = 0):
+        if not 0 <= scan_max <= SCAN_MAX:
+            raise ValueError(f"scan_max {scan_max}: fnv_scan takes spans of up to {SCAN_MAX} bytes")
         chunk_key, chunk_off, chunk_len, key_first, key_n = [], [], [], [], []
+        scan_key, scan_off, scan_len = [], [], []
+        spans = [(int(start), int(nbytes)) for start, nbytes in spans]
         for k, (start, nbytes) in enumerate(spans):
             if start % 4 or nbytes % 4:
                 raise ValueError(f"hash span ({start}, {nbytes}): offset and length must be multiples of 4")
+            if scan_max and nbytes <= scan_max:
+                scan_key.append(k)
+                scan_off.append(start)
+                scan_len.append(nbytes)
+                key_first.append(0)
+                key_n.append(0)
+                continue
             n_chunks = max(1, -(-nbytes // HASH_CHUNK))
             key_first.append(len(chunk_key))
             key_n.append(n_chunks)
@@ -77,8 +95,15 @@ class HashWork:
         self.key_n = np.array(key_n, np.int32)
         self.n_chunks = len(chunk_key)
         self.n_keys = len(spans)
+        self.scan_key = np.array(scan_key, np.int32)
+        self.scan_off = np.array(scan_off, np.uint64)
+        self.scan_len = np.array(scan_len, np.int32)
+        self.n_scan = len(scan_key)
+        self.pow_seg = SCAN_POW_SEG
+        self.pow_word = SCAN_POW_WORD
 
-    ARRAYS = ("chunk_key", "chunk_off", "chunk_len", "chunk_pow", "key_first", "key_n", "piece_pow", "piece_spow")
+    ARRAYS = ("chunk_key", "chunk_off", "chunk_len", "chunk_pow", "key_first", "key_n", "piece_pow", "piece_spow",
+              "scan_key", "scan_off", "scan_len", "pow_seg", "pow_word")
 
 
 @dataclass(frozen=True)
@@ -143,14 +168,9 @@ class Layout:
     def _hash_work(self, which: str) -> HashWork:
         w = self._work.get(which)
         if w is None:
-            idx = {"all": range(self.n_keys), "body": self.body_index, "logits": self.logits_index}[which]
-            w = self._work[which] = HashWork([self.spans[i] for i in idx])
+            idx = {"body": self.body_index, "logits": self.logits_index}[which]
+            w = self._work[which] = HashWork([self.spans[i] for i in idx], scan_max=SCAN_MAX)
         return w
-
-    @property
-    def hash_work(self) -> HashWork:
-        """Every key of every column, in order (one work list)."""
-        return self._hash_work("all")
 
     @property
     def hash_body(self) -> HashWork:
