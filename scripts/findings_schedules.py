@@ -3,7 +3,7 @@
     .venv/bin/python scripts/findings_schedules.py --out results/schedule-findings.md
 
 For the embedded model (its first --layers layers) and a Qwen3-0.6B-shaped checkpoint made and saved by
-transformers (vocab 151936, hidden 1024, 16 heads of 128, 8 KV heads; --layers layers), on the cpu
+transformers (tests/hfmodels.py: vocab 151936, hidden 1024, 16 heads of 128, 8 KV heads; --layers layers), on the cpu
 reference, hf float32, hf bfloat16 (eager attention, CPU) and llama.cpp (a GGUF of the same f32 weights,
 CPU): each schedule against the same engine's decode, on the same --prompt random token ids and
 --tokens teacher-forced tokens — first DIFF, first far key (nmse 1e-7), far keys, top-1 flips, the
@@ -22,6 +22,7 @@ from datetime import date
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # hfmodels: the Qwen3-0.6B-shaped checkpoint
 
 import numpy as np  # noqa: E402
 
@@ -39,23 +40,6 @@ HEAD = ("| schedule | first DIFF | first far | far keys | top-1 flips | outside 
 def schedules(P: int) -> list[str]:
     return ["forward", "chunked:1", "chunked:16", "chunked:64", f"prefix:{P // 2}", f"prefix:{P - 1}",
             *(f"verify:{m}" for m in range(2, 9))]
-
-
-def qwen3_06b_shaped(folder: Path, layers: int) -> Path:
-    import torch
-    import transformers
-
-    cfg = transformers.Qwen3Config(vocab_size=151936, hidden_size=1024, intermediate_size=3072,
-                                   num_hidden_layers=layers, num_attention_heads=16, num_key_value_heads=8,
-                                   head_dim=128, max_position_embeddings=40960, rope_theta=1e6, rms_norm_eps=1e-6,
-                                   tie_word_embeddings=True)
-    torch.manual_seed(0)
-    model = transformers.Qwen3ForCausalLM(cfg).eval()
-    with torch.no_grad():  # far from flat logits, as a trained model's
-        for p in model.parameters():
-            p.mul_(8 if p.ndim > 1 else 1)
-    model.to(torch.bfloat16).save_pretrained(folder)
-    return folder
 
 
 def engine(kind: str, model_dir: str | None, ours, all_schedules: list[str], tmp: Path):
@@ -137,6 +121,8 @@ def main() -> int:
                     f" llama-cpp-python {llama_cpp.__version__}")
     except ImportError:
         pass
+    from hfmodels import qwen3_06b_shaped  # torch and transformers: imported where they are needed
+
     engines = [e.strip() for e in args.engines.split(",")]
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory() as d:

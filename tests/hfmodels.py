@@ -1,5 +1,6 @@
-"""Tiny checkpoints made with transformers' own Qwen3 / Qwen3-MoE classes, shared by the tests, and
-planted bugs: a saved copy with chosen weights scaled. Import only where torch and transformers are."""
+"""Checkpoints made with transformers' own Qwen3 / Qwen3-MoE classes, shared by the tests and the findings
+scripts: tiny ones, one with Qwen3-0.6B's dimensions, and planted bugs (a saved copy with chosen weights
+scaled). Import only where torch and transformers are."""
 from __future__ import annotations
 
 import shutil
@@ -30,6 +31,23 @@ def tiny(kind: str = "dense", seed: int = 2, n_layers: int = 2, **over):
         for _, p in model.named_parameters():
             p.copy_(1 + 0.2 * torch.randn(p.shape, generator=g) if p.ndim == 1 else 0.25 * torch.randn(p.shape, generator=g))
     return model
+
+
+def qwen3_06b_shaped(folder: Path, layers: int = 1) -> Path:
+    """A checkpoint with Qwen3-0.6B's dimensions (vocab 151936, hidden 1024, 16 heads of 128, 8 KV heads,
+    tied embeddings; ``layers`` layers) saved by transformers in bfloat16 at ``folder``. Seeded: the same
+    bytes on every call, so that the figures measured on it (results/schedule-findings.md) hold."""
+    cfg = transformers.Qwen3Config(vocab_size=151936, hidden_size=1024, intermediate_size=3072,
+                                   num_hidden_layers=layers, num_attention_heads=16, num_key_value_heads=8,
+                                   head_dim=128, max_position_embeddings=40960, rope_theta=1e6, rms_norm_eps=1e-6,
+                                   tie_word_embeddings=True)
+    torch.manual_seed(0)
+    model = transformers.Qwen3ForCausalLM(cfg).eval()
+    with torch.no_grad():  # far from flat logits, as a trained model's: a greedy token is not a near-tie
+        for p in model.parameters():
+            p.mul_(8 if p.ndim > 1 else 1)
+    model.to(torch.bfloat16).save_pretrained(folder)
+    return folder
 
 
 def plant(clean: Path, out: Path, scales: dict[str, float]) -> Path:

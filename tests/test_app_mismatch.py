@@ -8,6 +8,7 @@ import xml.etree.ElementTree as ET
 import numpy as np
 import pytest
 
+from kestrel_tui.app.screens import mismatch as mismatch_screen
 from kestrel_tui.app.screens.mismatch import MISMATCH_SVG, NO_LOGITS, MismatchScreen, write_mismatch
 from kestrel_tui.app.screens.main import MainScreen
 from kestrel_tui.app.widgets.histogram import Histogram, bin_spans, edge_rows, histogram_bins, representative
@@ -135,6 +136,24 @@ async def test_the_view_shows_the_runs_tally_and_exports_it(small_model, tmp_pat
         await pilot.press("x")  # a second export: a folder of its own, the first left as it was
         await settle(pilot)
         assert screen.last_export != first and (first / MISMATCH_SVG).read_bytes() == before
+
+
+@pytest.mark.anyio
+async def test_a_failed_export_says_its_error_in_one_line(small_model, tmp_path, make_app, settle, monkeypatch):
+    def fail(folder, mismatch, title):
+        raise OSError("no space left\nsecond line")
+
+    monkeypatch.setattr(mismatch_screen, "write_mismatch", fail)
+    app = make_app(forward_session(small_model), tmp_path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        screen = await open_view(pilot, settle)
+        await pilot.press("x")
+        await settle(pilot)
+        [folder] = (tmp_path / "exports").iterdir()
+        assert screen.last_export is None and not screen.busy
+        assert str(screen.query_one("#mismatch-status").render()) == \
+            f"export failed: no space left (the unfinished export is {folder})"
+        assert notes(app)[-1] == "no space left"
 
 
 @pytest.mark.anyio

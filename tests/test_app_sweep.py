@@ -11,12 +11,15 @@ import math
 
 import pytest
 
+from kestrel_tui.app.screens import sweep as sweep_screen
 from kestrel_tui.app.screens.sweep import SWEEP_JSON, SWEEP_SVG, SweepScreen
 from kestrel_tui.app.widgets.chart import MARK, MISSING, ZERO, Point, bar_eighths, chart_lines, chart_svg, decades
 from kestrel_tui.model.config import default_config
 from kestrel_tui.model.weights import synthetic_model
 from kestrel_tui.session.inputs import default_prompt
 from kestrel_tui.session.session import Session
+
+from test_app import notes
 
 
 @pytest.fixture(scope="module")
@@ -66,6 +69,28 @@ async def test_sweep_screen_rows_and_export(tiny, tmp_path, make_app, settle):
         await pilot.press("escape")
         await pilot.pause()
         assert app.screen is app.main
+
+
+@pytest.mark.anyio
+async def test_a_failed_sweep_export_says_its_error_in_one_line(tiny, tmp_path, make_app, settle, monkeypatch):
+    def fail(folder, result):
+        raise OSError("no space left\nsecond line")
+
+    monkeypatch.setattr(sweep_screen, "write_sweep", fail)
+    app = _app(make_app, tiny, tmp_path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        main = app.main
+        app.push_screen(SweepScreen(main.session, main.settings, "m", range(1, 3), lock=main.run_lock))
+        await settle(pilot)
+        screen = app.screen
+        await pilot.press("x")
+        await settle(pilot)
+        [folder] = (tmp_path / "exports").iterdir()
+        assert screen.last_export is None and not screen.busy
+        assert str(screen.query_one("#sweep-status").render()) == \
+            f"export failed: no space left (the unfinished export is {folder})"
+        assert notes(app)[-1] == "no space left"
 
 
 def test_chart_draws_zero_as_a_dot_and_marks_the_changes():

@@ -14,6 +14,7 @@ from kestrel_tui.app.source import LiveSource, config_loader  # noqa: E402
 from kestrel_tui.session.inputs import run_config  # noqa: E402
 
 from clitools import run_cli as run  # noqa: E402
+from hfmodels import qwen3_06b_shaped  # noqa: E402
 
 PROMPT = [1, 2, 3, 151935, 100000]
 N_TOKENS = 3
@@ -21,18 +22,7 @@ N_TOKENS = 3
 
 @pytest.fixture(scope="module")
 def qwen3_06b_dir(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("qwen3-0.6b-shaped")
-    cfg = transformers.Qwen3Config(vocab_size=151936, hidden_size=1024, intermediate_size=3072,
-                                   num_hidden_layers=1, num_attention_heads=16, num_key_value_heads=8,
-                                   head_dim=128, max_position_embeddings=40960, rope_theta=1e6,
-                                   rms_norm_eps=1e-6, tie_word_embeddings=True)
-    torch.manual_seed(0)
-    model = transformers.Qwen3ForCausalLM(cfg).to(torch.bfloat16).eval()
-    with torch.no_grad():  # far from flat logits: a greedy token is not a near-tie
-        for p in model.parameters():
-            p.mul_(8 if p.ndim > 1 else 1)
-    model.save_pretrained(folder)
-    return folder
+    return qwen3_06b_shaped(tmp_path_factory.mktemp("qwen3-0.6b-shaped"))
 
 
 def hf_greedy(folder) -> list[int]:

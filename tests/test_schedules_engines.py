@@ -18,6 +18,7 @@ from kestrel_tui.session.session import RunSettings, Session  # noqa: E402
 from kestrel_tui.trace.compare import parse_tolerance  # noqa: E402
 
 from clitools import run_cli as run  # noqa: E402
+from hfmodels import qwen3_06b_shaped  # noqa: E402
 
 PROMPT = [5, 77, 19, 33, 8]
 N = 4
@@ -103,14 +104,7 @@ def test_a_bug_planted_in_the_prefix_pass_is_found_at_its_key(f32_model):
 
 @pytest.fixture(scope="module")
 def qwen3_06b_dir(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("qwen3-0.6b-shaped")
-    cfg = transformers.Qwen3Config(vocab_size=151936, hidden_size=1024, intermediate_size=3072,
-                                   num_hidden_layers=1, num_attention_heads=16, num_key_value_heads=8,
-                                   head_dim=128, max_position_embeddings=40960, rope_theta=1e6,
-                                   rms_norm_eps=1e-6, tie_word_embeddings=True)
-    torch.manual_seed(0)
-    transformers.Qwen3ForCausalLM(cfg).to(torch.bfloat16).eval().save_pretrained(folder)
-    return folder
+    return qwen3_06b_shaped(tmp_path_factory.mktemp("qwen3-0.6b-shaped"))
 
 
 @pytest.mark.parametrize("weights", ["q4_0", "f32"])

@@ -17,7 +17,7 @@ from typing import Callable
 from ..errors import UsageError
 from ..trace.keys import parse_key
 from ..trace.run import Position
-from .schedule import DECODE, Schedule
+from .schedule import DECODE, Schedule, parse_schedule
 
 OnPosition = Callable[[Position], None]
 # The most CPU threads an engine's option may ask for: far past any machine this runs on, and short of
@@ -166,9 +166,16 @@ class Engine:
         """The binary toggles that can originate a first DIFF in ``field_name``, most likely first."""
         return tuple(t.name for t in self.toggles if t.binary and field_name in t.owns)
 
+    def settings(self, values: Mapping[str, str]) -> Mapping[str, object]:
+        """Each option's value for a run: a toggle's value where one sets it, else the option's (none here:
+        the engines with options, hf's and llama.cpp, say theirs)."""
+        return {}
+
     def schedule(self, values: Mapping[str, str]) -> Schedule:
-        """The passes a run with these toggle values makes (engines/schedule.py); decode unless it has one."""
-        return DECODE
+        """The passes a run with these toggle values makes (engines/schedule.py): its settings' schedule;
+        decode unless it has one."""
+        value = self.settings(values).get("schedule")
+        return DECODE if value is None else parse_schedule(value)
 
     def prefill_problem(self, reference: "Engine") -> str | None:
         """Why this engine cannot take ``reference``'s prefill (None: it can)."""

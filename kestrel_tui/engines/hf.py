@@ -52,9 +52,6 @@ class HFFamily(Engine):
         """Each option's value for a run: a toggle's value where one sets it, else the option's."""
         return self.table.settings(self.options, self.toggles, values)
 
-    def schedule(self, values: Mapping[str, str]):
-        return parse_schedule(self.settings(values)["schedule"])
-
     def versions(self) -> str:
         import torch
         import transformers

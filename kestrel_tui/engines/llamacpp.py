@@ -344,9 +344,6 @@ class LlamaCppEngine(Engine):
         text = self._error if self._error is not None else self._log[-1] if self._log else None
         return f" ({inert(' '.join(text.split()))})" if text and text.strip() else ""
 
-    def schedule(self, values: Mapping[str, str]):
-        return parse_schedule(self.settings(values)["schedule"])
-
     def settings(self, values: Mapping[str, str]) -> dict[str, str]:
         out = dict(self.options)
         for t in self.toggles:

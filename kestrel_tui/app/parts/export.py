@@ -1,11 +1,12 @@
 """Export (x): a snapshot of what the screen shows in a new folder (app/export.py): both dumps,
 report.json and the SVG screenshot. The screenshot is taken on the UI thread; the files are written
-in a worker, which the sweep screen's export uses too."""
+in a worker. The sweep and mismatch views export through export_view and view_export_done."""
 from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from typing import Any, Protocol
 
 from textual.binding import Binding
 
@@ -33,6 +34,48 @@ def export(folder: Path, svg: str, write: Callable[[], None], post) -> None:
         post(ExportDone(str(folder), e))
         return
     post(ExportDone(str(final)))
+
+
+class View(Protocol):
+    """A screen with an export of its own (the sweep and mismatch views), as export_view sees it."""
+    app: Any  # the KestrelApp: its export_dir and export_screenshot
+    exporting: bool
+    last_export: Path | None
+
+    def set_status(self, text: str) -> None: ...  # shows outside text inert
+
+    def notify(self, message: str, **kw: Any) -> None: ...
+
+    def run_worker(self, work: Callable[[], None], **kw: Any) -> Any: ...
+
+    def post_message(self, message: Any) -> bool: ...
+
+
+def export_view(view: View, write: Callable[[Path], None], name: str) -> None:
+    """A view's export: a new folder under the app's exports, the screenshot taken now, then `write(folder)`
+    and publishing in a thread worker whose ExportDone goes back to the view (view_export_done)."""
+    app = view.app
+    try:
+        folder = new_export_dir(app.export_dir).resolve()  # shown in full: it is where to look
+    except OSError as e:
+        view.notify(f"{app.export_dir}: {e.strerror or e}", title="export failed", severity="error", markup=False)
+        return
+    view.exporting = True
+    svg = app.export_screenshot()
+    view.set_status(f"exporting to {final_name(folder)}…")
+    view.run_worker(partial(export, folder, svg, partial(write, folder), view.post_message),
+                    thread=True, group="export", name=name, exit_on_error=False)
+
+
+def view_export_done(view: View, m: ExportDone) -> None:
+    view.exporting = False
+    if m.error is not None:
+        view.set_status(f"export failed: {one_line(m.error)} (the unfinished export is {m.path})")
+        view.notify(one_line(m.error), title="export failed", severity="error", markup=False)
+        return
+    view.last_export = Path(m.path)
+    view.set_status(f"exported to {m.path}")
+    view.notify(m.path, title="exported", timeout=8, markup=False)
 
 
 class Export(Part):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-from functools import partial
 from pathlib import Path
 
 from rich.table import Table
@@ -30,10 +29,10 @@ from ...text import inert
 from ...trace.compare import Tolerance
 from ...trace.keys import logits_key, parse_key
 from ...trace.logprobs import CLIP_BANDS, RunMismatch
-from ..export import final_name, json_safe, new_export_dir
+from ..export import json_safe
 from ..messages import message
 from ..parts.base import one_line
-from ..parts.export import ExportDone, export
+from ..parts.export import ExportDone, export_view, view_export_done
 from ..widgets.histogram import Histogram, histogram_bins, histogram_svg
 MISMATCH_JSON, MISMATCH_SVG = "mismatch.json", "mismatch.svg"
 NO_LOGITS = "no logprob mismatch: a side reports no logits (hash-only or dump engines score no token)"
@@ -202,32 +201,17 @@ class MismatchScreen(Screen):
 
     # ---- export
 
+    def set_status(self, text: str) -> None:
+        self.query_one("#mismatch-status", Label).update(inert(text))
+
     def action_export(self) -> None:
         m = self.mismatch
         if m is None or self.exporting:
             self.notify(NO_LOGITS if not self.computing and not self.exporting else
                         "wait: the mismatch is being computed or exported", severity="warning", markup=False)
             return
-        try:
-            folder = new_export_dir(self.app.export_dir).resolve()
-        except OSError as e:
-            self.notify(f"{self.app.export_dir}: {e.strerror or e}", title="export failed", severity="error",
-                        markup=False)
-            return
-        self.exporting = True
-        svg = self.app.export_screenshot()
-        self.query_one("#mismatch-status", Label).update(inert(f"exporting to {final_name(folder)}…"))
         title = self.title_text()
-        self.run_worker(partial(export, folder, svg, lambda: write_mismatch(folder, m, title), self.post_message),
-                        thread=True, group="export", name="mismatch export", exit_on_error=False)
+        export_view(self, lambda folder: write_mismatch(folder, m, title), "mismatch export")
 
     def on_export_done(self, m: ExportDone) -> None:
-        self.exporting = False
-        status = self.query_one("#mismatch-status", Label)
-        if m.error is not None:
-            status.update(inert(f"export failed: {one_line(m.error)} (the unfinished export is {m.path})"))
-            self.notify(one_line(m.error), title="export failed", severity="error", markup=False)
-            return
-        self.last_export = Path(m.path)
-        status.update(inert(f"exported to {m.path}"))
-        self.notify(m.path, title="exported", timeout=8, markup=False)
+        view_export_done(self, m)

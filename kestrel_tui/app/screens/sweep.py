@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Sequence
-from functools import partial
 from pathlib import Path
 
 from textual.app import ComposeResult
@@ -22,8 +21,7 @@ from ...session.session import RunSettings, Session
 from ...session.sweep import COLUMNS, SweepResult, SweepRow, format_nmse, kinds, sweep
 from ...text import inert
 from ...trace.compare import Tolerance
-from ..export import final_name, new_export_dir
-from ..parts.export import ExportDone, export
+from ..parts.export import ExportDone, export_view, view_export_done
 from ..widgets.chart import Chart, Point, chart_svg
 from .table import TableScreen
 
@@ -74,12 +72,12 @@ class SweepScreen(TableScreen):
         self.lock = lock or threading.Lock()
         self.rows: list[SweepRow] = []
         self.result: SweepResult | None = None
-        self._exporting = False
+        self.exporting = False
         self.last_export: Path | None = None
 
     @property
     def busy(self) -> bool:
-        return self.running or self._exporting
+        return self.running or self.exporting
 
     def compose_under_table(self) -> ComposeResult:
         yield Chart(CHART_TITLE, id="sweep-chart")
@@ -129,28 +127,11 @@ class SweepScreen(TableScreen):
     # ---- export
 
     def action_export(self) -> None:
-        if self.result is None or self._exporting:
+        result = self.result
+        if result is None or self.exporting:
             self.notify("nothing finished to export yet: wait for the sweep", severity="warning", markup=False)
             return
-        try:
-            folder = new_export_dir(self.app.export_dir).resolve()
-        except OSError as e:
-            self.notify(f"{self.app.export_dir}: {e.strerror or e}", title="export failed", severity="error",
-                        markup=False)
-            return
-        self._exporting = True
-        svg = self.app.export_screenshot()
-        self.set_status(f"exporting to {final_name(folder)}…")
-        result = self.result
-        self.run_worker(partial(export, folder, svg, lambda: write_sweep(folder, result), self.post_message),
-                        thread=True, group="export", name="sweep export", exit_on_error=False)
+        export_view(self, lambda folder: write_sweep(folder, result), "sweep export")
 
     def on_export_done(self, m: ExportDone) -> None:
-        self._exporting = False
-        if m.error is not None:
-            self.set_status(f"export failed: {m.error} (the unfinished export is {m.path})")
-            self.notify(str(m.error), title="export failed", severity="error", markup=False)
-            return
-        self.last_export = Path(m.path)
-        self.set_status(f"exported to {m.path}")
-        self.notify(m.path, title="exported", timeout=8, markup=False)
+        view_export_done(self, m)
