@@ -30,18 +30,18 @@
 //                        bytes runs FNV-1a once, from its true state, and adds
 //                        its term of the closed-form fold (below) to the key's
 //                        hash with a 64-bit atomicAdd.
-//   fnv_scan             one launch, one block a key of up to SCAN_MAX bytes (what
-//                        the backend uses for every such key: a step's keys but the
-//                        logits of a large vocabulary), ~1/5 of fnv_states' work:
-//                        the low 8 bits of the state are a T-function of the bytes
-//                        (bit j of s' depends only on bits 0..j of s ^ b), so
-//                        bit j of the state before every byte is a prefix XOR over
-//                        the key once bits 0..j-1 are known,
-//                            s'_j = s_j ^ b_j ^ bit_j(((s ^ b) & (2^j - 1)) * 0xb3),
-//                        eight block-wide XOR scans give every byte's true state
-//                        with no 256 starts; then each thread runs FNV-1a over its
-//                        SCAN_SEG bytes from its true start and adds its term of
-//                        fnv_chunks' closed-form sum (one block sum, no atomics).
+//   fnv_scan             one launch, a block a SCAN_MAX-byte segment of a key (what
+//                        the backend uses), ~1/5 of fnv_states' work: the low 8 bits
+//                        of the state are a T-function of the bytes (bit j of s'
+//                        depends only on bits 0..j of s ^ b), so bit j of the state
+//                        before every byte is a prefix XOR over the key once bits
+//                        0..j-1 are known,
+//                            s'_j = s_j ^ b_j ^ bit_j(((s ^ b) & (2^j - 1)) * 0xb3);
+//                        eight XOR scans (block-wide, and across a key's segments by
+//                        a look-back) give every byte's true state with no 256
+//                        starts; then each thread runs FNV-1a over its SCAN_SEG
+//                        bytes from its true start and adds its term of fnv_chunks'
+//                        closed-form sum.
 // The powers of P are precomputed on the host. The ticket counters reset
 // themselves, so the scratch needs zeroing once, at allocation.
 #include "common.cuh"
@@ -300,28 +300,46 @@ extern "C" __global__ void fnv_chunks(const unsigned char *__restrict__ base, co
   }
 }
 
-// ------------------------------------------------------------ one block a key
+// ------------------------------------------------------------ a block a segment
 
 static_assert(SCAN_SEG == 32, "a thread's bytes are the bits of one word in the scans");
+#define SCAN_MAX (SCAN_THREADS * SCAN_SEG)
+#define SCAN_WARPS (SCAN_THREADS / 32)
 
-// grid = the keys of the list, block SCAN_THREADS. key i is scan_len[i] bytes (a multiple of 4,
-// at most SCAN_MAX) at base + scan_off[i] (a multiple of 4); its hash goes to out[scan_key[i]].
+// grid = the list's segments: each key cut into SCAN_MAX-byte segments (its last one shorter; an
+// empty key one empty segment), block SCAN_THREADS. Segment g: seg_len[g] bytes (a multiple of
+// 4) at base + seg_off[g] (a multiple of 4), of key seg_key[g] (its hash goes to out[seg_key[g]]),
+// whose segments are seg_first[g] .. + seg_n[g] - 1; seg_pow[g] = P^(bytes after it in its key).
 // pow_seg[n] = P^(SCAN_SEG*n) (n < SCAN_THREADS), pow_word[n] = P^(4n) (n <= SCAN_SEG/4).
-// A thread takes bytes [SCAN_SEG*tid, +SCAN_SEG); each 4-byte word is held as two registers of
-// 16-bit lanes (even bytes, odd bytes), so one 32-bit multiply by 0xb3 steps two bytes'
-// states (255 * 0xb3 < 2^16: no carry crosses a lane).
+// A thread takes SCAN_SEG bytes of its segment; each 4-byte word is held as two registers of
+// 16-bit lanes (even bytes, odd bytes), so one 32-bit multiply by 0xb3 steps two bytes' states
+// (255 * 0xb3 < 2^16: no carry crosses a lane).
+// A key of several segments: in each round a segment's block publishes its parity to agg and
+// adds those of the key's earlier segments (a decoupled look-back), then the last block of the
+// key (ticket) adds the segments' partial sums. Blocks take their segment in the order they
+// start (a ticket from `counter`), so a block only ever waits on blocks already running; the
+// flags carry the launch's epoch, so the scratch is zeroed once, at allocation, and never reset.
 extern "C" __global__ void __launch_bounds__(SCAN_THREADS)
-    fnv_scan(const unsigned char *__restrict__ base, const int *__restrict__ scan_key,
-             const unsigned long long *__restrict__ scan_off, const int *__restrict__ scan_len,
-             const unsigned long long *__restrict__ pow_seg, const unsigned long long *__restrict__ pow_word,
-             unsigned long long *__restrict__ out) {
+    fnv_scan(const unsigned char *__restrict__ base, const int *__restrict__ seg_key,
+             const unsigned long long *__restrict__ seg_off, const int *__restrict__ seg_len,
+             const int *__restrict__ seg_first, const int *__restrict__ seg_n,
+             const unsigned long long *__restrict__ seg_pow, const unsigned long long *__restrict__ pow_seg,
+             const unsigned long long *__restrict__ pow_word, unsigned *__restrict__ agg,
+             unsigned long long *__restrict__ partial, unsigned *__restrict__ tickets,
+             unsigned long long *__restrict__ counter, unsigned long long *__restrict__ out) {
   pdl_wait();
-  __shared__ unsigned wpar[2][SCAN_THREADS / 32];
-  __shared__ unsigned long long wsum[SCAN_THREADS / 32];
-  const int i = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int len = scan_len[i];
+  __shared__ unsigned wpar[2][SCAN_WARPS], carry[2];
+  __shared__ unsigned long long wsum[SCAN_WARPS], s_ticket;
+  __shared__ int is_last;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  if (tid == 0) s_ticket = atomicAdd(counter, 1ull);
+  __syncthreads();
+  const int g = (int)(s_ticket % gridDim.x);
+  const unsigned epoch = (unsigned)((s_ticket / gridDim.x + 1) & 0x7FFFFFFFu);
+  const int first = seg_first[g], n = seg_n[g], q = g - first, k = seg_key[g];
+  const int len = seg_len[g];
   const int my = min(SCAN_SEG, max(0, len - tid * SCAN_SEG));  // this thread's bytes
-  const unsigned *src = (const unsigned *)(base + scan_off[i] + (size_t)tid * SCAN_SEG);
+  const unsigned *src = (const unsigned *)(base + seg_off[g] + (size_t)tid * SCAN_SEG);
   constexpr int NW = SCAN_SEG / 4;
   unsigned be[NW], bo[NW], se[NW], so[NW];
 #pragma unroll
@@ -332,12 +350,12 @@ extern "C" __global__ void __launch_bounds__(SCAN_THREADS)
     se[r] = so[r] = 0u;
   }
   const unsigned live = my == 32 ? 0xFFFFFFFFu : (1u << my) - 1u;  // bytes past the key add no term
-  // a warp wholly past the key (a short key's block) only keeps the barriers
+  // a warp wholly past the segment's end (a short key's block) only keeps the barriers
   const bool idle = warp * 32 * SCAN_SEG >= len;
 #pragma unroll
   for (int j = 0; j < 8; j++) {
     const unsigned mj = ((1u << j) - 1u) * 0x00010001u;
-    unsigned t = 0u;  // bit k: t_k = b_j ^ bit_j(((s ^ b) & (2^j - 1)) * 0xb3) of byte k
+    unsigned t = 0u;  // bit i: t_i = b_j ^ bit_j(((s ^ b) & (2^j - 1)) * 0xb3) of byte i
     if (!idle) {
 #pragma unroll
       for (int r = 0; r < NW; r++) {
@@ -353,10 +371,27 @@ extern "C" __global__ void __launch_bounds__(SCAN_THREADS)
     const unsigned bal = __ballot_sync(FULL_MASK, t >> 31);
     if (lane == 0) wpar[j & 1][warp] = __popc(bal) & 1u;
     __syncthreads();  // (double-buffered: round j+2 writes this row after round j+1's barrier)
-    const unsigned wbal = __ballot_sync(FULL_MASK, lane < SCAN_THREADS / 32 && wpar[j & 1][lane]);
-    const unsigned c = (__popc(bal & ((1u << lane) - 1u)) + __popc(wbal & ((1u << warp) - 1u)) +
-                        (unsigned)(FNV_OFFSET >> j)) & 1u;
-    const unsigned e = (t << 1) ^ (0u - c);  // bit k: bit j of the state before byte k
+    const unsigned wbal = __ballot_sync(FULL_MASK, lane < SCAN_WARPS && wpar[j & 1][lane]);
+    unsigned cin = (unsigned)(FNV_OFFSET >> j) & 1u;  // the state's bit j before the key
+    if (n > 1) {  // block-uniform: publish this segment's parity, add the earlier segments'
+      if (warp == 0) {
+        if (lane == 0) atomicExch(agg + (size_t)g * 8 + j, epoch << 1 | (__popc(wbal) & 1u));
+        unsigned x = 0u;
+        for (int p = lane; p < q; p += 32) {
+          const volatile unsigned *a = agg + (size_t)(first + p) * 8 + j;
+          unsigned w;
+          while (((w = *a) >> 1) != epoch) {
+          }
+          x ^= w & 1u;
+        }
+        x = __popc(__ballot_sync(FULL_MASK, x)) & 1u;
+        if (lane == 0) carry[j & 1] = x;
+      }
+      __syncthreads();
+      cin ^= carry[j & 1];
+    }
+    const unsigned c = (__popc(bal & ((1u << lane) - 1u)) + __popc(wbal & ((1u << warp) - 1u)) + cin) & 1u;
+    const unsigned e = (t << 1) ^ (0u - c);  // bit i: bit j of the state before byte i
     if (!idle) {
 #pragma unroll
       for (int r = 0; r < NW; r++) {
@@ -367,25 +402,45 @@ extern "C" __global__ void __launch_bounds__(SCAN_THREADS)
     }
   }
   // FNV-1a from the true start (the offset basis for the key's first bytes), closed-form term
-  const int nseg = (len + SCAN_SEG - 1) / SCAN_SEG, last = len - (nseg - 1) * SCAN_SEG;
+  const int nsg = (len + SCAN_SEG - 1) / SCAN_SEG, last = len - (nsg - 1) * SCAN_SEG;
+  const bool basis = q == 0 && tid == 0;
   const unsigned s0 = se[0] & 255u;
-  unsigned long long h = tid == 0 ? FNV_OFFSET : (unsigned long long)s0;
+  unsigned long long h = basis ? FNV_OFFSET : (unsigned long long)s0;
 #pragma unroll
   for (int r = 0; r < NW; r++)
     if (4 * r < my) h = fnv_word(h, be[r] | (bo[r] << 8), 4);
   unsigned long long term = 0;
-  if (tid == 0 || my > 0) {
-    term = tid == 0 ? h : h - (unsigned long long)s0 * pow_word[my / 4];
-    if (tid < nseg - 1) term *= pow_seg[nseg - 2 - tid] * pow_word[last / 4];
+  if (basis || my > 0) {
+    term = basis ? h : h - (unsigned long long)s0 * pow_word[my / 4];
+    if (tid < nsg - 1) term *= pow_seg[nsg - 2 - tid] * pow_word[last / 4];
+    term *= seg_pow[g];
   }
 #pragma unroll
   for (int off = 16; off >= 1; off >>= 1) term += __shfl_xor_sync(FULL_MASK, term, off);
   if (lane == 0) wsum[warp] = term;
   __syncthreads();
-  if (warp == 0) {
-    unsigned long long v = lane < SCAN_THREADS / 32 ? wsum[lane] : 0ull;
+  if (warp != 0) return;
+  unsigned long long v = lane < SCAN_WARPS ? wsum[lane] : 0ull;
 #pragma unroll
-    for (int off = 16; off >= 1; off >>= 1) v += __shfl_xor_sync(FULL_MASK, v, off);
-    if (lane == 0) out[scan_key[i]] = v;
+  for (int off = 16; off >= 1; off >>= 1) v += __shfl_xor_sync(FULL_MASK, v, off);
+  if (n == 1) {
+    if (lane == 0) out[k] = v;
+    return;
+  }
+  if (lane == 0) {
+    partial[g] = v;
+    __threadfence();
+    is_last = atomicAdd(tickets + k, 1u) == (unsigned)(n - 1);
+  }
+  __syncwarp();
+  if (!is_last) return;
+  __threadfence();  // see every other segment's partial sum
+  unsigned long long sum = 0;
+  for (int p = lane; p < n; p += 32) sum += ((volatile unsigned long long *)partial)[first + p];
+#pragma unroll
+  for (int off = 16; off >= 1; off >>= 1) sum += __shfl_xor_sync(FULL_MASK, sum, off);
+  if (lane == 0) {
+    out[k] = sum;
+    tickets[k] = 0;  // ready for the next launch
   }
 }

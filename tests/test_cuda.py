@@ -56,11 +56,12 @@ def test_device_fnv_equals_host(rt):
     from kestrel_tui.backends.cuda.backend import device_hash_work, launch_hash
     from kestrel_tui.backends.cuda.layout import HashWork
 
-    from kestrel_tui.backends.cuda.layout import SCAN_MAX
+    from kestrel_tui.backends.cuda.layout import HASH_SCAN_MAX, SCAN_MAX
 
     rng = np.random.default_rng(7)
     lengths = [0, 4, 8, 28, 32, 36, 2044, 2048, 2052, 4096, 10_000, SCAN_MAX - 4, SCAN_MAX, SCAN_MAX + 4, 600_000,
-               2048 * 17 + 4, *(rng.integers(1, SCAN_MAX // 4, 40) * 4)]
+               2048 * 17 + 4, 2 * SCAN_MAX + 36, *(rng.integers(1, SCAN_MAX // 4, 40) * 4),
+               *(rng.integers(SCAN_MAX // 4, 20 * SCAN_MAX // 4, 8) * 4)]
     spans, off = [], 0
     for n in lengths:
         spans.append((off, n))
@@ -70,9 +71,10 @@ def test_device_fnv_equals_host(rt):
     want = [fnv1a64(data[o:o + n].tobytes()) for o, n in spans]
     with rt.active():
         base = cuda.to_device(data)
-        for onepass, scan_max in ((False, 0), (True, 0), (False, SCAN_MAX), (True, 2048)):
+        # every span in chunks (two launches, or one), every span by fnv_scan, the short ones by it
+        for onepass, scan_max in ((False, 0), (True, 0), (False, HASH_SCAN_MAX), (True, 2048), (False, SCAN_MAX)):
             hb = device_hash_work(cuda, HashWork(spans, scan_max=scan_max), onepass=onepass)
-            for _ in range(2):  # the second launch checks that the tickets reset themselves
+            for _ in range(3):  # later launches: the tickets reset themselves, the flags' epochs move on
                 launch_hash(rt, hb, int(base))
                 out = np.empty(len(spans), np.uint64)
                 cuda.memcpy_dtoh(out, hb["ptr"]["out"])

@@ -190,7 +190,7 @@ def test_step_wiring_against_fake_driver(monkeypatch, weights, kv, deep, exact):
 
     fake = _FakeRuntime()
     monkeypatch.setattr(be, "runtime", lambda: fake)
-    # a vocabulary whose logits pass fnv_scan's span limit: the logits hashed in chunks
+    # a vocabulary whose logits are two of fnv_scan's segments
     cfg = replace(default_config().with_layers(2), vocab=5000) if weights == "q4_0" else default_config().with_layers(2)
     model = synthetic_model(cfg, weights)
     sub = cuda_pkg.make_cuda_backend(model, kv=kv, exact=parse_exact(exact), deep=deep)
@@ -207,12 +207,9 @@ def test_step_wiring_against_fake_driver(monkeypatch, weights, kv, deep, exact):
             assert (s_col[key].shape, s_col[key].dtype) == (r_col[key].shape, r_col[key].dtype), key
     assert list(s_iso.hashes[0]) == token_keys(3, 2, deep)
     assert s_out.logits.shape == r_out.logits.shape
-    # two steps, each: the body keys (on the hash stream, a block a key) and the logits (in chunks
-    # where they pass fnv_scan's limit)
-    chunked = cfg.vocab * 4 > SCAN_MAX
-    assert fake.kernels["fnv_scan"].calls == (2 if chunked else 4)
-    assert fake.kernels["fnv_states"].calls == fake.kernels["fnv_chunks"].calls == 2 if chunked else \
-        "fnv_states" not in fake.kernels
+    # two steps, each: the body keys (on the hash stream) and the logits, all by fnv_scan
+    assert fake.kernels["fnv_scan"].calls == 4 and not {"fnv_states", "fnv_chunks"} & set(fake.kernels)
+    assert -(-cfg.vocab * 4 // SCAN_MAX) == (2 if weights == "q4_0" else 1)
 
 
 class _FakeLibcuda:

@@ -26,8 +26,7 @@ import numpy as np
 import pytest
 
 from kestrel_tui.backends.cuda.launches import SCAN_SEG, SCAN_THREADS
-from kestrel_tui.backends.cuda.layout import (FNV_PRIME, HASH_CHUNK, HASH_PIECE, SCAN_MAX, SCAN_POW_SEG, SCAN_POW_WORD,
-                                              HashWork, Layout)
+from kestrel_tui.backends.cuda.layout import FNV_PRIME, HASH_CHUNK, HASH_PIECE, HASH_SCAN_MAX, SCAN_MAX, HashWork, Layout
 from kestrel_tui.backends.cuda.runtime import KERNEL_DIR, MODULES, nvcc_options
 from kestrel_tui.backends.cuda.selfcheck import replica_inputs
 from kestrel_tui.backends.cuda.weights import device_q4_0
@@ -272,10 +271,11 @@ def _fold_two_pass(work, arena: bytes) -> list[int]:
     return out
 
 
-def _scan_one(data: bytes) -> int:
-    """fnv_scan of one span in numpy, a row per thread: the eight XOR scans of the low state
-    bits over words held as two registers of 16-bit lanes, then each thread's FNV-1a term."""
-    mask, u = (1 << 64) - 1, np.uint32
+def _scan_segment(data: bytes, carry: list[int]) -> tuple[list[int], list[int]]:
+    """One fnv_scan block in numpy, a row per thread: the eight XOR scans of the low state bits
+    over words held as two registers of 16-bit lanes, carry[j] the XOR of the key's earlier
+    segments' round-j parities. Returns the threads' start states and the segment's parities."""
+    u = np.uint32
     buf = np.zeros(SCAN_MAX, np.uint8)
     buf[:len(data)] = np.frombuffer(data, np.uint8)
     w = buf.view("<u4").reshape(SCAN_THREADS, SCAN_SEG // 4)
@@ -283,6 +283,7 @@ def _scan_one(data: bytes) -> int:
     live = np.array([(1 << int(n)) - 1 for n in my], np.uint32)
     be, bo = w & u(0x00FF00FF), (w >> u(8)) & u(0x00FF00FF)
     se, so = np.zeros_like(w), np.zeros_like(w)
+    parities = []
     for j in range(8):
         mj, t = u(((1 << j) - 1) * 0x00010001), np.zeros(SCAN_THREADS, np.uint32)
         for r in range(SCAN_SEG // 4):
@@ -293,43 +294,67 @@ def _scan_one(data: bytes) -> int:
         for sh in (1, 2, 4, 8, 16):
             t ^= t << u(sh)
         par = (t >> u(31)).astype(np.int64)
-        c = (np.cumsum(par) - par + ((OFFSET_BASIS >> j) & 1)) & 1
+        parities.append(int(par.sum() & 1))
+        c = (np.cumsum(par) - par + ((OFFSET_BASIS >> j) & 1) + carry[j]) & 1
         e = (t << u(1)) ^ (u(0) - c.astype(np.uint32))
         for r in range(SCAN_SEG // 4):
             e4 = e >> u(4 * r)
             se[:, r] |= ((e4 & u(1)) | ((e4 & u(4)) << u(14))) << u(j)
             so[:, r] |= (((e4 >> u(1)) & u(1)) | ((e4 & u(8)) << u(13))) << u(j)
-    nseg = -(-len(data) // SCAN_SEG)
-    last, total = len(data) - (nseg - 1) * SCAN_SEG, 0
-    for tid in range(max(1, nseg)):
-        s0 = int(se[tid, 0] & 255)
-        h = OFFSET_BASIS if tid == 0 else s0
-        for b in data[tid * SCAN_SEG:tid * SCAN_SEG + int(my[tid])]:
-            h = ((h ^ b) * FNV_PRIME) & mask
-        term = h if tid == 0 else (h - s0 * int(SCAN_POW_WORD[int(my[tid]) // 4])) & mask
-        if tid < nseg - 1:
-            term = term * int(SCAN_POW_SEG[nseg - 2 - tid]) * int(SCAN_POW_WORD[last // 4]) & mask
-        total = (total + term) & mask
-    return total
+    return (se[:, 0] & u(255)).tolist(), parities
+
+
+def _fold_scan(work, arena: bytes, out: list[int]) -> None:
+    """fnv_scan over a work list's segments, a key's in order (the look-back's carries), each
+    thread's FNV-1a term with the kernel's powers of P; the key's sum into out."""
+    mask = (1 << 64) - 1
+    carry = {}
+    for g in range(work.n_seg):
+        k, first, ln = int(work.seg_key[g]), int(work.seg_first[g]), int(work.seg_len[g])
+        off = int(work.seg_off[g])
+        data = arena[off:off + ln]
+        if g == first:
+            carry[k], out[k] = [0] * 8, 0
+        starts, parities = _scan_segment(data, carry[k])
+        carry[k] = [c ^ p for c, p in zip(carry[k], parities)]
+        nsg = -(-ln // SCAN_SEG)
+        last = ln - (nsg - 1) * SCAN_SEG
+        for tid in range(max(1, nsg)):
+            my = max(0, min(SCAN_SEG, ln - tid * SCAN_SEG))
+            basis = g == first and tid == 0
+            h = OFFSET_BASIS if basis else starts[tid]
+            for b in data[tid * SCAN_SEG:tid * SCAN_SEG + my]:
+                h = ((h ^ b) * FNV_PRIME) & mask
+            if not (basis or my):
+                continue
+            term = h if basis else (h - starts[tid] * int(work.pow_word[my // 4])) & mask
+            if tid < nsg - 1:
+                term = term * int(work.pow_seg[nsg - 2 - tid]) * int(work.pow_word[last // 4]) & mask
+            out[k] = (out[k] + term * int(work.seg_pow[g])) & mask
 
 
 def _fold(work, arena: bytes, chunks=None) -> list[int]:
-    """A work list's hashes: its scan spans by _scan_one, the chunked ones by `chunks` (by default
-    _fold_two_pass)."""
+    """A work list's hashes: its fnv_scan keys by _fold_scan, the chunked ones by `chunks` (by
+    default _fold_two_pass)."""
     out = (chunks or _fold_two_pass)(work, arena)
-    for k, off, n in zip(work.scan_key, work.scan_off, work.scan_len):
-        out[int(k)] = _scan_one(arena[int(off):int(off) + int(n)])
+    _fold_scan(work, arena, out)
     return out
 
 
 def test_scan_hash_is_fnv1a64_at_every_edge():
-    """fnv_scan's arithmetic (its numpy replica) on lengths at each edge of a thread's bytes and of
-    the block, on random, zero and all-ones bytes (the low state runs through other values)."""
+    """fnv_scan's arithmetic (its numpy replica) on lengths at each edge of a thread's bytes, of
+    the block and of a key's segments, on random, zero and all-ones bytes (the low state runs
+    through other values)."""
     rng = np.random.default_rng(11)
-    lengths = [0, 4, 28, 32, 36, 64, 1020, 1024, 1028, SCAN_MAX - 4, SCAN_MAX, *rng.integers(1, SCAN_MAX // 4, 6) * 4]
-    for n in lengths:
-        for data in (rng.integers(0, 256, int(n), dtype=np.uint8).tobytes(), bytes(int(n)), b"\xff" * int(n)):
-            assert _scan_one(data) == fnv1a64(data), n
+    lengths = [0, 4, 28, 32, 36, 64, 1020, 1024, 1028, SCAN_MAX - 4, SCAN_MAX, SCAN_MAX + 4, 2 * SCAN_MAX + 36,
+               *rng.integers(1, SCAN_MAX // 4, 4) * 4, *rng.integers(SCAN_MAX // 4, SCAN_MAX, 2) * 4]
+    for fill in ("random", "zeros", "ones"):
+        arena = {"random": rng.integers(0, 256, sum(lengths), dtype=np.uint8).tobytes(), "zeros": bytes(sum(lengths)),
+                 "ones": b"\xff" * sum(lengths)}[fill]
+        spans = [(sum(lengths[:i]), int(n)) for i, n in enumerate(lengths)]
+        work = HashWork(spans, scan_max=HASH_SCAN_MAX)
+        assert work.n_chunks == 0 and max(work.seg_n) == 3
+        assert _fold(work, arena) == [fnv1a64(arena[o:o + n]) for o, n in spans], fill
 
 
 def test_hash_work_list_folds_to_fnv1a64():
@@ -348,9 +373,9 @@ def test_hash_work_list_folds_to_fnv1a64():
     assert _fold_onepass(every, arena) == want
     assert _fold_two_pass(every, arena) == want
     assert max(every.key_n) == 3
-    # the split the backend hashes with (body keys on a second stream, then the logits), each key
-    # up to SCAN_MAX bytes by fnv_scan
-    assert lay.hash_body.n_scan == len(lay.body_index) and lay.hash_body.n_chunks == 0
+    # the split the backend hashes with (body keys on a second stream, then the logits), every key
+    # by fnv_scan
+    assert lay.hash_body.n_seg == len(lay.body_index) and lay.hash_body.n_chunks == 0
     body, logits = _fold(lay.hash_body, arena), _fold(lay.hash_logits, arena)
     assert np.array(body + logits, dtype=np.uint64)[lay.merge].tolist() == want
     assert len(logits) == lay.M
@@ -367,6 +392,6 @@ def test_two_pass_hash_on_odd_spans():
     want = [fnv1a64(arena[o:o + n]) for o, n in spans]
     assert _fold_two_pass(HashWork(spans), arena) == want
     mixed = HashWork(spans, scan_max=2048)  # the short spans by fnv_scan, the others in chunks
-    assert mixed.scan_key.tolist() == [0, 1, 2, 3, 4] and mixed.n_chunks == 3
+    assert mixed.seg_key.tolist() == [0, 1, 2, 3, 4] and mixed.n_chunks == 3
     assert _fold(mixed, arena) == _fold(mixed, arena, _fold_onepass) == want
 

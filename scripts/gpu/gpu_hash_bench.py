@@ -3,7 +3,7 @@ layout of a model (default: the full-size Qwen3-30B-A3B, M = 1): the body (every
 logits, on the hash stream while the final norm and lm_head run) and the logits (on the step's
 critical path), each hashed
 
-    scan        keys of up to SCAN_MAX bytes by fnv_scan, a block each (what the backend does)
+    scan        every key by fnv_scan, a block a SCAN_MAX-byte segment (what the backend does)
     chunks      every key in chunks: fnv_states + fnv_chunks (the backend before fnv_scan)
 
 over random bytes, checked against the host's FNV-1a 64 (trace.fnv) and timed with CUDA events
@@ -28,12 +28,12 @@ KERNELS = ("fnv_scan", "fnv_states", "fnv_chunks")
 
 
 def _launches(work, kernel: str) -> bool:
-    return work.n_scan > 0 if kernel == "fnv_scan" else work.n_chunks > 0
+    return work.n_seg > 0 if kernel == "fnv_scan" else work.n_chunks > 0
 
 
 def main() -> int:
     from kestrel_tui.backends.cuda.backend import device_hash_work, launch_hash
-    from kestrel_tui.backends.cuda.layout import SCAN_MAX, HashWork, Layout
+    from kestrel_tui.backends.cuda.layout import HASH_SCAN_MAX, HashWork, Layout
     from kestrel_tui.backends.cuda.runtime import runtime
     from kestrel_tui.model.config import qwen3_30b_a3b_config
     from kestrel_tui.trace.fnv import fnv1a64
@@ -54,7 +54,7 @@ def main() -> int:
         for which, idx in (("body", lay.body_index), ("logits", lay.logits_index)):
             spans = [lay.spans[i] for i in idx]
             want = [fnv1a64(arena[o:o + n].tobytes()) for o, n in spans]
-            for label, scan_max in (("scan", SCAN_MAX), ("chunks", 0)):
+            for label, scan_max in (("scan", HASH_SCAN_MAX), ("chunks", 0)):
                 work = HashWork(spans, scan_max=scan_max)
                 hb = device_hash_work(cuda, work)
                 launch_hash(rt, hb, int(base))
@@ -72,10 +72,10 @@ def main() -> int:
                         e1.synchronize()
                         times.append(e0.time_till(e1) * 1e3)
                     t = np.array(times)
-                    rows.append((which, label, part, len(spans), sum(n for _, n in spans), work.n_scan,
+                    rows.append((which, label, part, len(spans), sum(n for _, n in spans), work.n_seg,
                                  work.n_chunks, float(np.median(t)), float(t.min()), float(t.max()), bad))
     print(f"device: {rt.name}; {args.layers} layers, M = {args.m}; median of {args.reps} launches (CUDA events)")
-    print("| keys | version | kernels timed | spans | bytes | fnv_scan blocks | chunks | median µs | min | max |"
+    print("| keys | version | kernels timed | spans | bytes | fnv_scan segments | chunks | median µs | min | max |"
           " hashes wrong |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:

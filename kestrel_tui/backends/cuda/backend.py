@@ -62,9 +62,15 @@ def device_hash_work(cuda, work: HashWork, onepass: bool = False, out: int | Non
         hb["snap"], hb["start"] = cuda.mem_alloc(nc * 256 * (HASH_CHUNK // HASH_PIECE)), cuda.mem_alloc(nc)
     hb["tickets"] = cuda.mem_alloc(nk * 4)
     cuda.memset_d32(hb["tickets"], 0, nk)
+    # fnv_scan's: the segments' parity flags (8 rounds) and partial sums, the keys' tickets, the
+    # launch counter (zeroed once: the kernel tags its flags with the launch's epoch)
+    ns = max(1, work.n_seg)
+    for name, nbytes in (("agg", ns * 32), ("partial", ns * 8), ("seg_tickets", nk * 4), ("counter", 8)):
+        hb[name] = cuda.mem_alloc(nbytes)
+        cuda.memset_d32(hb[name], 0, nbytes // 4)
     hb["out"] = cuda.mem_alloc(nk * 8) if out is None else out
     hb["ptr"] = {name: int(a) for name, a in hb.items()}
-    hb["n_chunks"], hb["n_scan"] = work.n_chunks, work.n_scan
+    hb["n_chunks"], hb["n_seg"] = work.n_chunks, work.n_seg
     hb["onepass"] = onepass
     return hb
 
@@ -81,9 +87,10 @@ def launch_hash(rt, hb: dict, base: int, stream=None, launcher=None,
     launches (or one with onepass scratch); launcher: as launches.launch's. kernels: those to
     launch (scripts/gpu/gpu_hash_bench.py times them one by one)."""
     p, n = hb["ptr"], hb["n_chunks"]
-    if hb["n_scan"] and "fnv_scan" in kernels:
-        launch(rt.kernel("hash", "fnv_scan"), (hb["n_scan"], 1, 1), (SCAN_THREADS, 1, 1), stream, base,
-               p["scan_key"], p["scan_off"], p["scan_len"], p["pow_seg"], p["pow_word"], p["out"], launcher=launcher)
+    if hb["n_seg"] and "fnv_scan" in kernels:
+        launch(rt.kernel("hash", "fnv_scan"), (hb["n_seg"], 1, 1), (SCAN_THREADS, 1, 1), stream, base,
+               p["seg_key"], p["seg_off"], p["seg_len"], p["seg_first"], p["seg_n"], p["seg_pow"], p["pow_seg"],
+               p["pow_word"], p["agg"], p["partial"], p["seg_tickets"], p["counter"], p["out"], launcher=launcher)
     if not n:
         return
     if hb["onepass"]:

@@ -11,8 +11,8 @@ the per-step scratch reused by every layer.
 Isolate mode uploads the reference's buffers into a second arena with the
 same layout, so an op's input pointer is simply taken from the other arena.
 
-The hash work lists give each key of up to SCAN_MAX bytes a block of fnv_scan and cut the
-others into HASH_CHUNK-byte chunks (kernels/hash.cu); their layout depends only on M (and deep).
+The hash work lists give each key to fnv_scan, a block a SCAN_MAX-byte segment (kernels/hash.cu);
+their layout depends only on M (and deep).
 """
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ from .launches import SCAN_SEG, SCAN_THREADS
 HASH_CHUNK = 4096  # must equal kernels/hash.cu HASH_CHUNK
 HASH_PIECE = 256  # must equal kernels/hash.cu PIECE
 FNV_PRIME = 0x100000001B3
-SCAN_MAX = SCAN_THREADS * SCAN_SEG  # fnv_scan: spans up to this many bytes, a block each
+SCAN_MAX = SCAN_THREADS * SCAN_SEG  # fnv_scan: a block a segment of this many bytes
+HASH_SCAN_MAX = 1 << 40  # the backend's keys by fnv_scan: every key
 # fnv_scan's powers of P: of its threads' SCAN_SEG bytes, and of a word count up to a thread's
 SCAN_POW_SEG = np.array([pow(FNV_PRIME, SCAN_SEG * n, 1 << 64) for n in range(SCAN_THREADS)], np.uint64)
 SCAN_POW_WORD = np.array([pow(FNV_PRIME, 4 * n, 1 << 64) for n in range(SCAN_SEG // 4 + 1)], np.uint64)
@@ -39,23 +40,27 @@ F32, I8 = np.dtype(np.float32), np.dtype(np.int8)
 
 class HashWork:
     """The work lists of kernels/hash.cu for byte spans (offset, nbytes), one hash per span, out[k]
-    for span k: spans of up to `scan_max` bytes (at most SCAN_MAX; 0: none) for fnv_scan, a block each;
-    the others cut into chunks for fnv_states + fnv_chunks (or fnv1a64_keys). Offsets must be
-    multiples of 4."""
+    for span k: spans of up to `scan_max` bytes (0: none) for fnv_scan, cut into segments of
+    SCAN_MAX bytes (a block each); the others cut into chunks for fnv_states + fnv_chunks (or
+    fnv1a64_keys). Offsets must be multiples of 4."""
 
     def __init__(self, spans: list[tuple[int, int]], scan_max: int = 0):
-        if not 0 <= scan_max <= SCAN_MAX:
-            raise ValueError(f"scan_max {scan_max}: fnv_scan takes spans of up to {SCAN_MAX} bytes")
         chunk_key, chunk_off, chunk_len, key_first, key_n = [], [], [], [], []
-        scan_key, scan_off, scan_len = [], [], []
+        seg_key, seg_off, seg_len, seg_first, seg_n, seg_after = [], [], [], [], [], []
         spans = [(int(start), int(nbytes)) for start, nbytes in spans]
         for k, (start, nbytes) in enumerate(spans):
             if start % 4 or nbytes % 4:
                 raise ValueError(f"hash span ({start}, {nbytes}): offset and length must be multiples of 4")
             if scan_max and nbytes <= scan_max:
-                scan_key.append(k)
-                scan_off.append(start)
-                scan_len.append(nbytes)
+                n = max(1, -(-nbytes // SCAN_MAX))
+                for q in range(n):
+                    ln = min(SCAN_MAX, nbytes - q * SCAN_MAX)
+                    seg_key.append(k)
+                    seg_off.append(start + q * SCAN_MAX)
+                    seg_len.append(ln)
+                    seg_first.append(len(seg_key) - 1 - q)
+                    seg_n.append(n)
+                    seg_after.append(nbytes - q * SCAN_MAX - ln)
                 key_first.append(0)
                 key_n.append(0)
                 continue
@@ -95,15 +100,19 @@ class HashWork:
         self.key_n = np.array(key_n, np.int32)
         self.n_chunks = len(chunk_key)
         self.n_keys = len(spans)
-        self.scan_key = np.array(scan_key, np.int32)
-        self.scan_off = np.array(scan_off, np.uint64)
-        self.scan_len = np.array(scan_len, np.int32)
-        self.n_scan = len(scan_key)
+        self.seg_key = np.array(seg_key, np.int32)
+        self.seg_off = np.array(seg_off, np.uint64)
+        self.seg_len = np.array(seg_len, np.int32)
+        self.seg_first = np.array(seg_first, np.int32)
+        self.seg_n = np.array(seg_n, np.int32)
+        after_pow = {n: pow(FNV_PRIME, n, 1 << 64) for n in set(seg_after)}
+        self.seg_pow = np.array([after_pow[n] for n in seg_after], np.uint64)
+        self.n_seg = len(seg_key)
         self.pow_seg = SCAN_POW_SEG
         self.pow_word = SCAN_POW_WORD
 
     ARRAYS = ("chunk_key", "chunk_off", "chunk_len", "chunk_pow", "key_first", "key_n", "piece_pow", "piece_spow",
-              "scan_key", "scan_off", "scan_len", "pow_seg", "pow_word")
+              "seg_key", "seg_off", "seg_len", "seg_first", "seg_n", "seg_pow", "pow_seg", "pow_word")
 
 
 @dataclass(frozen=True)
@@ -169,7 +178,7 @@ class Layout:
         w = self._work.get(which)
         if w is None:
             idx = {"body": self.body_index, "logits": self.logits_index}[which]
-            w = self._work[which] = HashWork([self.spans[i] for i in idx], scan_max=SCAN_MAX)
+            w = self._work[which] = HashWork([self.spans[i] for i in idx], scan_max=HASH_SCAN_MAX)
         return w
 
     @property
