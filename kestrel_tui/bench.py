@@ -141,9 +141,10 @@ def run_bench_cuda(args: argparse.Namespace, config) -> int:
               f" (device copy, read + write)")
     for label, v in (("fast", fast), ("exact", exact)):
         t.add_row(f"{label} step", f"{v['graph_ms']:.3f}", f"{v['graph_ms'] / floor_ms:.2f}x the floor"
-                  + ("; target <= 3x" if label == "fast" else f"; {r['exact_over_fast']:.2f}x fast, target <= 1.2x"))
+                  + (f"; target <= {perf.TARGET_FLOOR_X:g}x" if label == "fast" else
+                     f"; {r['exact_over_fast']:.2f}x fast, target <= {perf.TARGET_EXACT_OVER_FAST:g}x"))
         t.add_row(f"  {label} without hashing", f"{v['graph_nohash_ms']:.3f}",
-                  f"hashing {100 * v['hash_overhead']:.1f}% of the step; target <= 5%")
+                  f"hashing {100 * v['hash_overhead']:.1f}% of the step; target <= {100 * perf.TARGET_HASH_SHARE:g}%")
         t.add_row(f"  {label}, kernels launched one by one", f"{v['direct_ms']:.3f}",
                   f"launch overhead {100 * v['launch_share']:.0f}% of that; the graph has {v['graph_nodes']} nodes")
     console.print(t)

@@ -22,6 +22,10 @@ import time
 import numpy as np
 
 Q4_BLOCK_BYTES = 18  # 32 weights: 16 bytes of nibbles + an f16 scale
+# the decode-speed targets the figures are read against (results/gpu-h200-speed.md): fast within
+# FLOOR_X times the bandwidth floor, exact at most EXACT_OVER_FAST times fast, hashing at most
+# HASH_SHARE of a step
+TARGET_FLOOR_X, TARGET_EXACT_OVER_FAST, TARGET_HASH_SHARE = 3.0, 1.10, 0.03
 
 
 def q4_bytes(rows: int, cols: int) -> int:
