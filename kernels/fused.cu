@@ -220,10 +220,11 @@ DOWN_COMBINE_KERNEL(fast, false)
 // warps 0..7 the gate rows and warps 8..15 the same rows of up, EXPERT_ROWS a warp, each by
 // q4_expert_rows as gemv_q4_experts computes it (gemm toggle: the name): the launch has as
 // many warps as the unfused one, each with its rows' weight loads issued together (a warp
-// doing gate then up would wait on memory twice). Then warp 0 takes the 32 (g, u) pairs from shared memory and writes
-// a = silu(g) * u (silu_mul_value; moe toggle: moe_exact; exp: exact_exp) and its q8_0
-// (q8_0_warp, the rule silu_mul uses: exact_quant), element i = pair*out + row as silu_mul
-// numbers it. g and u never reach memory: nothing after silu reads them.
+// doing gate then up would wait on memory twice). Then warp 0 takes the 32 (g, u) pairs from
+// shared memory and writes a = silu(g) * u (silu_mul_value; moe toggle: moe_exact; exp:
+// exact_exp) and its q8_0 (q8_0_warp, the rule silu_mul uses: exact_quant), element
+// i = pair*out + row as silu_mul numbers it. g and u never reach memory: nothing after silu
+// reads them.
 // grid (out/32, P), block SWIGLU_THREADS; out a multiple of 32. eidx, xq/xd, x_div as
 // gemv_q4_experts; a: [P, out], aq: [P, out], ad: [P, out/32].
 static_assert(SWIGLU_THREADS == 2 * (QK / EXPERT_ROWS) * 32, "a warp per EXPERT_ROWS rows of gate and of up");
