@@ -15,11 +15,18 @@
 //   combine_rmsnorm_*    the MoE expert sum of layer l (moe exact or fast: an
 //                        argument) and the RMSNorm that follows it (the next
 //                        layer's input norm, or the final norm) with its q8_0.
+//   experts_swiglu_*     gate and up of the k selected experts (gemm toggle: the
+//                        name) and SwiGLU's a = silu(g) * u with its q8_0 for
+//                        the down projection (moe, expf and the q8_0 rule:
+//                        arguments), a block a q8_0 block of a (32 rows of
+//                        both matrices): one launch and one DRAM round trip of
+//                        g and u fewer per MoE layer (replaces
+//                        gemv_q4_experts_* of gate/up and silu_mul_*; q4_0).
 //   down_combine_*       the down projection of all k selected experts of a
 //                        column in one block (a warp a slot; gemm toggle: the
 //                        name) and the expert sum of its rows (moe: an
-//                        argument), so the sum needs no launch (the default;
-//                        combine_rmsnorm_* without it, KESTREL_CUDA_FOLD=).
+//                        argument), so the sum needs no launch (q4_0, k up to
+//                        COMBINE_MAX_K; else combine_rmsnorm_* adds it).
 //
 // Fusions tried and not kept (measured slower): docs/decisions.md, figures and
 // commits in results/gpu-history.md (fused.cu).
@@ -207,3 +214,56 @@ __device__ __forceinline__ void down_combine(const uint4 *W, const __half *D, fl
 
 DOWN_COMBINE_KERNEL(exact, true)
 DOWN_COMBINE_KERNEL(fast, false)
+
+// ------------------------------------------------------------ gate and up + SwiGLU
+// One block: the 32 rows (one q8_0 block of a) of gate and of up of one (column, slot) pair,
+// warps 0..7 the gate rows and warps 8..15 the same rows of up, EXPERT_ROWS a warp, each by
+// q4_expert_rows as gemv_q4_experts computes it (gemm toggle: the name): the launch has as
+// many warps as the unfused one, each with its rows' weight loads issued together (a warp
+// doing gate then up would wait on memory twice). Then warp 0 takes the 32 (g, u) pairs from
+// shared memory and writes a = silu(g) * u (silu_mul_value; moe toggle: moe_exact; exp:
+// exact_exp) and its q8_0 (q8_0_warp, the rule silu_mul uses: exact_quant), element
+// i = pair*out + row as silu_mul numbers it. g and u never reach memory: nothing after silu
+// reads them.
+// grid (out/32, P), block SWIGLU_THREADS; out a multiple of 32. eidx, xq/xd, x_div as
+// gemv_q4_experts; a: [P, out], aq: [P, out], ad: [P, out/32].
+static_assert(SWIGLU_THREADS == 2 * (QK / EXPERT_ROWS) * 32, "a warp per EXPERT_ROWS rows of gate and of up");
+template <bool EXACT>
+__device__ __forceinline__ void experts_swiglu(const uint4 *Wg, const __half *Dg, const uint4 *Wu, const __half *Du,
+                                               const int *eidx, const signed char *xq, const float *xd, int x_div,
+                                               int out, int nb, float *a, signed char *aq, float *ad, int moe_exact,
+                                               int exact_exp, int exact_quant) {
+  __shared__ float gu[2][QK];  // g, u of the block's rows
+  constexpr int HALF = QK / EXPERT_ROWS;  // warps a matrix
+  const int warp = threadIdx.x >> 5, up = warp >= HALF, r0 = (warp % HALF) * EXPERT_ROWS;
+  const int pair = blockIdx.y, xc = pair / x_div, row0 = blockIdx.x * QK;
+  float acc[EXPERT_ROWS];
+  q4_expert_rows<EXACT>(up ? Wu : Wg, up ? Du : Dg, eidx[pair], row0 + r0, out, nb, xq + (size_t)xc * nb * QK,
+                        xd + (size_t)xc * nb, acc);
+  if ((threadIdx.x & 31) == 0)
+#pragma unroll
+    for (int r = 0; r < EXPERT_ROWS; r++) gu[up][r0 + r] = acc[r];
+  __syncthreads();
+  if (warp) return;
+  const int lane = threadIdx.x;
+  const size_t i = (size_t)pair * out + row0 + lane;
+  const float av = moe_exact ? silu_mul_value<true>(gu[0][lane], gu[1][lane], exact_exp)
+                             : silu_mul_value<false>(gu[0][lane], gu[1][lane], exact_exp);
+  a[i] = av;
+  q8_0_warp(av, i, aq, ad, exact_quant ? 2 : 1);
+}
+
+// (launch bounds: two 16-warp blocks an SM, so a 30B-A3B decode layer's blocks fit in one wave)
+#define EXPERTS_SWIGLU_KERNEL(SUFFIX, EXACT)                                                            \
+  extern "C" __global__ void __launch_bounds__(SWIGLU_THREADS, 2)                                     \
+      experts_swiglu_##SUFFIX(const uint4 *Wg, const __half *Dg, const uint4 *Wu, const __half *Du,          \
+                              const int *eidx, const signed char *xq, const float *xd, int x_div, int out,   \
+                              int nb, float *a, signed char *aq, float *ad, int moe_exact, int exact_exp,    \
+                              int exact_quant) {                                                           \
+    pdl_wait(); /* first: the weights' addresses depend on the router's eidx */                        \
+    experts_swiglu<EXACT>(Wg, Dg, Wu, Du, eidx, xq, xd, x_div, out, nb, a, aq, ad, moe_exact, exact_exp,      \
+                          exact_quant);                                                                 \
+  }
+
+EXPERTS_SWIGLU_KERNEL(exact, true)
+EXPERTS_SWIGLU_KERNEL(fast, false)

@@ -21,3 +21,4 @@
 // fused.cu
 #define FUSED_MAX_ROW 4096  // combine_rmsnorm_*: hidden sizes up to
 #define COMBINE_MAX_K 8  // down_combine_*: a warp a slot, up to this many slots
+#define SWIGLU_THREADS 512  // experts_swiglu_*: 32 rows of gate and of up, EXPERT_ROWS a warp

@@ -308,15 +308,32 @@ def test_combine_with_the_norm_equals_separate_launches(rt):
     _assert_fused_equals_plain(128, _fused_toggle_sets()[-1], weights="f32")
 
 
-def _assert_fused_equals_plain(head_dim, exact, weights="q4_0"):
-    from dataclasses import replace
+@pytest.mark.parametrize("exact", [frozenset(), frozenset({"gemm"}), frozenset({"moe"}), frozenset({"gemm", "moe"})],
+                         ids=lambda s: "+".join(sorted(s)) or "none")
+def test_fused_swiglu_equals_separate_launches_at_30b_a3b_expert_shapes(rt, exact):
+    """experts_swiglu (a MoE layer's gate, up and silu with the q8_0 of its output in one launch)
+    vs gemv_q4_experts + silu_mul at Qwen3-30B-A3B's expert shapes: hidden 2048, moe_intermediate
+    768 (24 q8_0 blocks a pair), the top 8 of 128 experts; every key bit for bit, gemm and moe
+    each fast and exact."""
+    from kestrel_tui.backends.cuda.weights import DeviceSyntheticModel
+    from kestrel_tui.model.config import qwen3_30b_a3b_config
 
-    from kestrel_tui.backends.cuda import make_cuda_backend
-    from kestrel_tui.backends.cuda.options import CudaOptions
+    _assert_model_fused_equals_plain(DeviceSyntheticModel(replace(qwen3_30b_a3b_config(2), vocab=4096), seed=1),
+                                     exact)
+
+
+def _assert_fused_equals_plain(head_dim, exact, weights="q4_0"):
     from kestrel_tui.model.config import default_config
     from kestrel_tui.model.weights import synthetic_model
 
-    model = synthetic_model(replace(default_config().with_layers(3), head_dim=head_dim), weights)
+    _assert_model_fused_equals_plain(synthetic_model(replace(default_config().with_layers(3), head_dim=head_dim),
+                                                     weights), exact)
+
+
+def _assert_model_fused_equals_plain(model, exact):
+    from kestrel_tui.backends.cuda import make_cuda_backend
+    from kestrel_tui.backends.cuda.options import CudaOptions
+
     fused = make_cuda_backend(model, exact=exact, options=CudaOptions())
     plain = make_cuda_backend(model, exact=exact, options=CudaOptions(fuse=False))
     assert fused.fuse and not plain.fuse

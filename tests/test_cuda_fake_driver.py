@@ -517,9 +517,10 @@ def test_graph_without_the_logits_event_when_refused(monkeypatch):
 @pytest.mark.parametrize("fuse,weights", [(True, "q4_0"), (True, "f32"), (False, "q4_0")])
 def test_fused_launch_wiring(monkeypatch, fuse, weights):
     """Outside isolate mode a q8-KV MoE step launches kernels/fused.cu's kernels and none of the ops
-    they replace: heads_fused a layer; with q4_0 weights the down GEMV adds the expert sum (the
-    combine fold), with f32 weights the expert sum goes with the next norm (combine_rmsnorm).
-    Isolate mode, and the fuse option off (KESTREL_CUDA_FUSE=0), launch every op on its own."""
+    they replace: heads_fused a layer; with q4_0 weights gate, up and silu are one launch
+    (experts_swiglu, no silu_mul) and the down GEMV adds the expert sum (the combine fold), with
+    f32 weights the expert sum goes with the next norm (combine_rmsnorm). Isolate mode, and the
+    fuse option off (KESTREL_CUDA_FUSE=0), launch every op on its own."""
     from kestrel_tui.backends import cuda as cuda_pkg
     from kestrel_tui.backends.base import NumpyBackend
     from kestrel_tui.backends.cuda import backend as be
@@ -543,7 +544,7 @@ def test_fused_launch_wiring(monkeypatch, fuse, weights):
         return {k: c - before.get(k, 0) for k, c in calls().items() if c - before.get(k, 0)}
 
     separate = {"qknorm_fast", "rope_fast", "kvquant_fast", "combine_fast", "quantize_q8_0_fast"}
-    fused_only = {"heads_fused", "combine_rmsnorm_fast", "down_combine_fast"}
+    fused_only = {"heads_fused", "combine_rmsnorm_fast", "down_combine_fast", "experts_swiglu_fast"}
     c0 = calls()
     sub.step(np.array([5, 9, 11]), 0)
     plain = launched(c0)
@@ -551,7 +552,8 @@ def test_fused_launch_wiring(monkeypatch, fuse, weights):
         comb = weights == "q4_0"
         experts = "gemv_q4_experts_fast" if comb else "gemv_f32_experts_fast"
         want = {"heads_fused": n, "gemv_q4_x3_fast": n if comb else 0, "down_combine_fast": n if comb else 0,
-                experts: n if comb else 2 * n, "combine_rmsnorm_fast": 0 if comb else n,
+                "experts_swiglu_fast": n if comb else 0, "silu_mul_fast": 0 if comb else n,
+                experts: 0 if comb else 2 * n, "combine_rmsnorm_fast": 0 if comb else n,
                 # the final norm and each layer's post-attention norm, and its input norm where no
                 # expert sum goes with it (layer 0, or every one with the combine fold)
                 "rmsnorm_fast": 2 * n + 1 if comb else n + 1}
@@ -559,12 +561,13 @@ def test_fused_launch_wiring(monkeypatch, fuse, weights):
         assert not separate & set(plain), plain
     else:
         assert not fused_only & set(plain), plain
-        assert all(plain[k] == n for k in separate), plain
+        assert all(plain[k] == n for k in separate | {"silu_mul_fast"}), plain
+        assert plain["gemv_q4_experts_fast"] == 2 * n, plain  # gate and up, then down
     c1 = calls()
     sub.step(np.array([7]), 3, feed=ref.step(np.array([7]), 3).raw)
     iso = launched(c1)
     assert not fused_only & set(iso), iso
-    assert all(iso[k] == n for k in ("qknorm_fast", "rope_fast", "kvquant_fast", "combine_fast")), iso
+    assert all(iso[k] == n for k in ("qknorm_fast", "rope_fast", "kvquant_fast", "combine_fast", "silu_mul_fast")), iso
 
 
 @pytest.mark.parametrize("head_dim", range(16, 257, 16))
@@ -681,6 +684,8 @@ def _args(item, *names):
              "router": ("logits", "topk", "topw", "E", "k", "norm", "exact"),
              "combine_rmsnorm": ("y", "topw", "ores", "moe", "x", "k", "moe_exact", "w", "out"),
              "down_combine": ("w", "d", "y", "topk", "aq", "ad", "n", "nb", "k", "topw", "ores", "moe", "x"),
+             "experts_swiglu": ("wg", "dg", "wu", "du", "topk", "xq", "xd", "x_div", "out", "nb", "a", "aq", "ad"),
+             "silu_mul": ("g", "u", "a", "aq", "ad", "n"),
              "combine": ("y", "topw", "res", "moe", "x", "n", "k")}
     prefix = max((p for p in order if n.startswith(p + "_")), key=len)
     named = dict(zip(order[prefix], item.args))
@@ -694,9 +699,11 @@ def test_mixed_model_launch_plan(monkeypatch, style, weights, fuse, deep):
     """plan.py decides per layer: a dense layer launches the dense GEMVs — gate_proj and up_proj of
     intermediate_size rows, down_proj into x with the residual (and, with --deep, once more
     into moe without it) — and no router, expert or combine launch; a MoE layer its router, its
-    experts and its expert sum. Each expert sum goes where the next layer's input norm or the
-    final norm reads it, whatever kind of layer comes next: folded into the down GEMV (q4_0),
-    with the next norm (combine_rmsnorm, f32) or on its own (the fuse option off)."""
+    experts and its expert sum: gate, up and silu in one launch that writes the q8_0 of silu's
+    output for the down GEMV (experts_swiglu, fused q4_0), else the expert GEMVs and silu_mul.
+    Each expert sum goes where the next layer's input norm or the final norm reads it, whatever
+    kind of layer comes next: folded into the down GEMV (q4_0), with the next norm
+    (combine_rmsnorm, f32) or on its own (the fuse option off)."""
     from kestrel_tui.backends.cuda import backend as be
     from kestrel_tui.backends.cuda import make_cuda_backend
     from kestrel_tui.backends.cuda.launches import Launch, Target
@@ -722,7 +729,9 @@ def test_mixed_model_launch_plan(monkeypatch, style, weights, fuse, deep):
         return [it for it in items if w.w in it.args]
 
     gemv = "gemv_q4" if weights == "q4_0" else "gemv_f32"
+    swiglu = fuse and weights == "q4_0"
     moe_layers = [li for li, m in enumerate(MIXED_KINDS[style]) if m]
+    silus = iter(it for it in items if kind(it) == "silu_mul")
     for li, moe in enumerate(MIXED_KINDS[style]):
         W = b.dm.layers[li]
         if not moe:
@@ -734,10 +743,21 @@ def test_mixed_model_launch_plan(monkeypatch, style, weights, fuse, deep):
             assert [kind(it) for it in downs] == [gemv] * (1 + deep)
             assert [_args(it, "out", "res", "y") for it in downs] == \
                 [(cfg.hidden, 0, A("moe", li))] * deep + [(cfg.hidden, A("ores", li), A("x", li))]
+            assert _args(next(silus), "n") == (2 * cfg.intermediate,)  # M = 2
         else:
             (r,) = using(W["gate"])
             assert kind(r) == gemv and _args(r, "out", "y") == (cfg.n_experts, A("router", li))
-            assert {kind(it) for it in using(W["gate_proj"])} == {gemv + "_experts"}
+            (gu,) = using(W["gate_proj"])
+            assert using(W["up_proj"]) == [gu]
+            if swiglu:  # the down GEMV reads the q8_0 it writes; g and u stay inside
+                assert kind(gu) == "experts_swiglu"
+                assert _args(gu, "topk", "out", "a", "aq", "ad") == \
+                    (A("topk", li), cfg.moe_intermediate, A("a"), A("aq"), A("ad"))
+                assert gu.grid == (cfg.moe_intermediate // 32, 2 * cfg.top_k, 1)
+            else:
+                assert kind(gu) == gemv + "_experts"
+                assert _args(next(silus), "n") == (2 * cfg.top_k * cfg.moe_intermediate,)
+    assert next(silus, None) is None  # no silu_mul but the ones above
     routed = [_args(it, "topk", "topw") for it in items if kind(it) == "router"]
     assert routed == [(A("topk", li), A("topw", li)) for li in moe_layers]
     sums = {k: [it for it in items if kind(it) == k] for k in ("down_combine", "combine_rmsnorm", "combine")}

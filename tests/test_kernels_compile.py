@@ -99,7 +99,7 @@ def test_pdl_trigger_is_opt_in(monkeypatch, tmp_path):
 
 
 LAUNCH_CONSTANTS = ("ATT_SPLIT_TILE", "ATT_PV_STAGE", "ATT_PV_THREADS", "ATT_FAST_TILE", "ATT_FAST_WARPS",
-                    "GEMV_ROWS1", "EXPERT_ROWS", "FUSED_MAX_ROW", "COMBINE_MAX_K")
+                    "GEMV_ROWS1", "EXPERT_ROWS", "FUSED_MAX_ROW", "COMBINE_MAX_K", "SWIGLU_THREADS")
 
 
 def test_launch_constants_have_one_definition():
@@ -122,13 +122,16 @@ def test_launch_constants_are_the_compiled_kernels(ptx_dir):
     kernels carry (.maxntid in the PTX)."""
     from kestrel_tui.backends.cuda import launches
 
-    ptx = (ptx_dir / "attention.ptx").read_text()
-
-    def maxntid(kernel: str) -> int:
+    def maxntid(module: str, kernel: str) -> int:
+        ptx = (ptx_dir / f"{module}.ptx").read_text()
         return int(re.search(rf"\.entry {kernel}\([^)]*\)\s*\.maxntid (\d+)", ptx).group(1))
 
-    assert maxntid("attn_exact_pv_q8") == launches.ATT_PV_THREADS
-    assert maxntid("attn_fast_part_q8") == 32 * launches.ATT_FAST_WARPS
+    assert maxntid("attention", "attn_exact_pv_q8") == launches.ATT_PV_THREADS
+    assert maxntid("attention", "attn_fast_part_q8") == 32 * launches.ATT_FAST_WARPS
+    # a block: 32 rows (one q8_0 block of silu's output) of gate and of up, EXPERT_ROWS a warp
+    assert launches.SWIGLU_THREADS == 2 * 32 // launches.EXPERT_ROWS * 32
+    for version in ("fast", "exact"):
+        assert maxntid("fused", f"experts_swiglu_{version}") == launches.SWIGLU_THREADS
 
 
 def test_attn_bench_reads_a_versions_own_block_size():

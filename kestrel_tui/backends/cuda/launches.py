@@ -41,6 +41,7 @@ SCAN_THREADS = _C["SCAN_THREADS"]  # fnv_scan's block
 SCAN_SEG = _C["SCAN_SEG"]  # bytes a thread of fnv_scan
 FUSED_MAX_ROW = _C["FUSED_MAX_ROW"]  # combine_rmsnorm_*: hidden sizes up to
 COMBINE_MAX_K = _C["COMBINE_MAX_K"]  # down_combine_*: a warp a slot
+SWIGLU_THREADS = _C["SWIGLU_THREADS"]  # experts_swiglu_*'s block
 # fields whose reference buffer replaces the subject's as the next op's input (isolate mode)
 FED = frozenset({"emb", "x", "nrm", "kraw", "knorm", "kpre", "qrope", "attn", "ores", *KV_FIELDS})
 
@@ -117,6 +118,7 @@ class Kernels:
     router: object
     silu_mul: object
     combine: object
+    experts_swiglu: object | None  # fused.cu: gate and up of the experts with silu(g)*u and its q8_0 (q4_0)
     down_combine: object | None   # fused.cu: the down GEMV adds the expert sum (q4_0)
     combine_rmsnorm: object       # fused.cu: the expert sum with the norm behind it
     # the flags (the registry's op.flags: each op's exact version sets its bits)
@@ -169,6 +171,7 @@ def select_kernels(rt, model, kv: str, exact: frozenset[str], options) -> Kernel
         router=pick("router"),
         silu_mul=pick("silu_mul"),
         combine=pick("combine"),
+        experts_swiglu=pick("experts_swiglu") if q4 else None,
         down_combine=pick("down_combine") if q4 else None,
         combine_rmsnorm=pick("combine_rmsnorm"),
         **flags,

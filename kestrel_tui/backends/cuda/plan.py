@@ -17,7 +17,8 @@ import numpy as np
 
 from ..base import KV_FIELDS
 from .launches import (ATT_FAST_TILE, ATT_FAST_WARPS, ATT_PV_THREADS, ATT_SPLIT_TILE, COMBINE_MAX_K, EXPERT_ROWS,
-                       FED, FUSED_MAX_ROW, HASH_BODY, Copy, Kernels, Launch, Target, blocks_for, q4_rows_a_block)
+                       FED, FUSED_MAX_ROW, HASH_BODY, SWIGLU_THREADS, Copy, Kernels, Launch, Target, blocks_for,
+                       q4_rows_a_block)
 from .layout import Layout
 from .weights import DeviceLinear
 
@@ -47,6 +48,7 @@ class Step:
     fuse_q: bool           # the input norm too (in isolate mode its GEMVs read the reference's nrm)
     fused: bool            # fused.cu's launches
     fuse_heads: bool       # QK-norm, RoPE and the KV rows in one launch
+    fuse_swiglu: bool      # a MoE layer's gate, up and silu in one launch (experts_swiglu_*)
     # how a MoE layer adds its expert sum (a dense layer's down GEMV adds its output itself):
     fold_combine: bool     # the down GEMV adds the expert sum (down_combine_*)
     fuse_combine: bool     # else the sum goes with the norm behind it (combine_rmsnorm_*)
@@ -102,6 +104,9 @@ def _step(b, lay: Layout, T: Target, pos0: int, isolate: bool) -> Step:
     fold_combine = fused and fuse_all and cfg.is_moe and cfg.top_k <= COMBINE_MAX_K
     return Step(b, lay, T, pos0, isolate, feed, fuse_all=fuse_all, fuse_q=fuse_all and feed is None, fused=fused,
                 fuse_heads=fused and b.kv == "q8" and hd in (64, 128, 256),  # fused.cu rope_regs: hd/64 in 1, 2, 4
+                # a block of experts_swiglu writes one q8_0 block (32 rows) of a pair's activations (q4_0
+                # weights cut moe_intermediate into 32-blocks anyway: Config.validate)
+                fuse_swiglu=fused and b.dm.fmt == "q4_0" and cfg.is_moe and cfg.moe_intermediate % 32 == 0,
                 fold_combine=fold_combine,
                 fuse_combine=fused and cfg.is_moe and h <= FUSED_MAX_ROW and not fold_combine)
 
@@ -204,8 +209,13 @@ def ffn_block(s: Step, li: int, W) -> ExpertSum | None:
     s.emit(K.router, (M, 1, 1), (blocks_for(E, 32) * 32, 1, 1), A("router", li),
            A("topk", li), A("topw", li), E, k, int(cfg.norm_topk_prob), K.exp_exact)
     P = M * k
-    gemv_experts(s, W["gate_proj"], A("g"), W["up_proj"], A("u"), A("topk", li), pnrm, xq, xd, k, P)
-    silu(K, s.emit, A("g"), A("u"), A("a"), aq, ad, P * F)
+    if s.fuse_swiglu:  # g and u stay inside the launch: nothing after silu reads them
+        lg, lu = W["gate_proj"], W["up_proj"]
+        s.emit(K.experts_swiglu, (F // 32, P, 1), (SWIGLU_THREADS, 1, 1), lg.w, lg.d, lu.w, lu.d, A("topk", li),
+               xq, xd, k, F, lg.nb, A("a"), aq, ad, K.moe_exact, K.exp_exact, K.quant_exact)
+    else:
+        gemv_experts(s, W["gate_proj"], A("g"), W["up_proj"], A("u"), A("topk", li), pnrm, xq, xd, k, P)
+        silu(K, s.emit, A("g"), A("u"), A("a"), aq, ad, P * F)
     if s.fold_combine:  # a block takes its rows of all k slots and adds them up
         ld = W["down_proj"]
         s.emit(K.down_combine, (blocks_for(h, EXPERT_ROWS), M, 1), (32 * k, 1, 1), ld.w, ld.d,
