@@ -49,12 +49,11 @@
 // It waits until every kernel before it has finished and its writes are visible — the
 // dependency a plain launch has — so a kernel scheduled early computes exactly what it
 // computes without PDL. Without the launch attribute it is a no-op. Built with
-// KESTREL_PDL_TRIGGER (env KESTREL_PDL_TRIGGER=1, runtime.py nvcc_options; off by default), each
-// kernel triggers its successor once past its wait (griddepcontrol.launch_dependents), so the
-// next grid's blocks are resident and waiting when it ends. Either way a kernel touches memory
-// only after everything before it has finished: the bits do not change. (The trigger is off by
-// default because with it exact/fast has no margin left under its 1.2 target: docs/decisions.md,
-// measurements in results/gpu-history.md.)
+// KESTREL_PDL_TRIGGER (runtime.py nvcc_options: the default; env KESTREL_PDL_TRIGGER=0 builds
+// wait-only), each kernel triggers its successor once past its wait
+// (griddepcontrol.launch_dependents), so the next grid's blocks are resident and waiting when it
+// ends. Either way a kernel touches memory only after everything before it has finished: the
+// bits do not change (docs/decisions.md; figures in results/gpu-h200-speed.md).
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");

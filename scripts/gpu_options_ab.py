@@ -14,8 +14,8 @@ configurations differ only in how the step is launched, so the medians are compa
     python3 scripts/gpu_options_ab.py default= no-fuse=fuse=off no-pdl=pdl=off no-spread=pv_spread=off
     python3 scripts/gpu_options_ab.py graph= direct=graph=off --layers 4
 
-Build options of the kernels (KESTREL_PDL_TRIGGER=1) are read once, when the kernels compile: A/B
-them with one process each (`KESTREL_PDL_TRIGGER=1 python3 scripts/gpu_options_ab.py trigger=`).
+Build options of the kernels (KESTREL_PDL_TRIGGER=0: wait-only) are read once, when the kernels
+compile: A/B them with one process each (`KESTREL_PDL_TRIGGER=0 python3 scripts/gpu_options_ab.py wait-only=`).
 """
 from __future__ import annotations
 

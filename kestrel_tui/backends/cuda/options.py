@@ -10,9 +10,9 @@ how a step is launched, for speed, and so that a user can rule the launch machin
 
 Set them with a profile's `[subject.options]` of a cuda subject or `--cuda-options graph=off,...`;
 the environment gives the defaults (KESTREL_CUDA_GRAPH, KESTREL_CUDA_PDL, KESTREL_CUDA_FUSE,
-KESTREL_PV_SPREAD: 0/off/false/no turn one off) and is read here only. KESTREL_PDL_TRIGGER=1 is
-a build option of the kernels (each triggers its successor early), read once by runtime.py's
-nvcc_options through `pdl_trigger()`.
+KESTREL_PV_SPREAD: 0/off/false/no turn one off) and is read here only. KESTREL_PDL_TRIGGER is a
+build option of the kernels (on by default: each triggers its successor early; 0/off/false/no
+builds them wait-only), read once by runtime.py's nvcc_options through `pdl_trigger()`.
 """
 from __future__ import annotations
 
@@ -71,5 +71,6 @@ class CudaOptions:
 
 
 def pdl_trigger(env: Mapping[str, str] = os.environ) -> bool:
-    """Whether the kernels are built to trigger their successors early (kernels/common.cuh pdl_wait)."""
-    return env.get("KESTREL_PDL_TRIGGER") == "1"
+    """Whether the kernels are built to trigger their successors early (kernels/common.cuh pdl_wait):
+    yes unless KESTREL_PDL_TRIGGER turns it off."""
+    return env.get("KESTREL_PDL_TRIGGER", "1").strip().lower() not in _OFF
