@@ -19,6 +19,7 @@ from kestrel_tui.session.session import RunSettings, Session  # noqa: E402
 from kestrel_tui.engines.base import EngineFailed, EngineSpec, RunRequest  # noqa: E402
 from kestrel_tui.engines.build import make_engine  # noqa: E402
 from kestrel_tui.engines.llamacpp import default_repack  # noqa: E402
+from kestrel_tui.engines.schedule import parse_schedule  # noqa: E402
 from kestrel_tui.errors import UsageError  # noqa: E402
 from kestrel_tui.model.config import Config  # noqa: E402
 from kestrel_tui.model.gguf import write_gguf  # noqa: E402
@@ -319,6 +320,8 @@ def test_schedules_run_llamas_own_passes(ggufs, schedule):
     """A schedule is llama_decode's batches: every position is there, its keys close to the reference's
     (f32: ggml's order of sums only), and forward / verify score the tokens they are given."""
     ours, eng = _engine(ggufs["dense", "f32"], schedule=schedule)
+    # the engine the app holds (its runs go to a child) answers for the inner one
+    assert eng.schedule(_values(eng)) == parse_schedule(schedule) and eng.settings({})["schedule"] == schedule
     ref = make_engine("cpu", ours, kv="f32", deep=True)
     s = Session(ours, PROMPT, N, reference=ref, subject=eng, kv="f32", deep=True)
     r = s.run(RunSettings(exact=EXACT, prefill="subject"))

@@ -173,6 +173,13 @@ class OutOfProcess(Engine):
     def device_name(self) -> str:
         return getattr(self.inner, "device_name", self.name)
 
+    # Engine's own answers would shadow the inner engine's (__getattr__ sees only what Engine lacks)
+    def settings(self, values):
+        return self.inner.settings(values)
+
+    def schedule(self, values):
+        return self.inner.schedule(values)
+
     def owners(self, field_name: str) -> tuple[str, ...]:
         return self.inner.owners(field_name)
 
