@@ -27,13 +27,6 @@
 //                        name) and the expert sum of its rows (moe: an
 //                        argument), so the sum needs no launch (q4_0, k up to
 //                        COMBINE_MAX_K; else combine_rmsnorm_* adds it).
-//   router_fused_*       M = 1: the router GEMV (gemm toggle: the name) in one
-//                        block, a warp GEMV_ROWS1 rows (gemv_q4_m1's bits), then
-//                        the router's softmax and top-k (moe and expf:
-//                        arguments) on the logits in shared memory: one launch
-//                        and one global round trip of the logits fewer per MoE
-//                        layer (replaces gemv_q4_* of the router and router_*;
-//                        q4_0, E <= ROUTER_MAX_E).
 //
 // Fusions tried and not kept (measured slower): docs/decisions.md, figures and
 // commits in results/gpu-history.md (fused.cu).
@@ -274,38 +267,3 @@ __device__ __forceinline__ void experts_swiglu(const uint4 *Wg, const __half *Dg
 
 EXPERTS_SWIGLU_KERNEL(exact, true)
 EXPERTS_SWIGLU_KERNEL(fast, false)
-
-// ------------------------------------------------------------ router GEMV + softmax and top-k
-// M = 1 only. One block takes every router row: warp w rows (pass*ROUTER_WARPS + w)*GEMV_ROWS1 ..
-// by gemv_q4_m1 (bx = the pass; gemm toggle: the name), so each row has the bits of gemv_q4 at
-// M = 1 and all of a pass's weight loads are in flight together (E = 128: one pass). The logits
-// go to the router buffer and, through shared memory, to router (moe.cuh; moe toggle:
-// moe_exact; exp: exact_exp), which takes thread i = expert i and reduces over the warps that
-// hold experts, as router_* does in its block of E threads. Every thread reaches its barriers.
-// grid 1, block ROUTER_THREADS; E <= ROUTER_MAX_E; xq/xd: the column's q8_0; logits: [E].
-static_assert(ROUTER_MAX_E <= ROUTER_THREADS && ROUTER_THREADS <= MOE_MAX_EXPERTS, "router: a thread an expert");
-template <bool EXACT>
-__device__ __forceinline__ void router_fused(const uint4 *W, const __half *D, const signed char *xq, const float *xd,
-                                             float *logits, int *topk, float *topw, int E, int nb, int k, int norm,
-                                             int moe_exact, int exact_exp) {
-  __shared__ float ls[ROUTER_MAX_E];
-  for (int pass = 0; pass * ROUTER_WARPS * GEMV_ROWS1 < E; pass++)  // pdl_wait(): inside, behind the first loads
-    gemv_q4_m1<EXACT>(W, D, xq, xd, nullptr, ls, E, nb, pass);
-  __syncthreads();
-  if (threadIdx.x < E) logits[threadIdx.x] = ls[threadIdx.x];
-  if (moe_exact)
-    router<true>(ls, topk, topw, E, k, norm, exact_exp, 0);
-  else
-    router<false>(ls, topk, topw, E, k, norm, exact_exp, 0);
-}
-
-#define ROUTER_FUSED_KERNEL(SUFFIX, EXACT)                                                              \
-  extern "C" __global__ void __launch_bounds__(ROUTER_THREADS, 1)                                     \
-      router_fused_##SUFFIX(const uint4 *W, const __half *D, const signed char *xq, const float *xd,         \
-                            float *logits, int *topk, float *topw, int E, int nb, int k, int norm,           \
-                            int moe_exact, int exact_exp) {                                                  \
-    router_fused<EXACT>(W, D, xq, xd, logits, topk, topw, E, nb, k, norm, moe_exact, exact_exp);       \
-  }
-
-ROUTER_FUSED_KERNEL(exact, true)
-ROUTER_FUSED_KERNEL(fast, false)

@@ -22,6 +22,3 @@
 #define FUSED_MAX_ROW 4096  // combine_rmsnorm_*: hidden sizes up to
 #define COMBINE_MAX_K 8  // down_combine_*: a warp a slot, up to this many slots
 #define SWIGLU_THREADS 512  // experts_swiglu_*: 32 rows of gate and of up, EXPERT_ROWS a warp
-#define ROUTER_WARPS 32  // router_fused_*: GEMV_ROWS1 router rows a warp a pass, then one expert a thread
-#define ROUTER_THREADS (32 * ROUTER_WARPS)
-#define ROUTER_MAX_E (2 * ROUTER_WARPS * GEMV_ROWS1)  // router_fused_*: experts up to (two passes)

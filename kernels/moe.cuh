@@ -39,10 +39,8 @@ __device__ __forceinline__ float silu_mul_value(float g, float u, int exact_exp)
 #define MOE_MAX_EXPERTS 1024
 #define MOE_MAX_TOPK 64
 
-// Column m: logits: [M, E]; topk: [M, k] int32; topw: [M, k]. Thread i takes expert i; the
-// reductions run over the ceil(E/32) warps that hold experts, so a larger block (fused.cu
-// router_fused_*: up to MOE_MAX_EXPERTS threads, all reaching the barriers) gives the bits of
-// a block of E threads rounded up to a warp. Exact: contract L8a, L8b.
+// Column m: logits: [M, E]; topk: [M, k] int32; topw: [M, k]. A block of E threads rounded
+// up to a warp. Exact: contract L8a, L8b.
 template <bool EXACT>
 __device__ __forceinline__ void router(const float *__restrict__ logits, int *__restrict__ topk,
                                        float *__restrict__ topw, int E, int k, int norm, int exact_exp, int m) {
@@ -50,7 +48,7 @@ __device__ __forceinline__ void router(const float *__restrict__ logits, int *__
   __shared__ float selp[MOE_MAX_TOPK];
   __shared__ float red[32];
   __shared__ float bc;
-  const int i = threadIdx.x, lane = i & 31, warp = i >> 5, nw = (E + 31) >> 5;
+  const int i = threadIdx.x, lane = i & 31, warp = i >> 5, nw = blockDim.x >> 5;
   const float r = i < E ? logits[(size_t)m * E + i] : -INFINITY;
   float mx = warp_max(r);
   if (lane == 0) red[warp] = mx;

@@ -544,8 +544,7 @@ def test_fused_launch_wiring(monkeypatch, fuse, weights):
         return {k: c - before.get(k, 0) for k, c in calls().items() if c - before.get(k, 0)}
 
     separate = {"qknorm_fast", "rope_fast", "kvquant_fast", "combine_fast", "quantize_q8_0_fast"}
-    fused_only = {"heads_fused", "combine_rmsnorm_fast", "down_combine_fast", "experts_swiglu_fast",
-                  "router_fused_fast"}
+    fused_only = {"heads_fused", "combine_rmsnorm_fast", "down_combine_fast", "experts_swiglu_fast"}
     c0 = calls()
     sub.step(np.array([5, 9, 11]), 0)
     plain = launched(c0)
@@ -569,73 +568,6 @@ def test_fused_launch_wiring(monkeypatch, fuse, weights):
     iso = launched(c1)
     assert not fused_only & set(iso), iso
     assert all(iso[k] == n for k in ("qknorm_fast", "rope_fast", "kvquant_fast", "combine_fast", "silu_mul_fast")), iso
-
-
-@pytest.mark.parametrize("weights,fuse,n_experts,exact", [
-    ("q4_0", True, 16, ()), ("q4_0", True, 16, ("gemm", "moe", "expf")), ("q4_0", True, "max", ("moe",)),
-    ("q4_0", True, "max+32", ()), ("f32", True, 16, ()), ("q4_0", False, 16, ())])
-def test_router_gemv_and_top_k_are_one_launch_at_decode(monkeypatch, weights, fuse, n_experts, exact):
-    """A fused q4_0 decode step (M = 1) runs each MoE layer's router as one block (router_fused,
-    gemm toggle: the name): its GEMV of the router matrix from the post-attention norm's q8_0
-    into the router key, the softmax and top-k into topk/topw with the moe and expf flags and
-    norm_topk_prob; no GEMV of the router matrix and no router_* besides. A batch step (M = 3),
-    isolate mode, the fuse option off, f32 weights and more experts than ROUTER_MAX_E launch the
-    router GEMV and router_* as before. Direct steps launch it with the PTX's argument format."""
-    from kestrel_tui.backends.base import NumpyBackend
-    from kestrel_tui.backends.cuda import backend as be
-    from kestrel_tui.backends.cuda import make_cuda_backend
-    from kestrel_tui.backends.cuda.launches import GEMV_ROWS1, ROUTER_MAX_E, ROUTER_THREADS, Launch, Target
-    from kestrel_tui.backends.cuda.options import CudaOptions
-    from kestrel_tui.backends.cuda.plan import plan
-    from kestrel_tui.model.weights import synthetic_model
-
-    fake = _FakeRuntime()
-    monkeypatch.setattr(be, "runtime", lambda: fake)
-    E = {"max": ROUTER_MAX_E, "max+32": ROUTER_MAX_E + 32}.get(n_experts, n_experts)
-    assert ROUTER_MAX_E == 2 * ROUTER_THREADS // 32 * GEMV_ROWS1  # two passes of the block's warps
-    cfg = replace(default_config().with_layers(2), n_experts=E)
-    model = synthetic_model(cfg, weights)
-    b = make_cuda_backend(model, graph=False, exact=frozenset(exact), options=CudaOptions(fuse=fuse))
-    b.reset(8)
-    base, feed = 1 << 40, 1 << 44
-    one = fuse and weights == "q4_0" and E <= ROUTER_MAX_E
-    gemm, moe, expf = ("exact" if t in exact else "fast" for t in ("gemm", "moe", "expf"))
-    for M, isolate in ((1, False), (3, False), (1, True)):
-        lay = b._layout(M)
-        T = Target(None, base, tokens=1, scores=2, feed=feed if isolate else None)
-        items = [it for it in plan(b, lay, T, 0, isolate=isolate) if isinstance(it, Launch)]
-
-        def A(name, li=None):
-            return base + lay.offset(name, li)
-
-        routers = [it for it in items if it.kernel.name.startswith("router_")]
-        for li in range(cfg.n_layers):
-            lr = b.dm.layers[li]["gate"]
-            (g,) = [it for it in items if lr.w in it.args]
-            if one and M == 1 and not isolate:
-                assert g.kernel.name == f"router_fused_{gemm}"
-                assert (g.grid, g.block) == ((1, 1, 1), (ROUTER_THREADS, 1, 1))
-                assert _args(g, "xq", "xd", "logits", "topk", "topw", "E", "nb", "k", "norm", "moe_exact", "exact") == \
-                    (A("xq"), A("xd"), A("router", li), A("topk", li), A("topw", li), E, cfg.hidden // 32,
-                     cfg.top_k, 1, int(moe == "exact"), int(expf == "exact"))
-            else:
-                assert g.kernel.name == ("gemv_q4_" if weights == "q4_0" else "gemv_f32_") + gemm
-                assert _args(g, "out", "y", "M") == (E, A("router", li), M)
-        want = [] if one and M == 1 and not isolate else [f"router_{moe}"] * cfg.n_layers
-        assert [it.kernel.name for it in routers if it.kernel.name != f"router_fused_{gemm}"] == want
-
-    ref = NumpyBackend(model)
-    ref.reset(8)
-    calls = {}
-    for tokens, pos, iso in (([5, 9, 11], 0, False), ([7], 3, False), ([8], 4, True)):
-        before = {n: k.calls for n, k in fake.kernels.items()}
-        r = ref.step(np.array(tokens), pos)
-        b.step(np.array(tokens), pos, feed=r.raw if iso else None)
-        calls[pos] = {n: k.calls - before.get(n, 0) for n, k in fake.kernels.items() if k.calls - before.get(n, 0)}
-    assert calls[3].get(f"router_fused_{gemm}", 0) == (cfg.n_layers if one else 0), calls[3]
-    assert calls[3].get(f"router_{moe}", 0) == (0 if one else cfg.n_layers), calls[3]
-    for pos in (0, 4):
-        assert calls[pos][f"router_{moe}"] == cfg.n_layers and f"router_fused_{gemm}" not in calls[pos], calls[pos]
 
 
 @pytest.mark.parametrize("head_dim", range(16, 257, 16))
@@ -753,8 +685,6 @@ def _args(item, *names):
              "combine_rmsnorm": ("y", "topw", "ores", "moe", "x", "k", "moe_exact", "w", "out"),
              "down_combine": ("w", "d", "y", "topk", "aq", "ad", "n", "nb", "k", "topw", "ores", "moe", "x"),
              "experts_swiglu": ("wg", "dg", "wu", "du", "topk", "xq", "xd", "x_div", "out", "nb", "a", "aq", "ad"),
-             "router_fused": ("w", "d", "xq", "xd", "logits", "topk", "topw", "E", "nb", "k", "norm", "moe_exact",
-                              "exact"),
              "silu_mul": ("g", "u", "a", "aq", "ad", "n"),
              "combine": ("y", "topw", "res", "moe", "x", "n", "k")}
     prefix = max((p for p in order if n.startswith(p + "_")), key=len)

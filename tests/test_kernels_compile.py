@@ -100,8 +100,7 @@ def test_pdl_trigger_is_on_unless_turned_off(monkeypatch, tmp_path):
 
 
 LAUNCH_CONSTANTS = ("ATT_SPLIT_TILE", "ATT_PV_STAGE", "ATT_PV_THREADS", "ATT_FAST_TILE", "ATT_FAST_WARPS",
-                    "GEMV_ROWS1", "EXPERT_ROWS", "FUSED_MAX_ROW", "COMBINE_MAX_K", "SWIGLU_THREADS", "ROUTER_WARPS",
-                    "ROUTER_THREADS", "ROUTER_MAX_E")
+                    "GEMV_ROWS1", "EXPERT_ROWS", "FUSED_MAX_ROW", "COMBINE_MAX_K", "SWIGLU_THREADS")
 
 
 def test_launch_constants_have_one_definition():
@@ -121,8 +120,7 @@ def test_launch_constants_have_one_definition():
 @needs_nvcc
 def test_launch_constants_are_the_compiled_kernels(ptx_dir):
     """The block sizes launches.py gives the kernels with __launch_bounds__ are those the compiled
-    kernels carry (.maxntid in the PTX); router_fused waits for the kernel in front (its GEMV's
-    pdl_wait) like every kernel."""
+    kernels carry (.maxntid in the PTX)."""
     from kestrel_tui.backends.cuda import launches
 
     def maxntid(module: str, kernel: str) -> int:
@@ -135,14 +133,6 @@ def test_launch_constants_are_the_compiled_kernels(ptx_dir):
     assert launches.SWIGLU_THREADS == 2 * 32 // launches.EXPERT_ROWS * 32
     for version in ("fast", "exact"):
         assert maxntid("fused", f"experts_swiglu_{version}") == launches.SWIGLU_THREADS
-    # one block: a warp GEMV_ROWS1 router rows a pass (two passes), then a thread an expert
-    assert launches.ROUTER_THREADS == 32 * launches._C["ROUTER_WARPS"] <= 1024
-    assert launches.ROUTER_MAX_E == 2 * launches._C["ROUTER_WARPS"] * launches.GEMV_ROWS1 <= launches.ROUTER_THREADS
-    fused = (ptx_dir / "fused.ptx").read_text()
-    for version in ("fast", "exact"):
-        assert maxntid("fused", f"router_fused_{version}") == launches.ROUTER_THREADS
-        body = fused.split(f".entry router_fused_{version}(", 1)[1].split(".entry ", 1)[0]
-        assert "griddepcontrol.wait" in body
 
 
 def test_attn_bench_reads_a_versions_own_block_size():

@@ -73,7 +73,7 @@ REGISTRY: tuple[Op, ...] = (
     _op("gemm", "L2, L7, L8, L9 (G1, G2, Q2, R1)", ("project", "project_experts"),
         {"quantize": _pair("gemv", "quantize_q8_0"),
          **_pairs("gemv", "gemv_q4", "gemv_q4_x3", "gemv_q4_experts", "gemv_f32", "gemv_f32_experts"),
-         **_pairs("fused", "experts_swiglu", "down_combine", "router_fused")},
+         **_pairs("fused", "experts_swiglu", "down_combine")},
         {"quant_exact": 1},
         {"kraw": 0, "ores": 0, "router": 0, "v": 1, "vs": 1, "moe": 1, "x": 1, "logits": 1, "qrope": 2}),
     _op("rope", "L4 (T2)", ("rope_cos_sin",),

@@ -42,8 +42,6 @@ SCAN_SEG = _C["SCAN_SEG"]  # bytes a thread of fnv_scan
 FUSED_MAX_ROW = _C["FUSED_MAX_ROW"]  # combine_rmsnorm_*: hidden sizes up to
 COMBINE_MAX_K = _C["COMBINE_MAX_K"]  # down_combine_*: a warp a slot
 SWIGLU_THREADS = _C["SWIGLU_THREADS"]  # experts_swiglu_*'s block
-ROUTER_THREADS = _C["ROUTER_THREADS"]  # router_fused_*'s block
-ROUTER_MAX_E = _C["ROUTER_MAX_E"]  # router_fused_*: experts up to
 # fields whose reference buffer replaces the subject's as the next op's input (isolate mode)
 FED = frozenset({"emb", "x", "nrm", "kraw", "knorm", "kpre", "qrope", "attn", "ores", *KV_FIELDS})
 
@@ -118,7 +116,6 @@ class Kernels:
     split_reduce: object | None
     pv_spread: int                # dynamic shared memory of the exact P.V kernel (pv_spread_bytes)
     router: object
-    router_fused: object | None   # fused.cu: the router GEMV with the softmax and top-k (q4_0, M = 1)
     silu_mul: object
     combine: object
     experts_swiglu: object | None  # fused.cu: gate and up of the experts with silu(g)*u and its q8_0 (q4_0)
@@ -172,7 +169,6 @@ def select_kernels(rt, model, kv: str, exact: frozenset[str], options) -> Kernel
         split_reduce=split_reduce,
         pv_spread=pv_spread,
         router=pick("router"),
-        router_fused=pick("router_fused") if q4 else None,
         silu_mul=pick("silu_mul"),
         combine=pick("combine"),
         experts_swiglu=pick("experts_swiglu") if q4 else None,

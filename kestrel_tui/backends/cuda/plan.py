@@ -17,8 +17,8 @@ import numpy as np
 
 from ..base import KV_FIELDS
 from .launches import (ATT_FAST_TILE, ATT_FAST_WARPS, ATT_PV_THREADS, ATT_SPLIT_TILE, COMBINE_MAX_K, EXPERT_ROWS,
-                       FED, FUSED_MAX_ROW, HASH_BODY, ROUTER_MAX_E, ROUTER_THREADS, SWIGLU_THREADS, Copy, Kernels,
-                       Launch, Target, blocks_for, q4_rows_a_block)
+                       FED, FUSED_MAX_ROW, HASH_BODY, SWIGLU_THREADS, Copy, Kernels, Launch, Target, blocks_for,
+                       q4_rows_a_block)
 from .layout import Layout
 from .weights import DeviceLinear
 
@@ -49,7 +49,6 @@ class Step:
     fused: bool            # fused.cu's launches
     fuse_heads: bool       # QK-norm, RoPE and the KV rows in one launch
     fuse_swiglu: bool      # a MoE layer's gate, up and silu in one launch (experts_swiglu_*)
-    fuse_router: bool      # M = 1: the router GEMV, softmax and top-k in one block (router_fused_*)
     # how a MoE layer adds its expert sum (a dense layer's down GEMV adds its output itself):
     fold_combine: bool     # the down GEMV adds the expert sum (down_combine_*)
     fuse_combine: bool     # else the sum goes with the norm behind it (combine_rmsnorm_*)
@@ -108,10 +107,6 @@ def _step(b, lay: Layout, T: Target, pos0: int, isolate: bool) -> Step:
                 # a block of experts_swiglu writes one q8_0 block (32 rows) of a pair's activations (q4_0
                 # weights cut moe_intermediate into 32-blocks anyway: Config.validate)
                 fuse_swiglu=fused and b.dm.fmt == "q4_0" and cfg.is_moe and cfg.moe_intermediate % 32 == 0,
-                # one block holds every router row of a decode column (a batch's columns are
-                # GEMV blocks of their own)
-                fuse_router=fused and b.dm.fmt == "q4_0" and cfg.is_moe and lay.M == 1
-                and cfg.n_experts <= ROUTER_MAX_E,
                 fold_combine=fold_combine,
                 fuse_combine=fused and cfg.is_moe and h <= FUSED_MAX_ROW and not fold_combine)
 
@@ -210,14 +205,9 @@ def ffn_block(s: Step, li: int, W) -> ExpertSum | None:
         gemv(s, W["down_proj"], A("a"), A("x", li), res=ores, x_q=A("aq"), x_d=A("ad"))
         return None
     k, E = cfg.top_k, cfg.n_experts
-    if s.fuse_router:  # the logits go to the top-k through shared memory, and to the router key
-        lr = W["gate"]
-        s.emit(K.router_fused, (1, 1, 1), (ROUTER_THREADS, 1, 1), lr.w, lr.d, xq, xd, A("router", li),
-               A("topk", li), A("topw", li), E, lr.nb, k, int(cfg.norm_topk_prob), K.moe_exact, K.exp_exact)
-    else:
-        gemv(s, W["gate"], pnrm, A("router", li))
-        s.emit(K.router, (M, 1, 1), (blocks_for(E, 32) * 32, 1, 1), A("router", li),
-               A("topk", li), A("topw", li), E, k, int(cfg.norm_topk_prob), K.exp_exact)
+    gemv(s, W["gate"], pnrm, A("router", li))
+    s.emit(K.router, (M, 1, 1), (blocks_for(E, 32) * 32, 1, 1), A("router", li),
+           A("topk", li), A("topw", li), E, k, int(cfg.norm_topk_prob), K.exp_exact)
     P = M * k
     if s.fuse_swiglu:  # g and u stay inside the launch: nothing after silu reads them
         lg, lu = W["gate_proj"], W["up_proj"]
