@@ -383,7 +383,7 @@ class CudaBackend(Backend):
         self._body_launched = False
 
     def hash(self, lay: Layout, T: launches.Target) -> None:
-        """FNV-1a 64 of every key of every column (kernels/hash.cu: fnv_scan, fnv_states + fnv_chunks; the
+        """FNV-1a 64 of every key of every column (kernels/hash.cu fnv_scan; the
         logits' on the main stream, the rest on the hash stream unless forward started them),
         then their copy to pinned host memory on the copy stream (fetch waits for it)."""
         cuda = self.rt.cuda
