@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import signal
 import sys
 from collections.abc import Callable, Mapping
@@ -294,7 +295,14 @@ def main(argv: list[str] | None = None) -> int:
         process.reset_announced()
     try:
         check_options(args)
-        return getattr(commands, f"cmd_{args.cmd}")(args, run_config_of(args))
+        status = getattr(commands, f"cmd_{args.cmd}")(args, run_config_of(args))
+        sys.stdout.flush()  # a reader that went away shows here, not as a warning at exit
+        return status
+    except BrokenPipeError:
+        # stdout's reader stopped reading (`| head`): end quietly, with the status of a tool that
+        # SIGPIPE ended, and nothing more written where no one reads
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     except UsageError as e:
         _say(f"kestrel-tui {args.cmd}: error: {inert(e, ERROR_LIMIT)}")
         return 2

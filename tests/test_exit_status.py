@@ -262,3 +262,16 @@ def test_bisect_target_far_on_a_hash_only_subject_is_refused(capsys, tmp_path, g
     code, out, err = run(capsys, "bisect", "--profile", f, "--target", "far")
     line = one_line_error(err)
     assert code == 2 and "reports hashes only" in line and "--target ok" in line and out == ""
+
+
+def test_a_reader_that_stops_reading_ends_the_command_quietly():
+    """`kestrel-tui run --json | head -c 1`: the closed pipe ends the command with SIGPIPE's status
+    (141, as a tool the signal ended), no traceback and no 'Exception ignored' line."""
+    import subprocess
+
+    proc = subprocess.Popen([sys.executable, "-m", "kestrel_tui.cli", "run", "--tokens", "2", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+    proc.stdout.close()  # before the command writes anything: its first write meets a closed pipe
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=300) == 141, err
+    assert "Traceback" not in err and "Exception ignored" not in err and "BrokenPipe" not in err, err
