@@ -176,7 +176,7 @@ def test_an_entry_folder_in_the_way_of_pruning(model, tmp_path):
     os.utime(blocker, (0, 0))
     size = entry.stat().st_size
     session(model, RefCache(tmp_path), n=N + 1).reference()
-    cache = RefCache(tmp_path, max_bytes=int(size * 2.5))
+    cache = RefCache(tmp_path, max_bytes=int(size * 3))  # the newest (8 positions to 6) under half of it
     session(model, cache, n=N + 2).reference()
     assert blocker.is_dir() and not entry.exists()  # the folder skipped, the next oldest entry pruned
     assert len(list(tmp_path.glob("*-*.npz"))) == 3 and cache.notes == []
@@ -213,12 +213,25 @@ def _meta(arrays, **kw):
     arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
 
 
+def _first_raw_spec(arrays, dtype=None, shape=None, offset=None):
+    """Rewrite the first raw buffer's [dtype, shape, offset] in the entry's meta."""
+    raw = json.loads(bytes(arrays["meta"]).decode())["raw"]
+    spec = raw[0][0]
+    spec[:] = [dtype or spec[0], spec[1] if shape is None else shape, spec[2] if offset is None else offset]
+    _meta(arrays, raw=raw)
+
+
 WRONG = {
     "no logits": lambda a: a.pop("logits"),
     "logits of float64": lambda a: a.update(logits=a["logits"].astype(np.float64)),
     "hashes cut short": lambda a: a.update(hashes=a["hashes"][:-3]),
     "tokens of one position fewer": lambda a: a.update(tokens=a["tokens"][:-1]),
     "a raw array missing": lambda a: a.pop(next(k for k in a if k.startswith("r"))),
+    "raw bytes cut short": lambda a: a.update(raw=a["raw"][:-64]),
+    "a raw buffer of objects": lambda a: _first_raw_spec(a, dtype="|O"),
+    "a raw shape whose size wraps int64": lambda a: _first_raw_spec(a, shape=[2**62, 8]),
+    "a raw offset past the bytes": lambda a: _first_raw_spec(a, offset=2**40),
+    "a raw offset off its alignment": lambda a: _first_raw_spec(a, offset=4),
     "meta a list": lambda a: a.update(meta=np.frombuffer(b"[1, 2]", dtype=np.uint8)),
     "meta without keys": lambda a: _meta(a, keys=None),
     "another prompt": lambda a: _meta(a, prompt=[9, 9, 9, 9]),

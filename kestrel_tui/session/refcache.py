@@ -2,8 +2,8 @@
 
 The reference depends only on the model's content, the prompt, the token count, the KV
 format, the probe set and the numerics contract's version; recomputing it is the first
-wait of every session. An entry is one .npz file (hashes, consumed tokens, logits, raw
-buffers) named ``<key>-<sha256 of the file>.npz``: written under a temporary name and
+wait of every session. An entry is one .npz file (hashes, consumed tokens, logits, and the raw
+buffers laid end to end in one array, so reading an entry is a few reads, not one a key) named ``<key>-<sha256 of the file>.npz``: written under a temporary name and
 renamed whole, checked against its name and its structure before use — a corrupt entry is
 dropped with a note and recomputed, never used. A cache that cannot be read or written (its
 root a file, read-only or full) is a note too, never a failed run. Oldest entries go first past the size limit. Only the
@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import stat
 import tempfile
@@ -27,7 +28,8 @@ import numpy as np
 from ..numerics import CONTRACT_VERSION
 from ..trace.rawstore import RawStore
 
-FORMAT = 1                      # of the entry file itself
+FORMAT = 2                      # of the entry file itself (2: the raw buffers in one array)
+RAW_ALIGN = 16                  # bytes: each raw buffer's offset in the entry's one raw array
 DEFAULT_MAX_BYTES = 4 * 2**30   # the cache's size limit
 
 
@@ -119,17 +121,21 @@ class RefCache:
     def store(self, key: str, trace) -> Path | None:
         """Write ``trace`` under ``key`` (whole or not at all); returns the entry, None when it is too big
         or cannot be written (noted: the run goes on, uncached)."""
-        arrays, keys, raw_names = {}, [], []
+        arrays, keys, raw_specs, parts, offset = {}, [], [], [], 0
         for p in trace.positions:
             keys.append(list(p.hashes))
-            names = {}
+            specs = []
             if p.raw is not None:
-                for j, k in enumerate(p.raw):
-                    names[k] = f"r{p.t}_{j}"
-                    arrays[names[k]] = np.asarray(p.raw[k])
-            raw_names.append([names[k] for k in p.hashes] if names else [])
-        meta = {"backend": trace.backend, "prompt": list(trace.prompt), "keys": keys, "raw": raw_names}
+                for k in p.hashes:  # [dtype, shape, offset] a key, in the position's key order
+                    a = np.ascontiguousarray(p.raw[k])
+                    specs.append([a.dtype.str, list(a.shape), offset])
+                    pad = -a.nbytes % RAW_ALIGN
+                    parts += [a.reshape(-1).view(np.uint8), np.zeros(pad, np.uint8)]
+                    offset += a.nbytes + pad
+            raw_specs.append(specs)
+        meta = {"backend": trace.backend, "prompt": list(trace.prompt), "keys": keys, "raw": raw_specs}
         arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+        arrays["raw"] = np.concatenate(parts) if parts else np.zeros(0, np.uint8)
         arrays["hashes"] = np.array([h for p in trace.positions for h in p.hashes.values()], dtype=np.uint64)
         arrays["tokens"] = np.array([p.token for p in trace.positions], dtype=np.int64)
         arrays["logits"] = np.stack([p.logits for p in trace.positions]).astype(np.float32)
@@ -193,8 +199,8 @@ def _read_entry(path: Path):
         meta = json.loads(bytes(_array(z, "meta", np.uint8, 1)).decode())
         if not isinstance(meta, dict):
             raise ValueError("its meta is not an object")
-        keys, raw_names, prompt = meta["keys"], meta["raw"], meta["prompt"]
-        if not (isinstance(keys, list) and isinstance(raw_names, list) and len(raw_names) == len(keys)
+        keys, raw_specs, prompt = meta["keys"], meta["raw"], meta["prompt"]
+        if not (isinstance(keys, list) and isinstance(raw_specs, list) and len(raw_specs) == len(keys)
                 and isinstance(prompt, list) and all(type(t) is int for t in prompt)
                 and isinstance(meta["backend"], str)):
             raise ValueError("its meta does not describe a trace")
@@ -202,19 +208,34 @@ def _read_entry(path: Path):
         hashes = _array(z, "hashes", np.uint64, 1, n_keys)
         tokens = _array(z, "tokens", np.int64, 1, len(keys))
         logits = _array(z, "logits", np.float32, 2, len(keys))
+        blob = _array(z, "raw", np.uint8, 1)
         trace = Trace(backend=meta["backend"], prompt=prompt, store=store)
         P, i = len(prompt), 0
         for t, names in enumerate(keys):
-            if not all(isinstance(k, str) for k in names) or not isinstance(raw_names[t], list) \
-                    or raw_names[t] and len(raw_names[t]) != len(names):
+            if not all(isinstance(k, str) for k in names) or not isinstance(raw_specs[t], list) \
+                    or raw_specs[t] and len(raw_specs[t]) != len(names):
                 raise ValueError(f"position {t} is malformed")
-            raw = {k: z[m] for k, m in zip(names, raw_names[t])} if raw_names[t] else None
+            raw = {k: _raw_view(blob, s) for k, s in zip(names, raw_specs[t])} if raw_specs[t] else None
             n = len(names)
             trace.positions.append(Position(
                 t=t, token=int(tokens[t]), prompt=t < P, raw=store.keep(raw), logits=logits[t],
                 hashes={k: int(h) for k, h in zip(names, hashes[i:i + n])}))
             i += n
     return trace
+
+
+def _raw_view(blob: np.ndarray, spec) -> np.ndarray:
+    """One raw buffer of an entry: [dtype, shape, offset] in its raw array (ValueError when it does not
+    describe a numeric array inside it)."""
+    dtype, shape, offset = spec
+    dt = np.dtype(dtype)
+    if dt.kind not in "biuf" or not isinstance(offset, int) or offset < 0 or offset % RAW_ALIGN \
+            or not all(type(n) is int and n >= 0 for n in shape):
+        raise ValueError(f"a raw buffer described as {_line(repr(spec))}")
+    count = math.prod(shape)  # exact: a hostile shape cannot wrap around
+    if offset + count * dt.itemsize > blob.size:
+        raise ValueError("a raw buffer runs past the entry's raw bytes")
+    return np.frombuffer(blob, dt, count, offset).reshape(shape)
 
 
 def _array(z, name: str, dtype, ndim: int, length: int | None = None) -> np.ndarray:
