@@ -100,3 +100,26 @@ async def test_the_app_on_a_cached_reference_says_so_and_shows_the_grid_at_once(
         header = app.main.query_one("#header").render()
         assert "cpu (cached) vs sim" in str(header)
         assert app.main.board.first_diff is not None  # the run went on against the cached reference
+
+
+def test_every_weight_byte_is_in_the_fingerprint_large_arrays_too():
+    """One byte flipped anywhere, in an array hashed on its own (1 MiB or more) or in a small one, moves
+    the fingerprint; the same weights give the same one; two large arrays swapped move it too."""
+    import dataclasses
+
+    m = load_model(None, "f32", n_layers=2)
+    base = refcache.model_fingerprint(m)
+    assert refcache.model_fingerprint(load_model(None, "f32", n_layers=2)) == base
+    arrays = [(name, a) for name, a in (("lm_head", m.lm_head.w), ("norm", m.norm)) if a is not None]
+    assert arrays[0][1].nbytes >= refcache.ON_ITS_OWN > arrays[1][1].nbytes
+    for name, a in arrays:
+        flat = a.reshape(-1).view(np.uint8)
+        for i in (0, flat.size // 2, flat.size - 1):
+            flat[i] ^= 1
+            assert refcache.model_fingerprint(m) != base, (name, i)
+            flat[i] ^= 1
+    assert refcache.model_fingerprint(m) == base
+    L0, L1 = m.layers[0], m.layers[1]
+    swapped = dataclasses.replace(m, layers=(dataclasses.replace(L0, up_proj=L1.up_proj),
+                                             dataclasses.replace(L1, up_proj=L0.up_proj), *m.layers[2:]))
+    assert L0.up_proj.w.nbytes >= refcache.ON_ITS_OWN and refcache.model_fingerprint(swapped) != base

@@ -21,6 +21,7 @@ import os
 import stat
 import tempfile
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +30,7 @@ from ..numerics import CONTRACT_VERSION
 from ..trace.rawstore import RawStore
 
 FORMAT = 2                      # of the entry file itself (2: the raw buffers in one array)
+ON_ITS_OWN = 1 << 20            # bytes: an array this large is hashed on its own (model_fingerprint)
 RAW_ALIGN = 16                  # bytes: each raw buffer's offset in the entry's one raw array
 DEFAULT_MAX_BYTES = 4 * 2**30   # the cache's size limit
 
@@ -39,16 +41,19 @@ def default_dir() -> Path:
 
 
 def model_fingerprint(model) -> str:
-    """blake2b of the model's config, format and every weight byte (walked field by field)."""
-    h = hashlib.blake2b(digest_size=20)
+    """blake2b-160 of the model's config, format and every weight byte (walked field by field). An
+    array of ON_ITS_OWN bytes or more enters as its own blake2b-160, those computed on every core
+    (hashlib lets go of the GIL over a large buffer): a checkpoint of many GB is not read on one core
+    each time a cached reference is looked up."""
+    pieces: list = []  # bytes in walk order, or a large array standing for its digest
 
     def walk(x):
         if isinstance(x, np.ndarray):
             a = np.ascontiguousarray(x)
-            h.update(f"{a.dtype.str}{a.shape}".encode())
-            h.update(memoryview(a).cast("B"))
+            pieces.append(f"{a.dtype.str}{a.shape}".encode())
+            pieces.append(a if a.nbytes >= ON_ITS_OWN else memoryview(a).cast("B"))
         elif isinstance(x, (np.generic, int, float, str, bool)) or x is None:
-            h.update(repr(x).encode())
+            pieces.append(repr(x).encode())
         elif isinstance(x, (tuple, list)):
             for y in x:
                 walk(y)
@@ -57,10 +62,22 @@ def model_fingerprint(model) -> str:
                 if f.name not in ("tokenizer", "notes", "name"):  # none of them changes a number
                     walk(getattr(x, f.name))
         else:
-            h.update(repr(x).encode())
+            pieces.append(repr(x).encode())
 
     walk(model)
+    large = [p for p in pieces if isinstance(p, np.ndarray)]
+    digests = {}
+    if large:
+        with ThreadPoolExecutor(max_workers=min(len(large), os.cpu_count() or 1)) as pool:
+            digests = dict(zip(map(id, large), pool.map(_digest, large)))
+    h = hashlib.blake2b(digest_size=20)
+    for p in pieces:
+        h.update(digests[id(p)] if isinstance(p, np.ndarray) else p)
     return h.hexdigest()
+
+
+def _digest(a: np.ndarray) -> bytes:
+    return hashlib.blake2b(memoryview(a).cast("B"), digest_size=20).digest()
 
 
 def trace_key(model_fp: str, prompt: list[int], n_tokens: int, kv: str, deep: bool, reference: str) -> str:

@@ -419,8 +419,8 @@ def _case(session: Session, result: RunResult, key: str, plan: Plan, tol: Tolera
         "key": key, "position": k.t, "layer": k.layer, "field": k.field,
         "op": {"kind": plan.kind, "name": plan.name, "rules": plan.rules},
         "model": {"name": inert(model.name), "fingerprint": model_fingerprint(model),
-                  "fingerprint_of": "blake2b-160 of the config, format and every weight byte (kestrel-tui's"
-                                    " reference cache key)",
+                  "fingerprint_of": "blake2b-160 of the config, format and every weight byte, an array of"
+                                    " 1 MiB or more by its own blake2b-160 (kestrel-tui's reference cache key)",
                   "weights": model.fmt, "kv": session.kv, "config": dataclasses.asdict(model.cfg)},
         "prompt": list(session.prompt),
         "tokens": {side: [p.token for p in trace.positions[:k.t + 1]]
