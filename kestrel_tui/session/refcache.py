@@ -152,18 +152,17 @@ class RefCache:
             raw_specs.append(specs)
         meta = {"backend": trace.backend, "prompt": list(trace.prompt), "keys": keys, "raw": raw_specs}
         arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
-        arrays["raw"] = np.concatenate(parts) if parts else np.zeros(0, np.uint8)
         arrays["hashes"] = np.array([h for p in trace.positions for h in p.hashes.values()], dtype=np.uint64)
         arrays["tokens"] = np.array([p.token for p in trace.positions], dtype=np.int64)
         arrays["logits"] = np.stack([p.logits for p in trace.positions]).astype(np.float32)
-        if sum(a.nbytes for a in arrays.values()) > self.max_bytes // 2:
+        if offset + sum(a.nbytes for a in arrays.values()) > self.max_bytes // 2:
             return None  # would push everything else out: not worth keeping
         tmp = None
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=f".{key}-", suffix=".tmp", dir=self.folder)
             with os.fdopen(fd, "wb") as f:
-                _savez(f, arrays)
+                _savez(f, arrays, raw=parts)
             final = self.folder / f"{key}-{_sha256(Path(tmp))}.npz"
             if final in self._in_the_way:
                 return None  # already noted by load()
@@ -281,10 +280,16 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()[:16]
 
 
-def _savez(f, arrays: dict[str, np.ndarray]) -> None:
+def _savez(f, arrays: dict[str, np.ndarray], raw: list[np.ndarray]) -> None:
     """np.savez's file, its zip closed however writing ends: numpy 1.26's savez leaves the zip open on a
-    full disk, and its later __del__ prints a traceback about a file closed meanwhile."""
+    full disk, and its later __del__ prints a traceback about a file closed meanwhile. `raw`: byte arrays
+    written one after the other as the member raw.npy (uint8), never joined in memory."""
     with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as z:
         for name, a in arrays.items():
             with z.open(f"{name}.npy", "w", force_zip64=True) as out:
                 np.lib.format.write_array(out, np.asanyarray(a), allow_pickle=False)
+        with z.open("raw.npy", "w", force_zip64=True) as out:
+            np.lib.format.write_array_header_1_0(out, {"descr": "|u1", "fortran_order": False,
+                                                       "shape": (sum(a.size for a in raw),)})
+            for a in raw:
+                out.write(memoryview(a))
