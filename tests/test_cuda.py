@@ -284,6 +284,67 @@ def test_all_exact_equals_cpu_over_several_attention_tiles(rt, head_dim, prefill
     assert res.all_ok, f"first DIFF {res.first_diff}: {res.stats(res.first_diff)}"
 
 
+
+def _split_attention(rt, q, k, ks, v, vs, pos0, scale):
+    """attn_exact_scores_q8 + attn_exact_pv_q8 of M columns at positions pos0.. (q [M, n_q, hd])."""
+    from kestrel_tui.backends.cuda.launches import ATT_PV_THREADS, ATT_SPLIT_TILE, blocks_for
+
+    M, nh, hd = q.shape
+    cap, nkv = k.shape[:2]
+    cuda = rt.cuda
+    with rt.active():
+        dq, dk, dks, dv, dvs = (cuda.to_device(np.ascontiguousarray(a)) for a in (q, k, ks, v, vs))
+        S, I = cuda.mem_alloc(M * nh * cap * 4), cuda.mem_alloc(M * nh * cap * 4)
+        out = cuda.mem_alloc(M * nh * hd * 4)
+        rt.kernel("attention", "attn_exact_scores_q8").prepared_call(
+            (nh, M, blocks_for(pos0 + M, ATT_SPLIT_TILE)), (ATT_SPLIT_TILE, 1, 1),
+            int(dq), int(dk), int(dks), int(S), int(I), cap, pos0, nh, nkv, hd, scale, 0)
+        rt.kernel("attention", "attn_exact_pv_q8").prepared_call(
+            (nh, M, hd // 32), (ATT_PV_THREADS, 1, 1),
+            int(dv), int(dvs), int(S), int(I), int(out), cap, pos0, nh, nkv, hd, 1, 0, 0, 0, 0)
+        cuda.Context.synchronize()
+        return cuda.from_device(out, (M, nh * hd), np.float32)
+
+
+def _kv_scales(pattern: str, rng, cap: int, nkv: int) -> np.ndarray:
+    """K scales that move the running max as the pattern says (V scales are random)."""
+    base = (rng.random((cap, nkv)) * 0.02 + 0.001).astype(np.float32)
+    p = np.arange(cap, dtype=np.float32)[:, None]
+    if pattern == "rising":  # a new maximum at many positions
+        return base * (np.float32(1) + p * np.float32(8 / cap))
+    if pattern == "saw":  # a rise inside every run of 5 positions, crossing the serial batches
+        return base * (np.float32(1) + (p % 5) * np.float32(3))
+    if pattern == "flat":  # every score equal: the max never moves after position 0
+        return np.full((cap, nkv), 0.01, np.float32)
+    if pattern == "zero":  # every scale 0: every score 0, every weight 1
+        return np.zeros((cap, nkv), np.float32)
+    return base
+
+
+@pytest.mark.parametrize("pattern", ["random", "rising", "saw", "flat", "zero"])
+def test_exact_split_attention_equals_the_contract(rt, pattern):
+    """The exact split attention kernels (scores, then P.V in stages with its adds-only batches where
+    every rescale factor is 1) against contract L6 in numpy (ops_exact.attention), bit for bit, at
+    contexts around the stage, batch and tile boundaries, for M = 1 and M = 3 columns, fresh random
+    caches each run, with running maxima that move often, inside batches, never, or not at all."""
+    from kestrel_tui.backends.ops_exact import attention
+
+    rng = np.random.default_rng()
+    nh, nkv = 8, 2
+    for hd, T, M in [(128, 1, 1), (128, 15, 1), (128, 16, 1), (128, 17, 3), (128, 127, 1), (128, 128, 1),
+                     (128, 129, 3), (64, 255, 1), (128, 256, 1), (256, 257, 3), (128, 700, 1), (128, 1500, 2)]:
+        cap = T + M - 1 + int(rng.integers(0, 40))
+        q = (rng.standard_normal((M, nh, hd)) * 3).astype(np.float32)
+        k = rng.integers(-127, 128, (cap, nkv, hd)).astype(np.int8)
+        v = rng.integers(-127, 128, (cap, nkv, hd)).astype(np.int8)
+        ks, vs = _kv_scales(pattern, rng, cap, nkv), (rng.random((cap, nkv)) * 0.02).astype(np.float32)
+        scale = np.float32(1 / np.sqrt(hd))
+        pos0 = T - 1
+        got = _split_attention(rt, q, k, ks, v, vs, pos0, float(scale))
+        want = attention(q, {"k": k, "ks": ks, "v": v, "vs": vs}, np.arange(pos0, pos0 + M), scale)
+        bad = np.flatnonzero(got.view(np.uint32) != want.view(np.uint32))
+        assert bad.size == 0, f"hd={hd} T={T} M={M}: {bad.size} of {got.size} differ, first at {bad[:4]}"
+
 def _fused_toggle_sets():
     """none, all, and random subsets (fresh each run; the failing set is in the test id)."""
     rng = np.random.default_rng()
