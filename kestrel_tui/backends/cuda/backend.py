@@ -6,9 +6,10 @@ or exact as the toggles say — writing every probe buffer into the arena
 (layout.py), hashes all keys of all M columns at the end (one pass of two
 launches, kernels/hash.cu), and copies back the logits and the hashes; the
 raw buffers only when asked. The kernels run on the default stream, so launch
-order is execution order; every key but the logits is hashed on a second
-stream while the final norm and lm_head run, and the copies to the host run on
-a third behind events. The host waits for the logits first and copies them out
+order is execution order; the keys of the first half of the layers are hashed
+on a second stream while the second half runs, the other keys but the logits
+there while the final norm and lm_head run, and the copies to the host run on a
+third behind events. The host waits for the logits first and copies them out
 while the logits are hashed, then waits for the hashes.
 
 An M=1 step without a feed (plain decode, the app's and the CLI's step) is
