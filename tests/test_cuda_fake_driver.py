@@ -692,39 +692,6 @@ def _args(item, *names):
     return tuple(named[k] for k in names)
 
 
-
-@pytest.mark.parametrize("weights,fuse", [("q4_0", True), ("f32", True), ("q4_0", False)])
-@pytest.mark.parametrize("M,isolate,deep", [(1, False, False), (3, False, True), (1, True, False)])
-def test_early_hashes_start_after_every_write_of_their_keys(monkeypatch, weights, fuse, M, isolate, deep):
-    """The first layers' keys are hashed on the hash stream while the later layers run: nothing
-    the step launches or copies after that point touches any of those keys' buffers, and a
-    decode step launches three hashes (the early keys, the others, the logits)."""
-    from kestrel_tui.backends.cuda import backend as be
-    from kestrel_tui.backends.cuda import make_cuda_backend
-    from kestrel_tui.backends.cuda.launches import HASH_BODY, HASH_EARLY, Copy, Launch, Target
-    from kestrel_tui.backends.cuda.options import CudaOptions
-    from kestrel_tui.backends.cuda.plan import plan
-    from kestrel_tui.model.weights import synthetic_model
-
-    fake = _FakeRuntime()
-    monkeypatch.setattr(be, "runtime", lambda: fake)
-    b = make_cuda_backend(synthetic_model(default_config().with_layers(6), weights), deep=deep, graph=False,
-                          options=CudaOptions(fuse=fuse))
-    b.reset(8)
-    lay, base = b._layout(M), 1 << 40
-    items = plan(b, lay, Target(None, base, tokens=1, scores=2), 0, isolate, hash_body=True)
-    assert items.count(HASH_EARLY) == 1 and items.index(HASH_EARLY) < items.index(HASH_BODY)
-    fields = lay.key_fields * M
-    early = {fields[i] for i in lay.early_index}
-    spans = [(base + lay.regions[f].offset, base + lay.regions[f].offset + M * lay.regions[f].col_bytes)
-             for f in early]
-    for it in items[items.index(HASH_EARLY) + 1:]:
-        ptrs = [it.dst, it.src] if isinstance(it, Copy) else list(it.args) if isinstance(it, Launch) else []
-        hit = [(p, f) for p in ptrs if isinstance(p, int) for (lo, hi), f in zip(spans, early) if lo <= p < hi]
-        assert not hit, f"{getattr(getattr(it, 'kernel', None), 'name', it)} touches early keys {hit}"
-    b.step(np.array([3] * M), 0)
-    assert fake.kernels["fnv_scan"].calls == 3
-
 @pytest.mark.parametrize("style", MIXED)
 @pytest.mark.parametrize("weights,fuse,deep", [("q4_0", True, False), ("q4_0", True, True), ("f32", True, False),
                                                ("q4_0", False, False), ("f32", False, True)])

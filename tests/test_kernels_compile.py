@@ -385,27 +385,6 @@ def test_hash_work_list_folds_to_fnv1a64():
     assert len(logits) == lay.M
 
 
-
-@pytest.mark.parametrize("layers,M,deep", [(4, 1, False), (6, 3, True), (48, 1, False), (3, 2, False)])
-def test_hash_parts_cover_every_key_once(layers, M, deep):
-    """The three parts the backend hashes in (the embedding and the first layers' keys halfway
-    through the step, the other keys but the logits after the last layer, the logits) cover every
-    key once, the early part only layers below hash_split, and their hashes merged are every
-    key's FNV-1a 64 in key order."""
-    from dataclasses import replace
-
-    cfg = replace(default_config().with_layers(layers), vocab=700)
-    lay = Layout(cfg, "q8", M, deep=deep)
-    parts = (lay.early_index, lay.body_index, lay.logits_index)
-    assert sorted(np.concatenate(parts).tolist()) == list(range(lay.n_keys))
-    fields = lay.key_fields * M
-    assert all(fields[i][0] == "emb" or fields[i][1] < lay.hash_split for i in lay.early_index)
-    assert (len(lay.early_index) > 0) == (lay.hash_split > 0) == (layers >= 4)
-    arena = np.random.default_rng(layers).integers(0, 256, lay.total, dtype=np.uint8).tobytes()
-    want = [fnv1a64(arena[o:o + n]) for o, n in lay.spans]
-    got = [h for work in (lay.hash_early, lay.hash_body, lay.hash_logits) if work.n_keys for h in _fold(work, arena)]
-    assert np.array(got, dtype=np.uint64)[lay.merge].tolist() == want
-
 def test_two_pass_hash_on_odd_spans():
     rng = np.random.default_rng(9)
     lengths = [0, 4, 256, 260, 2048, 2052, 4096 + 512 + 12]

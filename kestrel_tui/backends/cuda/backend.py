@@ -6,10 +6,9 @@ or exact as the toggles say — writing every probe buffer into the arena
 (layout.py), hashes all keys of all M columns at the end (one pass of two
 launches, kernels/hash.cu), and copies back the logits and the hashes; the
 raw buffers only when asked. The kernels run on the default stream, so launch
-order is execution order; the keys of the first half of the layers are hashed
-on a second stream while the second half runs, the other keys but the logits
-there while the final norm and lm_head run, and the copies to the host run on a
-third behind events. The host waits for the logits first and copies them out
+order is execution order; every key but the logits is hashed on a second
+stream while the final norm and lm_head run, and the copies to the host run on
+a third behind events. The host waits for the logits first and copies them out
 while the logits are hashed, then waits for the hashes.
 
 An M=1 step without a feed (plain decode, the app's and the CLI's step) is
@@ -143,7 +142,7 @@ class CudaBackend(Backend):
         self._cache = None
         self.capacity = 0
         self._hash_stream = self._body_ready = self._body_done = None
-        self._side_launched: set[str] = set()  # parts of the hashes forward started (_launch_side_hash)
+        self._body_launched = False
         # the M=1 decode graphs (graph.py), by `hashing`: each captured by the first eligible step
         self.use_graph = self.options.graph
         self._graph_off_why = ("graph=False" if graph is False else "graph option off") if not self.use_graph else None
@@ -236,17 +235,15 @@ class CudaBackend(Backend):
         return int(getattr(self, attr))
 
     def _hash_tables(self, lay: Layout, which: str) -> dict:
-        """The device work list of `which` ("early", "body", "logits": Layout's parts of the keys)."""
+        """The device work list of `which` ("body": every key but the logits; "logits")."""
         hb = self._hash_bufs.get((lay.M, which))
         if hb is None:
             # both lists write into one buffer (body hashes, then the logits'): one copy back
             out = self._hash_bufs.get((lay.M, "out"))
             if out is None:
                 out = self._hash_bufs[lay.M, "out"] = {"buf": self.rt.cuda.mem_alloc(max(8, lay.n_keys * 8))}
-            before = {"early": 0, "body": len(lay.early_index),
-                      "logits": len(lay.early_index) + len(lay.body_index)}[which]
-            ptr = int(out["buf"]) + 8 * before
-            work = {"early": lay.hash_early, "body": lay.hash_body, "logits": lay.hash_logits}[which]
+            ptr = int(out["buf"]) + (0 if which == "body" else 8 * len(lay.body_index))
+            work = lay.hash_body if which == "body" else lay.hash_logits
             hb = self._hash_bufs[lay.M, which] = device_hash_work(self.rt.cuda, work, out=ptr)
         return hb
 
@@ -361,31 +358,29 @@ class CudaBackend(Backend):
         """Queue one step's plan (plan.py) on T's stream, inside rt.active(); launcher: pdl.py's,
         while a graph captures with PDL."""
         steps = plan(self, lay, T, pos0, isolate, hash_body)
-        launches.run(self.rt, steps, T.stream, launcher, on_hash=lambda part: self._launch_side_hash(lay, T, part))
+        launches.run(self.rt, steps, T.stream, launcher, on_hash_body=lambda: self._launch_body_hash(lay, T))
 
     def scratch_bytes(self, M: int) -> int:
         return launches.scratch_bytes(self, M)
 
-    def _launch_side_hash(self, lay: Layout, T: launches.Target, part: str) -> None:
-        """Hash a part of the keys ("early", "body") on the hash stream, after what T's stream has
-        queued."""
+    def _launch_body_hash(self, lay: Layout, T: launches.Target) -> None:
+        """Hash every key but the logits on the hash stream, after what T's stream has queued."""
         self._streams()
         self._body_ready.record(T.stream)
         self._hash_stream.wait_for_event(self._body_ready)
-        launch_hash(self.rt, self._hash_tables(lay, part), T.base, self._hash_stream)
+        launch_hash(self.rt, self._hash_tables(lay, "body"), T.base, self._hash_stream)
         self._body_done.record(self._hash_stream)
-        self._side_launched.add(part)
+        self._body_launched = True
 
     def launch_hashes(self, lay: Layout, T: launches.Target, launcher=None) -> None:
-        """The logits' hash on T's stream (and the other parts', where forward did not start them),
-        then T's stream waits for the hash stream: every hash is final behind it."""
-        for part in ("early", "body"):
-            if part not in self._side_launched and (part == "body" or len(lay.early_index)):
-                self._launch_side_hash(lay, T, part)
+        """The logits' hash on T's stream (and the body's, if forward did not start it), then T's
+        stream waits for the body's: every hash is final behind it."""
+        if not self._body_launched:
+            self._launch_body_hash(lay, T)
         launch_hash(self.rt, self._hash_tables(lay, "logits"), T.base, T.stream, launcher)
         if T.stream is not None:  # join the hash stream (a graph capture must end joined)
             T.stream.wait_for_event(self._body_done)
-        self._side_launched = set()
+        self._body_launched = False
 
     def hash(self, lay: Layout, T: launches.Target) -> None:
         """FNV-1a 64 of every key of every column (kernels/hash.cu fnv_scan; the

@@ -138,7 +138,7 @@ class DecodeGraph:
         finally:
             graph = ctypes.c_void_p()
             rc = self.lib.cuStreamEndCapture(h, ctypes.byref(graph))
-            b._side_launched = set()
+            b._body_launched = False
         if err is not None:
             if graph:
                 self.lib.cuGraphDestroy(graph)

@@ -209,21 +209,18 @@ class Copy:  # device to device (isolate: the reference's KV rows into the cache
     n: int
 
 
-# where a part of the step's hashes starts on the hash stream (Layout: which keys each part has)
-HASH_EARLY = "early"  # the embedding and the first layers' keys, halfway through the layers
-HASH_BODY = "body"    # every other key but the logits, once the last layer is done
+HASH_BODY = "hash body"  # where the hash of every key but the logits starts, on the hash stream
 
 
-def run(rt, plan: list, stream, launcher=None, on_hash=None) -> None:
-    """Queue a step's plan on `stream`: through `launcher` (pdl.py: a capture with PDL) or PyCUDA;
-    on_hash(part) where a part of the hashes may start (HASH_EARLY, HASH_BODY)."""
+def run(rt, plan: list, stream, launcher=None, on_hash_body=None) -> None:
+    """Queue a step's plan on `stream`: through `launcher` (pdl.py: a capture with PDL) or PyCUDA."""
     for item in plan:
         if isinstance(item, Launch):
             launch(item.kernel, item.grid, item.block, stream, *item.args, shared=item.shared, launcher=launcher)
         elif isinstance(item, Copy):
             rt.cuda.memcpy_dtod(item.dst, item.src, item.n)
-        elif on_hash is not None:
-            on_hash(item)
+        elif on_hash_body is not None:
+            on_hash_body()
 
 
 def scratch_bytes(b, M: int) -> int:

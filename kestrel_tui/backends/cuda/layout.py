@@ -161,20 +161,14 @@ class Layout:
                 r = self.regions[field, layer]
                 self.spans.append((r.offset + m * r.col_bytes, r.col_bytes))
         self.n_keys = len(self.spans)
-        # the split for overlapped hashing, on a second stream: the embedding and the keys of the
-        # layers below hash_split are final once layer hash_split + 1 is done (a layer's last key,
-        # its x, is written by the next layer's first launch at the latest), so they are hashed
-        # while the second half of the layers runs ("early"); every other key but the logits is
-        # final when the last layer is done and is hashed while the final norm and lm_head run
-        # ("body"); the logits' hash comes last
-        # (none below 4 layers: the embedding alone is not worth a launch)
-        self.hash_split = max(0, cfg.n_layers // 2 - 1)
-        kinds = ["logits" if f == "logits" else "early" if self.hash_split and (f == "emb" or (
-                 ly is not None and ly < self.hash_split)) else "body" for f, ly in self.key_fields * M]
-        self.early_index, self.body_index, self.logits_index = (
-            np.array([i for i, k in enumerate(kinds) if k == which], np.int64) for which in ("early", "body", "logits"))
-        # hashes = concat(early_out, body_out, logits_out)[self.merge]
-        order = np.concatenate([self.early_index, self.body_index, self.logits_index])
+        # the split for overlapped hashing: every key but the logits is final when the last
+        # layer is done, so it is hashed while the final norm and lm_head run
+        last = [i for i, kf in enumerate(self.key_fields * M) if kf[0] == "logits"]
+        lset = set(last)
+        self.body_index = np.array([i for i in range(self.n_keys) if i not in lset], np.int64)
+        self.logits_index = np.array(last, np.int64)
+        # hashes = concat(body_out, logits_out)[self.merge]
+        order = np.concatenate([self.body_index, self.logits_index])
         self.merge = np.empty(self.n_keys, np.int64)
         self.merge[order] = np.arange(self.n_keys)
         self.merge_identity = bool((self.merge == np.arange(self.n_keys)).all())  # M=1: logits are last
@@ -183,18 +177,13 @@ class Layout:
     def _hash_work(self, which: str) -> HashWork:
         w = self._work.get(which)
         if w is None:
-            idx = {"early": self.early_index, "body": self.body_index, "logits": self.logits_index}[which]
+            idx = {"body": self.body_index, "logits": self.logits_index}[which]
             w = self._work[which] = HashWork([self.spans[i] for i in idx], scan_max=HASH_SCAN_MAX)
         return w
 
     @property
-    def hash_early(self) -> HashWork:
-        """The embedding and the keys of the layers below hash_split (final halfway through)."""
-        return self._hash_work("early")
-
-    @property
     def hash_body(self) -> HashWork:
-        """Every other key but the logits (final once the last layer is done)."""
+        """Every key but the logits (final once the last layer is done)."""
         return self._hash_work("body")
 
     @property

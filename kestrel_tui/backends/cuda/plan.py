@@ -17,7 +17,7 @@ import numpy as np
 
 from ..base import KV_FIELDS
 from .launches import (ATT_FAST_TILE, ATT_FAST_WARPS, ATT_PV_THREADS, ATT_SPLIT_TILE, COMBINE_MAX_K, EXPERT_ROWS,
-                       FED, FUSED_MAX_ROW, HASH_BODY, HASH_EARLY, SWIGLU_THREADS, Copy, Kernels, Launch, Target, blocks_for,
+                       FED, FUSED_MAX_ROW, HASH_BODY, SWIGLU_THREADS, Copy, Kernels, Launch, Target, blocks_for,
                        q4_rows_a_block)
 from .layout import Layout
 from .weights import DeviceLinear
@@ -82,11 +82,9 @@ class Step:
 
 
 def plan(b, lay: Layout, T: Target, pos0: int, isolate: bool = False, hash_body: bool = False) -> list:
-    """The launches of one step, in order: Launch and Copy items, and where a part of the hashes
-    may start on a second stream: HASH_EARLY (the first layers' keys, overlapping the second
-    half of the layers; Layout.hash_split) and HASH_BODY (every other key but the logits,
-    overlapping the final norm and lm_head); backend.hash then adds the logits' hash and joins
-    the streams."""
+    """The launches of one step, in order: Launch and Copy items, and HASH_BODY where the hash of
+    every key but the logits may start on a second stream (overlapping the final norm and
+    lm_head; backend.hash then adds the logits' hash and joins the streams)."""
     s = _step(b, lay, T, pos0, isolate)
     embedding(s)
     pending = None
@@ -94,8 +92,6 @@ def plan(b, lay: Layout, T: Target, pos0: int, isolate: bool = False, hash_body:
         x_in = s.In("emb") if li == 0 else s.In("x", li - 1)
         attention_block(s, li, W, x_in, pending)
         pending = ffn_block(s, li, W)
-        if hash_body and li == lay.hash_split + 1 and len(lay.early_index):  # a layer past the split's last write
-            s.items.append(HASH_EARLY)
     head(s, pending, hash_body)
     return s.items
 
