@@ -284,7 +284,6 @@ def test_all_exact_equals_cpu_over_several_attention_tiles(rt, head_dim, prefill
     assert res.all_ok, f"first DIFF {res.first_diff}: {res.stats(res.first_diff)}"
 
 
-
 def _split_attention(rt, q, k, ks, v, vs, pos0, scale):
     """attn_exact_scores_q8 + attn_exact_pv_q8 of M columns at positions pos0.. (q [M, n_q, hd])."""
     from kestrel_tui.backends.cuda.launches import ATT_PV_THREADS, ATT_SPLIT_TILE, blocks_for
@@ -323,10 +322,10 @@ def _kv_scales(pattern: str, rng, cap: int, nkv: int) -> np.ndarray:
 
 @pytest.mark.parametrize("pattern", ["random", "rising", "saw", "flat", "zero"])
 def test_exact_split_attention_equals_the_contract(rt, pattern):
-    """The exact split attention kernels (scores, then P.V in stages with its adds-only batches where
-    every rescale factor is 1) against contract L6 in numpy (ops_exact.attention), bit for bit, at
-    contexts around the stage, batch and tile boundaries, for M = 1 and M = 3 columns, fresh random
-    caches each run, with running maxima that move often, inside batches, never, or not at all."""
+    """The exact split attention kernels (scores and prefix maxima by tiles, then P.V in stages of
+    producers and a serial warp) against contract L6 in numpy (ops_exact.attention), bit for bit, at
+    contexts around the stage, batch and tile boundaries, for 1 to 3 columns, fresh random caches
+    each run, with running maxima that move often, inside batches, never, or not at all."""
     from kestrel_tui.backends.ops_exact import attention
 
     rng = np.random.default_rng()
@@ -344,6 +343,7 @@ def test_exact_split_attention_equals_the_contract(rt, pattern):
         want = attention(q, {"k": k, "ks": ks, "v": v, "vs": vs}, np.arange(pos0, pos0 + M), scale)
         bad = np.flatnonzero(got.view(np.uint32) != want.view(np.uint32))
         assert bad.size == 0, f"hd={hd} T={T} M={M}: {bad.size} of {got.size} differ, first at {bad[:4]}"
+
 
 def _fused_toggle_sets():
     """none, all, and random subsets (fresh each run; the failing set is in the test id)."""

@@ -41,6 +41,20 @@ def define(src: str, name: str) -> int:
     return int(eval(expr, {"__builtins__": {}}))
 
 
+def random_cache(nh: int, nkv: int, hd: int, cap: int, rising: bool = False) -> tuple[np.ndarray, ...]:
+    """(q, k, v, k scales, v scales) of one decode column over a q8 cache of cap positions, seed 0;
+    rising: K scales growing with the position (the running max moves at many positions)."""
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal(nh * hd).astype(np.float32)
+    kc = rng.integers(-127, 128, (cap, nkv, hd)).astype(np.int8)
+    vc = rng.integers(-127, 128, (cap, nkv, hd)).astype(np.int8)
+    ks = (rng.random((cap, nkv)) * 0.02 + 0.001).astype(np.float32)
+    if rising:
+        ks *= np.float32(1) + np.arange(cap, dtype=np.float32)[:, None] * np.float32(8 / cap)
+    vs = (rng.random((cap, nkv)) * 0.02 + 0.001).astype(np.float32)
+    return q, kc, vc, ks, vs
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("versions", nargs="+", help="label=attention.cu")
@@ -62,15 +76,7 @@ def main() -> None:
 
     nh, nkv, hd, T = args.heads, args.kv_heads, args.head_dim, args.ctx
     cap, pos0 = T, T - 1
-    rng = np.random.default_rng(0)
-    q = rng.standard_normal(nh * hd).astype(np.float32)
-    kc = rng.integers(-127, 128, (cap, nkv, hd)).astype(np.int8)
-    vc = rng.integers(-127, 128, (cap, nkv, hd)).astype(np.int8)
-    ks = (rng.random((cap, nkv)) * 0.02 + 0.001).astype(np.float32)
-    if args.rising:
-        ks *= np.float32(1) + np.arange(cap, dtype=np.float32)[:, None] * np.float32(8 / cap)
-    vs = (rng.random((cap, nkv)) * 0.02 + 0.001).astype(np.float32)
-    d_q, d_kc, d_vc, d_ks, d_vs = (cuda.to_device(a) for a in (q, kc, vc, ks, vs))
+    d_q, d_kc, d_vc, d_ks, d_vs = (cuda.to_device(a) for a in random_cache(nh, nkv, hd, cap, args.rising))
     S, I = cuda.mem_alloc(nh * cap * 4), cuda.mem_alloc(nh * cap * 4)
     out, xq, xd = cuda.mem_alloc(nh * hd * 4), cuda.mem_alloc(nh * hd), cuda.mem_alloc(nh * hd // 32 * 4)
     scale = float(np.float32(hd ** -0.5))
