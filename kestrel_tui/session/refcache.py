@@ -2,13 +2,14 @@
 
 The reference depends only on the model's content, the prompt, the token count, the KV
 format, the probe set and the numerics contract's version; recomputing it is the first
-wait of every session. An entry is one .npz file (hashes, consumed tokens, logits, and the raw
-buffers laid end to end in one array, so reading an entry is a few reads, not one a key) named ``<key>-<sha256 of the file>.npz``: written under a temporary name and
-renamed whole, checked against its name and its structure before use — a corrupt entry is
-dropped with a note and recomputed, never used. A cache that cannot be read or written (its
-root a file, read-only or full) is a note too, never a failed run. Oldest entries go first past the size limit. Only the
-built-in cpu reference is cached: a foreign reference depends on library versions the
-key cannot see.
+wait of every session. An entry is one .npz file (hashes, consumed tokens, logits, and the
+raw buffers laid end to end in one array, so reading an entry is a few reads, not one a
+key) named ``<key>-<sha256 of the file>.npz``: written under a temporary name and renamed
+whole, checked against its name and its structure before use — a corrupt entry is dropped
+with a note and recomputed, never used. A cache that cannot be read or written (its root a
+file, read-only or full) is a note too, never a failed run. Oldest entries go first past
+the size limit. Only the built-in cpu reference is cached: a foreign reference depends on
+library versions the key cannot see.
 """
 from __future__ import annotations
 

@@ -407,7 +407,7 @@ def _jsonable(x):
 
 def _case(session: Session, result: RunResult, key: str, plan: Plan, tol: Tolerance | None, verdict: str,
           metrics, files: dict, note: str) -> dict:
-    from .refcache import model_fingerprint
+    from .refcache import ON_ITS_OWN, model_fingerprint
 
     k = parse_key(key)
     model, settings = session.model, result.settings
@@ -420,7 +420,8 @@ def _case(session: Session, result: RunResult, key: str, plan: Plan, tol: Tolera
         "op": {"kind": plan.kind, "name": plan.name, "rules": plan.rules},
         "model": {"name": inert(model.name), "fingerprint": model_fingerprint(model),
                   "fingerprint_of": "blake2b-160 of the config, format and every weight byte, an array of"
-                                    " 1 MiB or more by its own blake2b-160 (kestrel-tui's reference cache key)",
+                                    f" {ON_ITS_OWN >> 20} MiB or more by its own blake2b-160 (kestrel-tui's"
+                                    " reference cache key)",
                   "weights": model.fmt, "kv": session.kv, "config": dataclasses.asdict(model.cfg)},
         "prompt": list(session.prompt),
         "tokens": {side: [p.token for p in trace.positions[:k.t + 1]]
