@@ -135,6 +135,56 @@ def test_launch_constants_are_the_compiled_kernels(ptx_dir):
         assert maxntid("fused", f"experts_swiglu_{version}") == launches.SWIGLU_THREADS
 
 
+def _gpu_script(name: str):
+    import importlib.util
+    import sys
+
+    folder = Path(__file__).resolve().parents[1] / "scripts" / "gpu"
+    sys.path.insert(0, str(folder))  # the scripts import each other (gpu_pv_trace: gpu_attn_bench)
+    try:
+        spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path.remove(str(folder))
+    return mod
+
+
+@needs_nvcc
+@pytest.mark.parametrize("script", ["gpu_chain_floor", "gpu_l2_probe", "gpu_serial_floor", "gpu_pv_trace"])
+def test_gpu_scripts_cuda_sources_compile(script, tmp_path):
+    """The GPU scripts' own kernels (their SRC, or for gpu_pv_trace the committed P.V kernel with its
+    trace points put in) compile for sm_90: a script is often changed on a machine without a GPU."""
+    from kestrel_tui.backends.cuda.runtime import module_source
+
+    mod = _gpu_script(script)
+    if script == "gpu_pv_trace":
+        src = module_source("attention", mod.traced((KERNEL_DIR / "attention.cu").read_text()))
+        assert "attn_pv_trace" in src
+    else:
+        src = mod.SRC
+    cu = tmp_path / f"{script}.cu"
+    cu.write_text(src)
+    proc = subprocess.run([NVCC, "-arch=sm_90", *nvcc_options(), "--ptx", "-o", str(cu.with_suffix(".ptx")), str(cu)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_serial_floor_counts_the_contracts_ordered_sums():
+    """gpu_serial_floor.py's chain lengths for Qwen3-30B-A3B at context 1024, from numerics.md's rules:
+    R2 over hidden/8 blocks twice a layer and once at the end, R3 over head_dim, the experts and
+    the top-k, and one L6d step a cache position."""
+    from dataclasses import replace
+
+    from kestrel_tui.model.config import qwen3_30b_a3b_config
+
+    cfg = qwen3_30b_a3b_config()
+    got = _gpu_script("gpu_serial_floor").chain_lengths(cfg, 1024)
+    assert sum(a + b for a, b in got.values()) == 97 * 256 + 48 * 128 + 48 * 128 + 48 * 8 + 48 * 1025
+    dense = _gpu_script("gpu_serial_floor").chain_lengths(replace(cfg, n_layers=4, mlp_only_layers=(1,)), 8)
+    assert dense["R3 router softmax sums"] == (3 * 128, 0)  # a dense layer has no router
+
+
 def test_attn_bench_reads_a_versions_own_block_size():
     """scripts/gpu/gpu_attn_bench.py launches each attention.cu version with the block its own
     #defines give; a wrong block hangs the P.V kernel at its named barrier (it happened once:
