@@ -178,10 +178,11 @@ def test_serial_floor_counts_the_contracts_ordered_sums():
 
     from kestrel_tui.model.config import qwen3_30b_a3b_config
 
+    floor = _gpu_script("gpu_serial_floor")
     cfg = qwen3_30b_a3b_config()
-    got = _gpu_script("gpu_serial_floor").chain_lengths(cfg, 1024)
+    got = floor.chain_lengths(cfg, 1024)
     assert sum(a + b for a, b in got.values()) == 97 * 256 + 48 * 128 + 48 * 128 + 48 * 8 + 48 * 1025
-    dense = _gpu_script("gpu_serial_floor").chain_lengths(replace(cfg, n_layers=4, mlp_only_layers=(1,)), 8)
+    dense = floor.chain_lengths(replace(cfg, n_layers=4, mlp_only_layers=(1,)), 8)
     assert dense["R3 router softmax sums"] == (3 * 128, 0)  # a dense layer has no router
 
 
@@ -189,15 +190,10 @@ def test_attn_bench_reads_a_versions_own_block_size():
     """scripts/gpu/gpu_attn_bench.py launches each attention.cu version with the block its own
     #defines give; a wrong block hangs the P.V kernel at its named barrier (it happened once:
     the reader took an #ifndef default over the version's own #define)."""
-    import importlib.util
-
     from kestrel_tui.backends.cuda import launches
-
-    script = Path(__file__).resolve().parents[1] / "scripts" / "gpu" / "gpu_attn_bench.py"
-    spec = importlib.util.spec_from_file_location("gpu_attn_bench", script)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
     from kestrel_tui.backends.cuda.runtime import module_source
+
+    bench = _gpu_script("gpu_attn_bench")
 
     src = module_source("attention")  # kernels/launch.cuh inlined
     assert bench.define(src, "ATT_PV_THREADS") == launches.ATT_PV_THREADS

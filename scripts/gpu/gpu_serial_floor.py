@@ -90,7 +90,8 @@ def chain_lengths(cfg, ctx: int) -> dict[str, tuple[int, int]]:
         "R3 QK-norm sums": (cfg.n_layers * cfg.head_dim, 0),
         "R3 router softmax sums": (moe * cfg.n_experts, 0),
         "R3 top-k renormalisation": (moe * cfg.top_k if cfg.norm_topk_prob else 0, 0),
-        # positions 0..ctx: one add each; the l recurrence where the maximum moves (at least once)
+        # positions 0..ctx, ctx + 1 steps: a multiply and an add where the maximum moves (at least
+        # once a layer), an add alone elsewhere
         "L6d online softmax": (cfg.n_layers * ctx, cfg.n_layers),
     }
 
@@ -115,33 +116,28 @@ def main() -> None:
     cuda.memcpy_htod(out, np.array([1.0, 0.0], np.float32))
     cyc, ns = cuda.mem_alloc(8), cuda.mem_alloc(8)
 
-    def run_chain(n: int, kind: int) -> tuple[float, float]:
-        best = None
+    def fewest_cycles(launch) -> tuple[int, int]:
+        """(cycles, ns) of the launch with the fewest cycles of five."""
+        runs = []
         for _ in range(5):
-            chain(out, cyc, ns, np.int32(n), np.int32(kind), np.float32(0.999), np.float32(1e-3),
-                  block=(1, 1, 1), grid=(1, 1))
+            launch()
             cuda.Context.synchronize()
-            c, t = np.empty(1, np.int64), np.empty(1, np.uint64)
-            cuda.memcpy_dtoh(c, cyc)
-            cuda.memcpy_dtoh(t, ns)
-            if best is None or c[0] < best[0]:
-                best = (int(c[0]), int(t[0]))
-        return best[0] / n, best[0] / best[1]  # cycles a step, cycles a ns (GHz)
+            runs.append((int(cuda.from_device(cyc, (1,), np.int64)[0]), int(cuda.from_device(ns, (1,), np.uint64)[0])))
+        return min(runs)
+
+    def run_chain(n: int, kind: int) -> tuple[float, float]:
+        c, t = fewest_cycles(lambda: chain(out, cyc, ns, np.int32(n), np.int32(kind), np.float32(0.999),
+                                           np.float32(1e-3), block=(1, 1, 1), grid=(1, 1)))
+        return c / n, c / t  # cycles a step, cycles a ns (GHz)
 
     add, ghz = run_chain(1 << 20, 0)
     mul_add, _ = run_chain(1 << 20, 1)
     cfg = qwen3_30b_a3b_config(args.layers)
     x = cuda.to_device(np.random.default_rng(0).standard_normal(cfg.hidden).astype(np.float32))
-    tree_cyc = []
-    for _ in range(5):
-        tree(x, out, cyc, np.int32(cfg.hidden), block=(256, 1, 1), grid=(1, 1))
-        cuda.Context.synchronize()
-        c = np.empty(1, np.int64)
-        cuda.memcpy_dtoh(c, cyc)
-        tree_cyc.append(int(c[0]))
+    tree_cycles, _ = fewest_cycles(lambda: tree(x, out, cyc, np.int32(cfg.hidden), block=(256, 1, 1), grid=(1, 1)))
     print(f"{dev.name()}: SM clock {ghz:.3f} GHz (clock64 / globaltimer over 2^20 steps)")
     print(f"dependent float add: {add:.2f} cycles a step; multiply then add: {mul_add:.2f}")
-    print(f"a 256-thread block's tree sum of {cfg.hidden} floats in shared memory: {min(tree_cyc)} cycles"
+    print(f"a 256-thread block's tree sum of {cfg.hidden} floats in shared memory: {tree_cycles} cycles"
           f" (R2's serial part alone: {cfg.hidden // 8 * add:.0f})")
     total = 0.0
     print(f"\nQwen3-30B-A3B dims, {cfg.n_layers} layers, context {args.ctx}: the ordered chains of one decode step")
