@@ -11,7 +11,7 @@ instruction, and the total of the stall counts over the lines shown.
     python3 scripts/gpu/sass_ctl.py kernels/attention.cu attn_exact_pv_q8 [--from 3a00 --to 4b60]
     python3 scripts/gpu/sass_ctl.py --sass dump.txt [KERNEL] [--from ... --to ...]   # cuobjdump -sass output
 
-A .cu is compiled the way the backend compiles it (runtime.module_source, runtime.nvcc_options)
+A .cu is compiled the way the backend compiles it (runtime.module_source, runtime.NVCC_OPTIONS)
 for sm_90 and disassembled with cuobjdump — the CUDA toolkit's or the nvidia-cuda-cuobjdump
 wheel's (`pip install nvidia-cuda-cuobjdump`). Stall counts are ptxas's static schedule; waits on
 scoreboards and on the memory pipes come on top (gpu_pv_trace.py measures those).
@@ -95,14 +95,14 @@ def cuobjdump() -> str:
 
 
 def disassemble(cu: Path, function: str) -> str:
-    from kestrel_tui.backends.cuda.runtime import module_source, nvcc_options
+    from kestrel_tui.backends.cuda.runtime import NVCC_OPTIONS, module_source
 
     tool = cuobjdump()
     nvcc = shutil.which("nvcc") or sys.exit("sass_ctl.py: no nvcc on PATH (the CUDA toolkit)")
     with tempfile.TemporaryDirectory() as tmp:
         src, cubin = Path(tmp, cu.name), Path(tmp, "k.cubin")
         src.write_text(module_source(cu.stem, cu.read_text()))
-        subprocess.run([nvcc, "-arch=sm_90", "-cubin", *nvcc_options(), "-o", str(cubin), str(src)], check=True)
+        subprocess.run([nvcc, "-arch=sm_90", "-cubin", *NVCC_OPTIONS, "-o", str(cubin), str(src)], check=True)
         return subprocess.run([tool, "-sass", "-fun", function, str(cubin)], check=True, capture_output=True,
                               text=True).stdout
 
