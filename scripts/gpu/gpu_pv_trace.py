@@ -1,8 +1,8 @@
 """Where the exact P·V kernel's time goes, stage by stage: attn_exact_pv_q8 of an attention.cu,
 copied with clock64 trace points, run at Qwen3-30B-A3B sizes (32 q heads, 4 kv heads, head_dim 128)
 on gpu_attn_bench.py's random q8 cache. For two blocks it prints, per stage of ATT_PV_STAGE
-positions, the cycles the serial warp is busy, the cycles a producer thread is busy, and when the
-block leaves the stage's barrier; and the SM clock (clock64 against %globaltimer).
+positions, the cycles warp 0 (serial) is busy, the cycles the first producer thread is busy, and
+when the block leaves the stage's barrier; and the SM clock (clock64 against %globaltimer).
 
     python3 scripts/gpu/gpu_pv_trace.py [CTX] [path/to/attention.cu]
 
@@ -22,6 +22,7 @@ TRACE_DECLS = """
 __device__ long long g_tr[2][64][6];
 __device__ long long g_hd[2][6];
 __device__ __forceinline__ int trb() { return blockIdx.x == 0 && blockIdx.z == 0 ? 0 : (blockIdx.x == 17 && blockIdx.z == 2 ? 1 : -1); }
+#define PROD0 (blockDim.x - ATT_PV_STAGE)  // the first producer thread, after the serial warp(s)
 __device__ __forceinline__ long long gtime() { long long t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t; }
 """
 LOOP = "  for (int c0 = 0, buf = 0; c0 < T; c0 += ATT_PV_STAGE, buf ^= 1) {\n"
@@ -34,11 +35,11 @@ def traced(src: str) -> str:
     m = re.search(r'extern "C" __global__ void __launch_bounds__\(ATT_PV_THREADS\)\nattn_exact_pv_q8.*?\n}\n', src, re.S)
     k = m.group(0).replace("attn_exact_pv_q8(", "attn_pv_trace(")
     k = k.replace("  pdl_wait();\n", "  const int tb = trb(); if (tb >= 0 && threadIdx.x == 0) { g_hd[tb][0] = clock64(); g_hd[tb][1] = gtime(); }\n  pdl_wait();\n", 1)
-    k = k.replace("  float l = 0.0f, acc = 0.0f;\n", "  if (tb >= 0 && threadIdx.x == 0) g_hd[tb][2] = clock64();\n  int st = 0;\n  float l = 0.0f, acc = 0.0f;\n", 1)
     assert LOOP in k
-    k = k.replace(LOOP, LOOP + "    if (tb >= 0 && st < 64) { if (threadIdx.x == 0) g_tr[tb][st][0] = clock64(); if (threadIdx.x == 32) g_tr[tb][st][2] = clock64(); }\n", 1)
+    k = k.replace(LOOP, "  if (tb >= 0 && threadIdx.x == 0) g_hd[tb][2] = clock64();\n  int st = 0;\n" + LOOP
+                  + "    if (tb >= 0 && st < 64) { if (threadIdx.x == 0) g_tr[tb][st][0] = clock64(); if (threadIdx.x == PROD0) g_tr[tb][st][2] = clock64(); }\n", 1)
     k = k.replace("    } else if (c0 + ATT_PV_STAGE < T) {\n", "      if (tb >= 0 && st < 64 && threadIdx.x == 0) g_tr[tb][st][1] = clock64();\n    } else if (c0 + ATT_PV_STAGE < T) {\n", 1)
-    k = k.replace("    __syncthreads();\n  }\n  if (serial) {", "    if (tb >= 0 && st < 64 && threadIdx.x == 32) g_tr[tb][st][3] = clock64();\n    if (tb >= 0 && st < 64 && threadIdx.x == blockDim.x - 1) g_tr[tb][st][4] = clock64();\n    __syncthreads();\n    if (tb >= 0 && st < 64 && threadIdx.x == 0) g_tr[tb][st][5] = clock64();\n    st++;\n  }\n  if (serial) {", 1)
+    k = k.replace("    __syncthreads();\n  }\n", "    if (tb >= 0 && st < 64 && threadIdx.x == PROD0) g_tr[tb][st][3] = clock64();\n    if (tb >= 0 && st < 64 && threadIdx.x == blockDim.x - 1) g_tr[tb][st][4] = clock64();\n    __syncthreads();\n    if (tb >= 0 && st < 64 && threadIdx.x == 0) g_tr[tb][st][5] = clock64();\n    st++;\n  }\n", 1)
     k = k.replace("    q8_0_warp(y, o, xq, xd, quant);\n  }\n}", "    q8_0_warp(y, o, xq, xd, quant);\n    if (tb >= 0 && threadIdx.x == 0) { __syncwarp(); g_hd[tb][3] = clock64(); g_hd[tb][4] = gtime(); g_hd[tb][5] = st; }\n  }\n}")
     assert k.count("g_tr") >= 6, k
     return src + TRACE_DECLS + k
