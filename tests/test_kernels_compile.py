@@ -144,6 +144,7 @@ def _gpu_script(name: str):
     try:
         spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
         mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod  # dataclasses look their module up while the class is made
         spec.loader.exec_module(mod)
     finally:
         sys.path.remove(str(folder))
@@ -184,6 +185,31 @@ def test_serial_floor_counts_the_contracts_ordered_sums():
     assert sum(a + b for a, b in got.values()) == 97 * 256 + 48 * 128 + 48 * 128 + 48 * 8 + 48 * 1025
     dense = floor.chain_lengths(replace(cfg, n_layers=4, mlp_only_layers=(1,)), 8)
     assert dense["R3 router softmax sums"] == (3 * 128, 0)  # a dense layer has no router
+
+
+def test_sass_ctl_decodes_real_cuobjdump_control_bits():
+    """scripts/gpu/sass_ctl.py on real cuobjdump -sass output (tests/data: the exact P·V serial
+    warp's loop as ptxas built it for sm_90). The field just above the decoded ones, the operand
+    reuse flags, is set exactly where cuobjdump prints ".reuse", so the bit positions hold. The
+    dependent multiply and add pairs carry 1 + 3 stall cycles, the 4-cycle step that
+    gpu_serial_floor.py measures. And a dump cut after an instruction's low word is refused,
+    not read short."""
+    sass = _gpu_script("sass_ctl")
+    text = (Path(__file__).parent / "data" / "sass_attn_exact_pv_q8_serial_loop.txt").read_text()
+    ins = sass.parse(text)["attn_exact_pv_q8"]
+    assert len(ins) == 25 and ins[0].address == 0x3CC0 and ins[-1].address == 0x3E40
+    assert any(i.reuse for i in ins)
+    for i in ins:
+        assert bool(i.reuse) == (".reuse" in i.text), i.line()
+    chain = [i for i in ins if i.text.split()[0] in ("FADD", "FMUL")]
+    assert len(chain) == 11 and [i.stall for i in chain[:10]] == [1, 3] * 5
+    loads = [i for i in ins if i.text.startswith("LDS")]
+    assert len(loads) == 13 and all(i.write_sb != sass.NO_SCOREBOARD for i in loads)
+    branch = next(i for i in ins if "BRA" in i.text)
+    assert branch.wait_mask != 0  # waits for the loads it needs before the chain starts
+    cut = text.rsplit("\n", 2)[0] + "\n"  # the last high word gone
+    with pytest.raises(ValueError, match="high word"):
+        sass.parse(cut)
 
 
 def test_attn_bench_reads_a_versions_own_block_size():
