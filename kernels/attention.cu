@@ -337,9 +337,10 @@ extern "C" __global__ void attn_fast_f32(const float *q, const float *kc, const 
 //   attn_exact_pv_q8      grid (n_q, M, hd/ATT_SPLIT_COLS): in stages of
 //       ATT_PV_STAGE positions (staged one ahead by producer threads), the running
 //       max m_p = max(the max before the tile, I_p), L6d's c_p, w_p and its product
-//       t_p = w_p*(v_p*vs_p) of the block's 32 columns in parallel, then one warp
-//       runs L6d's serial recurrence over the positions in order: the same
-//       operations in the same order as attn_exact_q8, so the same bits.
+//       t_p = w_p*(v_p*vs_p) of the block's 32 columns in parallel, then two warps
+//       run L6d's serial recurrences (acc, l) over the positions in order: the same
+//       operations in the same order as attn_exact_q8, so the same bits — except
+//       the multiplies by a c_p of exactly 1, which change no bit and are left out.
 //   attn_fast_part_q8 +   flash-decoding as engines do it: each tile of positions
 //   attn_fast_combine     gives, per query head, (its max, its sum of exp, its P.V
 //       with FMAs; scores as int8 dots with the query in q8 blocks), and
@@ -350,7 +351,7 @@ extern "C" __global__ void attn_fast_f32(const float *q, const float *kc, const 
 // past a column's position exit at once, so a CUDA graph captures the grid for
 // the whole cache.
 #define ATT_SPLIT_COLS 32
-#define ATT_PV_BATCH 16  // positions whose operands attn_exact_pv_q8's serial warp loads at a time
+#define ATT_PV_BATCH 32  // positions whose operands a serial warp of attn_exact_pv_q8 loads at a time
 static_assert(ATT_SPLIT_COLS == QK, "a P.V block's 32 dims are one q8_0 block of its output");
 
 extern "C" __global__ void attn_exact_scores_q8(const float *__restrict__ q, const signed char *__restrict__ kc,
@@ -405,19 +406,45 @@ extern "C" __global__ void attn_exact_scores_q8(const float *__restrict__ q, con
   }
 }
 
-// Block = one serial warp + ATT_PV_STAGE producer threads, double-buffered in stages of
-// ATT_PV_STAGE positions: while warp 0 runs the recurrence over stage k, the producers (one
-// position each) stage k+1 in shared memory — (c_p, w_p), and t_p = w_p*(v_p*vs_p) of the
-// block's 32 dims, stored [dim][position] so that a lane reads its dim's next four with one
-// 16-byte load. The serial warp then does only the chain's multiply-add pairs (acc and l).
-// Positions past T are padded with c = 1, w = -0, t = -0: steps that change no bit.
+// Block = two serial warps + ATT_PV_STAGE producer threads, double-buffered in stages of
+// ATT_PV_STAGE positions: while the serial warps run the recurrences over stage k, the producers
+// (one position each) stage k+1 in shared memory — c_p, w_p, t_p = w_p*(v_p*vs_p) of the block's
+// 32 dims stored [dim][position] so that a lane reads its dim's next four with one 16-byte load,
+// and a bit a position where c_p != 1 — from operands they loaded one stage earlier, so that no
+// global load sits between two of the block's barriers. Warp 0 runs acc (a lane a dim), warp 1
+// runs l; each loads only its own chain's operands (t or w, and c only in a batch with a
+// rescale), because a serial warp issues in order and its shared loads, not its dependent adds,
+// were what bounded a single warp running both chains (results/gpu-h200-speed.md, 2026-12-06).
+// A batch whose every c is 1 is adds alone (x*1 == x bit for bit, so the multiply leaves the
+// chain), a multiply and an add otherwise. Positions past T are padded with c = 1, w = -0,
+// t = -0: steps that change no bit. The producers turn the int8 V into floats without I2F
+// (q8_float), a quarter-rate conversion on sm_90.
 // Its launch takes half an SM's shared memory (unused; backends/cuda/launches.py
 // pv_spread_bytes) so that each block has an SM to itself: blocks sharing one slow each other.
 // Reshapings of this kernel that were measured and not kept: results/gpu-history.md
 // (attention.cu) and docs/decisions.md.
 #define ATT_PV_TROW (ATT_PV_STAGE + 4)  // floats a dim's row: +4 spreads the lanes' 16-byte loads over the banks
 static_assert(ATT_SPLIT_TILE % ATT_PV_STAGE == 0, "a stage lies in one scores tile");
-static_assert(ATT_PV_STAGE % ATT_PV_BATCH == 0 && ATT_PV_BATCH % 4 == 0, "the serial loop runs whole batches");
+static_assert(ATT_PV_STAGE % (2 * ATT_PV_BATCH) == 0 && ATT_PV_BATCH % 4 == 0 && ATT_PV_BATCH <= 32 &&
+                  32 % ATT_PV_BATCH == 0,
+              "the serial loop runs whole pairs of batches, a batch's flags in one word");
+// A q8 byte of a word as a float without I2F (a quarter-rate conversion on sm_90): the bits
+// 0x4B000000 | (x + 128) are the float 2^23 + x + 128, exactly, and taking 2^23 + 128 away leaves
+// x exactly, the value (float)x has.
+__device__ __forceinline__ float q8_float(int word, int byte) {
+  return FSUB(__uint_as_float(__byte_perm((unsigned)word ^ 0x80808080u, 0x4B000000u, 0x7540 | byte)), 8388736.0f);
+}
+// A producer's global operands of one position.
+struct PvOperands {
+  float s, incl, incl_prev, vs, tile_max;  // tile_max: the max of the scores tile before the stage (its first stage)
+  int4 v[ATT_SPLIT_COLS / 16];
+};
+// A batch of a serial warp: its chain's addends (t of its lane's dim, or w) and c, four positions
+// a float4, and the batch's c != 1 bits.
+struct PvBatch {
+  float4 x[ATT_PV_BATCH / 4], c[ATT_PV_BATCH / 4];
+  unsigned rescale;
+};
 extern "C" __global__ void __launch_bounds__(ATT_PV_THREADS)
 attn_exact_pv_q8(const signed char *__restrict__ vc, const float *__restrict__ vsc, const float *__restrict__ S,
                  const float *__restrict__ I, float *__restrict__ out, int cap_s, int pos0, int n_q, int n_kv,
@@ -425,79 +452,113 @@ attn_exact_pv_q8(const signed char *__restrict__ vc, const float *__restrict__ v
                  float *__restrict__ xd, int quant) {
   pdl_wait();
   if (dpos) pos0 = *dpos;
-  __shared__ __align__(16) float2 s_cw[2][ATT_PV_STAGE];                    // (c, w)
+  __shared__ __align__(16) float s_c[2][ATT_PV_STAGE], s_w[2][ATT_PV_STAGE];
+  __shared__ float s_l;
   __shared__ __align__(16) float s_t[2][ATT_SPLIT_COLS][ATT_PV_TROW];       // t [dim][position]
+  __shared__ unsigned s_rescale[2][ATT_PV_STAGE / 32];                      // bit: c != 1 at that position
   const int h = blockIdx.x, m = blockIdx.y, j0 = blockIdx.z * ATT_SPLIT_COLS, tid = threadIdx.x;
   const int kvh = h / (n_q / n_kv);
   const int T = pos0 + m + 1;
   const float *Sr = S + ((size_t)m * n_q + h) * cap_s, *Ir = I + ((size_t)m * n_q + h) * cap_s;
-  const bool serial = tid < 32;
-  const int i = tid - 32;  // a producer's position in the stage
+  const bool acc_warp = tid < 32, serial = tid < 64;  // warp 0: acc of its lanes' dims; warp 1: l
+  const int i = tid - 64;  // a producer's position in the stage
   float m_run = -INFINITY;  // producers: the max over the scores tiles before the stage's tile
-  auto produce = [&](int c0, int buf) {
-    // entering a new tile: the one before it ends at c0 - 1 (< T), where its prefix max is its max
-    if (c0 > 0 && c0 % ATT_SPLIT_TILE == 0) m_run = fmaxf(m_run, Ir[c0 - 1]);
+  auto load = [&](int c0) {
+    PvOperands o;
     const int p = c0 + i;
-    float c = 1.0f, w = -0.0f, vs = 0.0f;
-    int4 v[ATT_SPLIT_COLS / 16];
+    // entering a new tile: the one before it ends at c0 - 1 (< T), where its prefix max is its max
+    o.tile_max = c0 > 0 && c0 % ATT_SPLIT_TILE == 0 ? Ir[c0 - 1] : -INFINITY;
+    o.s = o.incl = o.incl_prev = o.vs = 0.0f;
 #pragma unroll
-    for (int part = 0; part < ATT_SPLIT_COLS / 16; part++) v[part] = make_int4(0, 0, 0, 0);
-    const bool in = p < T;
-    if (in) {
-      const float rs = Sr[p], ri = Ir[p];
-      const float rip = p % ATT_SPLIT_TILE == 0 ? -INFINITY : Ir[p - 1];  // the tile's prefix max before p
-      vs = vsc[(size_t)p * n_kv + kvh];
+    for (int part = 0; part < ATT_SPLIT_COLS / 16; part++) o.v[part] = make_int4(0, 0, 0, 0);
+    if (p < T) {
+      o.s = Sr[p], o.incl = Ir[p];
+      o.incl_prev = p % ATT_SPLIT_TILE == 0 ? -INFINITY : Ir[p - 1];  // the tile's prefix max before p
+      o.vs = vsc[(size_t)p * n_kv + kvh];
       const int4 *vrow = (const int4 *)(vc + ((size_t)p * n_kv + kvh) * hd + j0);
 #pragma unroll
-      for (int part = 0; part < ATT_SPLIT_COLS / 16; part++) v[part] = vrow[part];
-      // the running max m_p = max(the max before the tile, I_p); m_{p-1} likewise
-      const float incl = fmaxf(ri, m_run), mprev = fmaxf(rip, m_run);
-      c = exact_exp ? expf_ucrt(FSUB(mprev, incl)) : expf(FSUB(mprev, incl));
-      w = exact_exp ? expf_ucrt(FSUB(rs, incl)) : expf(FSUB(rs, incl));
+      for (int part = 0; part < ATT_SPLIT_COLS / 16; part++) o.v[part] = vrow[part];
     }
-    s_cw[buf][i] = make_float2(c, w);
+    return o;
+  };
+  auto produce = [&](const PvOperands &o, int c0, int buf) {
+    m_run = fmaxf(m_run, o.tile_max);
+    const bool in = c0 + i < T;
+    float c = 1.0f, w = -0.0f;
+    if (in) {
+      // the running max m_p = max(the max before the tile, I_p); m_{p-1} likewise
+      const float incl = fmaxf(o.incl, m_run), mprev = fmaxf(o.incl_prev, m_run);
+      c = exact_exp ? expf_ucrt(FSUB(mprev, incl)) : expf(FSUB(mprev, incl));
+      w = exact_exp ? expf_ucrt(FSUB(o.s, incl)) : expf(FSUB(o.s, incl));
+    }
+    s_c[buf][i] = c;
+    s_w[buf][i] = w;
+    const unsigned rescale = __ballot_sync(FULL_MASK, c != 1.0f);  // a producer warp: 32 positions
+    if ((i & 31) == 0) s_rescale[buf][i >> 5] = rescale;
 #pragma unroll
     for (int part = 0; part < ATT_SPLIT_COLS / 16; part++) {
-      const int wds[4] = {v[part].x, v[part].y, v[part].z, v[part].w};
+      const int wds[4] = {o.v[part].x, o.v[part].y, o.v[part].z, o.v[part].w};
 #pragma unroll
       for (int b = 0; b < 16; b++) {
-        const float vv = FMUL((float)(signed char)(wds[b >> 2] >> (8 * (b & 3))), vs);
+        const float vv = FMUL(q8_float(wds[b >> 2], b & 3), o.vs);
         s_t[buf][part * 16 + b][i] = in ? FMUL(w, vv) : -0.0f;
       }
     }
   };
-  if (!serial) produce(0, 0);
-  __syncthreads();
-  float l = 0.0f, acc = 0.0f;
   const int lane = tid & 31;
+  float run = 0.0f;  // warp 0: acc; warp 1: l
+  auto batch_load = [&](PvBatch &b, int buf, int k0) {
+    const float4 *x4 = acc_warp ? (const float4 *)s_t[buf][lane] : (const float4 *)s_w[buf];
+#pragma unroll
+    for (int u = 0; u < ATT_PV_BATCH / 4; u++) b.x[u] = x4[k0 / 4 + u];
+    b.rescale = (s_rescale[buf][k0 >> 5] >> (k0 & 31)) & (ATT_PV_BATCH == 32 ? ~0u : (1u << ATT_PV_BATCH) - 1u);
+    if (b.rescale) {
+      const float4 *c4 = (const float4 *)s_c[buf];
+#pragma unroll
+      for (int u = 0; u < ATT_PV_BATCH / 4; u++) b.c[u] = c4[k0 / 4 + u];
+    }
+  };
+  auto comp = [](const float4 &v, int k) { return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w; };
+  auto batch_run = [&](const PvBatch &b) {
+    if (b.rescale == 0) {  // every c is 1
+#pragma unroll
+      for (int u = 0; u < ATT_PV_BATCH; u++) run = FADD(run, comp(b.x[u / 4], u & 3));
+    } else {
+#pragma unroll
+      for (int u = 0; u < ATT_PV_BATCH; u++) run = FADD(FMUL(run, comp(b.c[u / 4], u & 3)), comp(b.x[u / 4], u & 3));
+    }
+  };
+  PvOperands next;
+  if (!serial) {
+    const PvOperands first = load(0);
+    next = load(ATT_PV_STAGE);
+    produce(first, 0, 0);
+  }
+  __syncthreads();
   for (int c0 = 0, buf = 0; c0 < T; c0 += ATT_PV_STAGE, buf ^= 1) {
     if (serial) {
-      const int np = min(ATT_PV_STAGE, T - c0);
-      const float4 *cw4 = (const float4 *)s_cw[buf];    // (c, w) of two positions
-      const float4 *t4 = (const float4 *)s_t[buf][lane];  // t of four positions
-      for (int k0 = 0; k0 < np; k0 += ATT_PV_BATCH) {
-        float4 cw[ATT_PV_BATCH / 2], tq[ATT_PV_BATCH / 4];
-#pragma unroll
-        for (int u = 0; u < ATT_PV_BATCH / 2; u++) cw[u] = cw4[k0 / 2 + u];
-#pragma unroll
-        for (int u = 0; u < ATT_PV_BATCH / 4; u++) tq[u] = t4[k0 / 4 + u];
-#pragma unroll
-        for (int u = 0; u < ATT_PV_BATCH; u++) {
-          const float c = u & 1 ? cw[u / 2].z : cw[u / 2].x, w = u & 1 ? cw[u / 2].w : cw[u / 2].y;
-          const float4 tv = tq[u / 4];
-          const float t = (u & 3) == 0 ? tv.x : (u & 3) == 1 ? tv.y : (u & 3) == 2 ? tv.z : tv.w;
-          acc = FADD(FMUL(acc, c), t);
-          l = FADD(FMUL(l, c), w);
-        }
+      // whole pairs of batches: the stage's padding past T is steps that change no bit
+      const int np = min(ATT_PV_STAGE, (T - c0 + 2 * ATT_PV_BATCH - 1) / (2 * ATT_PV_BATCH) * (2 * ATT_PV_BATCH));
+      PvBatch a, b;
+      batch_load(a, buf, 0);
+      for (int k0 = 0; k0 < np; k0 += 2 * ATT_PV_BATCH) {
+        batch_load(b, buf, k0 + ATT_PV_BATCH);
+        batch_run(a);
+        if (k0 + 2 * ATT_PV_BATCH < np) batch_load(a, buf, k0 + 2 * ATT_PV_BATCH);
+        batch_run(b);
       }
     } else if (c0 + ATT_PV_STAGE < T) {
-      produce(c0 + ATT_PV_STAGE, buf ^ 1);
+      const PvOperands cur = next;
+      if (c0 + 2 * ATT_PV_STAGE < T) next = load(c0 + 2 * ATT_PV_STAGE);  // in flight while cur is produced
+      produce(cur, c0 + ATT_PV_STAGE, buf ^ 1);
     }
     __syncthreads();
   }
-  if (serial) {  // the block's 32 dims, one q8_0 block of o_proj's input
+  if (tid == 32) s_l = run;
+  __syncthreads();
+  if (acc_warp) {  // the block's 32 dims, one q8_0 block of o_proj's input
     const size_t o = ((size_t)m * n_q + h) * hd + j0 + lane;
-    const float y = FDIV(acc, l);
+    const float y = FDIV(run, s_l);
     out[o] = y;
     q8_0_warp(y, o, xq, xd, quant);
   }

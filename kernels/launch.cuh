@@ -5,8 +5,8 @@
 
 // attention.cu
 #define ATT_SPLIT_TILE 256  // positions a block of attn_exact_scores_q8 scores
-#define ATT_PV_STAGE 128  // producer threads of attn_exact_pv_q8 (one warp of consumers besides)
-#define ATT_PV_THREADS (32 + ATT_PV_STAGE)
+#define ATT_PV_STAGE 128  // producer threads of attn_exact_pv_q8 (two warps of consumers besides)
+#define ATT_PV_THREADS (64 + ATT_PV_STAGE)
 #define ATT_FAST_TILE 32  // positions a part block of the fast flash decoding takes
 #define ATT_FAST_WARPS 8  // query heads a part block works on at once
 

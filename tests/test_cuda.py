@@ -323,7 +323,7 @@ def _kv_scales(pattern: str, rng, cap: int, nkv: int) -> np.ndarray:
 @pytest.mark.parametrize("pattern", ["random", "rising", "saw", "flat", "zero"])
 def test_exact_split_attention_equals_the_contract(rt, pattern):
     """The exact split attention kernels (scores and prefix maxima by tiles, then P.V in stages of
-    producers and a serial warp) against contract L6 in numpy (ops_exact.attention), bit for bit, at
+    producers and two serial warps, acc and l) against contract L6 in numpy (ops_exact.attention), bit for bit, at
     contexts around the stage, batch and tile boundaries, for 1 to 3 columns, fresh random caches
     each run, with running maxima that move often, inside batches, never, or not at all."""
     from kestrel_tui.backends.ops_exact import attention
