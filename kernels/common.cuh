@@ -296,19 +296,45 @@ __device__ __forceinline__ float round_half_away(float x) { return roundf(x); }
 // f16 round trip of a q8_0 block scale (__float2half_rn = numpy's astype(float16)).
 __device__ __forceinline__ float f16_round(float x) { return __half2float(__float2half_rn(x)); }
 
-// Contract R3 over a 16-byte-aligned shared-memory array, by one thread. Read four at a time
-// with the loads batched ahead of the adds (same order), so the chain waits on adds, not loads.
+// Contract R3 over a 16-byte-aligned shared-memory array, by one thread, in order. The next
+// eight float4s are loaded while the adds of the current eight run, so the chain waits on its
+// adds alone: with the loads of a group issued just ahead of its own adds, each group of 32 adds
+// also waited one shared-load latency (~1340 cycles for RMSNorm's 256 terms on an H100 against
+// ~1040 for the adds; results/gpu-h200-speed.md, 2026-12-06, second set).
+#define SERIAL_GROUP 8  // float4s a group
 __device__ __forceinline__ float serial_sum_shared(const float *a, int n) {
   float s = 0.0f;
   const float4 *a4 = (const float4 *)a;
+  const int n4 = n / 4;
   int j = 0;
-#pragma unroll 8
-  for (; j + 4 <= n; j += 4) {
-    const float4 t = a4[j / 4];
+  if (n4 >= SERIAL_GROUP) {
+    float4 cur[SERIAL_GROUP], nxt[SERIAL_GROUP];
+#pragma unroll
+    for (int u = 0; u < SERIAL_GROUP; u++) cur[u] = a4[u];
+    for (j = SERIAL_GROUP; j + SERIAL_GROUP <= n4; j += SERIAL_GROUP) {  // cur holds [j - GROUP, j)
+#pragma unroll
+      for (int u = 0; u < SERIAL_GROUP; u++) nxt[u] = a4[j + u];
+#pragma unroll
+      for (int u = 0; u < SERIAL_GROUP; u++) s = FADD(FADD(FADD(FADD(s, cur[u].x), cur[u].y), cur[u].z), cur[u].w);
+#pragma unroll
+      for (int u = 0; u < SERIAL_GROUP; u++) cur[u] = nxt[u];
+    }
+#pragma unroll
+    for (int u = 0; u < SERIAL_GROUP; u++) s = FADD(FADD(FADD(FADD(s, cur[u].x), cur[u].y), cur[u].z), cur[u].w);
+  }
+  for (; j < n4; j++) {
+    const float4 t = a4[j];
     s = FADD(FADD(FADD(FADD(s, t.x), t.y), t.z), t.w);
   }
-  for (; j < n; j++) s = FADD(s, a[j]);
+  for (j = 4 * n4; j < n; j++) s = FADD(s, a[j]);
   return s;
+}
+
+// x / n rounded, as FDIV(x, n) gives it. For n a power of two the quotient is x * 2^-k rounded,
+// and 2^-k is exact, so one multiply gives the same bits; otherwise the divide.
+__device__ __forceinline__ float div_by_count(float x, int n) {
+  if (n > 0 && (n & (n - 1)) == 0 && n <= (1 << 30)) return FMUL(x, __int_as_float((127 - (__ffs(n) - 1)) << 23));
+  return FDIV(x, (float)n);
 }
 
 // The q8_0 quantization of a q4_0 GEMV's input, one 32-element block held one element a lane

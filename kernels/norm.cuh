@@ -79,7 +79,7 @@ __device__ __forceinline__ void rmsnorm_row_exact(const float *__restrict__ xr, 
   if (threadIdx.x == 0) {
     float ss = serial_sum_shared(terms, n8 / 8);
     for (int j = n8; j < n; j++) ss = FADD(ss, FMUL(xr[j], xr[j]));
-    rms_s = FDIV(1.0f, FSQRT(FADD(FDIV(ss, (float)n), eps)));
+    rms_s = FDIV(1.0f, FSQRT(FADD(div_by_count(ss, n), eps)));
   }
   __syncthreads();
   norm_store<true>(xr, w, n, r, rms_s, yr, xq, xd, quant, row);
@@ -134,7 +134,7 @@ __device__ __forceinline__ float qk_rms(const float (&v)[HEAD_PER_LANE], int hd,
     __syncwarp();
     float ss = lane == 0 ? serial_sum_shared(sq, hd) : 0.0f;
     ss = __shfl_sync(FULL_MASK, ss, 0);
-    return FDIV(1.0f, FSQRT(FADD(FDIV(ss, (float)hd), eps)));
+    return FDIV(1.0f, FSQRT(FADD(div_by_count(ss, hd), eps)));
   }
   float acc = 0.0f;
 #pragma unroll

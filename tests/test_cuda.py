@@ -81,6 +81,64 @@ def test_device_fnv_equals_host(rt):
                 assert [int(h) for h in out] == want, f"onepass={onepass} scan_max={scan_max}"
 
 
+ORDERED_SRC = r"""
+#include "common.cuh"
+// Thread i: the ordered sum of array i (16-byte aligned), as RMSNorm's, QK-norm's and the router's
+// chains take it from shared memory; and x[i] / n[i] by div_by_count and by the divide.
+extern "C" __global__ void ordered(const float *a, const int *off, const int *len, float *sums, int m,
+                                   const float *x, const int *n, float *q, float *qd, int k) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < m) sums[i] = serial_sum_shared(a + off[i], len[i]);
+  for (int j = i; j < k; j += gridDim.x * blockDim.x) {
+    q[j] = div_by_count(x[j], n[j]);
+    qd[j] = FDIV(x[j], (float)n[j]);
+  }
+}
+"""
+
+
+def test_ordered_sum_and_count_divide_equal_numpy(rt):
+    """common.cuh's serial_sum_shared (loads a group ahead of the adds) is contract R3's ordered
+    sum: bit for bit numpy's sequential float32 sum (cumsum) over every length 0..300 and the
+    chains' own lengths, on values of mixed magnitude and sign. div_by_count (a multiply where n is
+    a power of two) gives the divide's bits: against the device's FDIV and numpy's float32 divide
+    on 2M inputs from every exponent, subnormals, zeros and infinities included."""
+    from pycuda.compiler import SourceModule
+
+    from kestrel_tui.backends.cuda.runtime import NVCC_OPTIONS, module_source
+
+    rng = np.random.default_rng(11)
+    lengths = [*range(0, 301), 512, 1024, 2048 // 8, 4096 // 8, 5120 // 8, 1023, 1025]
+    arrays = [(rng.standard_normal(n) * np.exp2(rng.integers(-20, 20, n))).astype(np.float32) for n in lengths]
+    off = np.cumsum([0] + [(len(a) + 3) // 4 * 4 for a in arrays[:-1]]).astype(np.int32)
+    flat = np.zeros(int(off[-1]) + len(arrays[-1]) + 4, np.float32)
+    for o, a in zip(off, arrays):
+        flat[o:o + len(a)] = a
+    k = 2_000_000
+    x = rng.integers(0, 2**32, k, dtype=np.uint64).astype(np.uint32).view(np.float32).copy()
+    x[:8] = np.array([0.0, -0.0, np.inf, -np.inf, 1e-45, -1e-45, 3.4e38, 1.17549435e-38], np.float32)
+    x[np.isnan(x)] = np.float32(1.5)  # NaN payloads are not the claim
+    n = np.where(rng.random(k) < 0.5, 2 ** rng.integers(0, 31, k), rng.integers(1, 1 << 24, k)).astype(np.int32)
+    cuda = rt.cuda
+    with rt.active():
+        fn = SourceModule(module_source("ordered", ORDERED_SRC), options=NVCC_OPTIONS,
+                          no_extern_c=True).get_function("ordered")
+        sums, q, qd = (cuda.mem_alloc(4 * m) for m in (len(arrays), k, k))
+        fn(cuda.In(flat), cuda.In(off), cuda.In(np.array(lengths, np.int32)), sums, np.int32(len(arrays)),
+           cuda.In(x), cuda.In(n), q, qd, np.int32(k), block=(256, 1, 1), grid=(1024, 1))
+        got_sums = np.empty(len(arrays), np.float32)
+        got_q, got_qd = np.empty(k, np.float32), np.empty(k, np.float32)
+        for dst, src in ((got_sums, sums), (got_q, q), (got_qd, qd)):
+            cuda.memcpy_dtoh(dst, src)
+    want_sums = np.array([np.cumsum(a, dtype=np.float32)[-1] if len(a) else 0.0 for a in arrays], np.float32)
+    assert np.array_equal(got_sums.view(np.uint32), want_sums.view(np.uint32))
+    assert np.array_equal(got_q.view(np.uint32), got_qd.view(np.uint32))
+    with np.errstate(all="ignore"):
+        want_q = x / n.astype(np.float32)
+    assert np.array_equal(got_q.view(np.uint32), want_q.view(np.uint32))
+    assert (n & (n - 1) == 0).sum() > k // 3  # both paths of div_by_count well covered
+
+
 # ------------------------------------------------------------ runs against the cpu reference
 
 def _session(model, n_prompt=4, n_tokens=4, **kw):
