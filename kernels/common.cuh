@@ -302,6 +302,9 @@ __device__ __forceinline__ float f16_round(float x) { return __half2float(__floa
 // also waited one shared-load latency (~1340 cycles for RMSNorm's 256 terms on an H100 against
 // ~1040 for the adds; results/gpu-h200-speed.md, 2026-12-06, second set).
 #define SERIAL_GROUP 8  // float4s a group
+__device__ __forceinline__ float add4_in_order(float s, float4 t) {
+  return FADD(FADD(FADD(FADD(s, t.x), t.y), t.z), t.w);
+}
 __device__ __forceinline__ float serial_sum_shared(const float *a, int n) {
   float s = 0.0f;
   const float4 *a4 = (const float4 *)a;
@@ -315,17 +318,14 @@ __device__ __forceinline__ float serial_sum_shared(const float *a, int n) {
 #pragma unroll
       for (int u = 0; u < SERIAL_GROUP; u++) nxt[u] = a4[j + u];
 #pragma unroll
-      for (int u = 0; u < SERIAL_GROUP; u++) s = FADD(FADD(FADD(FADD(s, cur[u].x), cur[u].y), cur[u].z), cur[u].w);
+      for (int u = 0; u < SERIAL_GROUP; u++) s = add4_in_order(s, cur[u]);
 #pragma unroll
       for (int u = 0; u < SERIAL_GROUP; u++) cur[u] = nxt[u];
     }
 #pragma unroll
-    for (int u = 0; u < SERIAL_GROUP; u++) s = FADD(FADD(FADD(FADD(s, cur[u].x), cur[u].y), cur[u].z), cur[u].w);
+    for (int u = 0; u < SERIAL_GROUP; u++) s = add4_in_order(s, cur[u]);
   }
-  for (; j < n4; j++) {
-    const float4 t = a4[j];
-    s = FADD(FADD(FADD(FADD(s, t.x), t.y), t.z), t.w);
-  }
+  for (; j < n4; j++) s = add4_in_order(s, a4[j]);
   for (j = 4 * n4; j < n; j++) s = FADD(s, a[j]);
   return s;
 }

@@ -57,6 +57,26 @@ __device__ __forceinline__ void norm_store(const float *__restrict__ xr, const f
   }
 }
 
+// 1/sqrt(ss/n + eps): contract L1/L3, every op rounded (exact); rsqrtf of the FMA form (fast).
+__device__ __forceinline__ float norm_rms_exact(float ss, int n, float eps) {
+  return FDIV(1.0f, FSQRT(FADD(div_by_count(ss, n), eps)));
+}
+__device__ __forceinline__ float norm_rms_fast(float ss, int n, float eps) { return rsqrtf(ss * (1.0f / (float)n) + eps); }
+
+// The fast block sum of one value a thread (NORM_THREADS): warp trees, then one warp over the
+// warps' sums; thread 0 holds the total. partial: NORM_THREADS / 32 floats of shared memory.
+__device__ __forceinline__ float norm_block_sum_fast(float acc, float *partial) {
+  acc = warp_sum_fast(acc);
+  if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = acc;
+  __syncthreads();
+  float v = 0.0f;
+  if (threadIdx.x < 32) {
+    v = threadIdx.x < blockDim.x / 32 ? partial[threadIdx.x] : 0.0f;
+    v = warp_sum_fast(v);
+  }
+  return v;
+}
+
 // One row (xr -> yr, the q8_0 of yr to xq/xd when quant != 0) by a block of NORM_THREADS;
 // row: its index in xq/xd. Contract L1 (exact) or the fast version (norm.cu).
 __device__ __forceinline__ void rmsnorm_row_exact(const float *__restrict__ xr, const float *__restrict__ w,
@@ -79,7 +99,7 @@ __device__ __forceinline__ void rmsnorm_row_exact(const float *__restrict__ xr, 
   if (threadIdx.x == 0) {
     float ss = serial_sum_shared(terms, n8 / 8);
     for (int j = n8; j < n; j++) ss = FADD(ss, FMUL(xr[j], xr[j]));
-    rms_s = FDIV(1.0f, FSQRT(FADD(div_by_count(ss, n), eps)));
+    rms_s = norm_rms_exact(ss, n, eps);
   }
   __syncthreads();
   norm_store<true>(xr, w, n, r, rms_s, yr, xq, xd, quant, row);
@@ -97,14 +117,8 @@ __device__ __forceinline__ void rmsnorm_row_fast(const float *__restrict__ xr, c
 #pragma unroll
   for (int k = 0; k < NORM_PER; k++) acc = fmaf(r.x[k], r.x[k], acc);  // zeros past n add nothing
   for (int j = threadIdx.x + NORM_PER * NORM_THREADS; j < n; j += NORM_THREADS) acc = fmaf(xr[j], xr[j], acc);
-  acc = warp_sum_fast(acc);
-  if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = acc;
-  __syncthreads();
-  if (threadIdx.x < 32) {
-    float v = threadIdx.x < blockDim.x / 32 ? partial[threadIdx.x] : 0.0f;
-    v = warp_sum_fast(v);
-    if (threadIdx.x == 0) rms_s = rsqrtf(v * (1.0f / (float)n) + eps);
-  }
+  const float ss = norm_block_sum_fast(acc, partial);
+  if (threadIdx.x == 0) rms_s = norm_rms_fast(ss, n, eps);
   __syncthreads();
   norm_store<false>(xr, w, n, r, rms_s, yr, xq, xd, quant, row);
 }
@@ -134,13 +148,13 @@ __device__ __forceinline__ float qk_rms(const float (&v)[HEAD_PER_LANE], int hd,
     __syncwarp();
     float ss = lane == 0 ? serial_sum_shared(sq, hd) : 0.0f;
     ss = __shfl_sync(FULL_MASK, ss, 0);
-    return FDIV(1.0f, FSQRT(FADD(div_by_count(ss, hd), eps)));
+    return norm_rms_exact(ss, hd, eps);
   }
   float acc = 0.0f;
 #pragma unroll
   for (int i = 0; i < HEAD_PER_LANE; i++) acc = fmaf(v[i], v[i], acc);  // zeros past hd add nothing
   acc = warp_sum_fast(acc);
-  return rsqrtf(acc * (1.0f / (float)hd) + eps);
+  return norm_rms_fast(acc, hd, eps);
 }
 
 __device__ __forceinline__ float qk_apply(float x, float rms, float w, bool exact) {

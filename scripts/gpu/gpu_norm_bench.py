@@ -67,17 +67,11 @@ __device__ __forceinline__ void rmsnorm_row_variant(const float *__restrict__ xr
   if (V == 2) {
     float acc = 0.0f;
     for (int b = threadIdx.x; b < n8 / 8; b += blockDim.x) acc += terms[b];
-    acc = warp_sum_fast(acc);
-    if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = acc;
-    __syncthreads();
-    if (threadIdx.x < 32) {
-      float v = threadIdx.x < blockDim.x / 32 ? partial[threadIdx.x] : 0.0f;
-      v = warp_sum_fast(v);
-      if (threadIdx.x == 0) rms_s = FDIV(1.0f, FSQRT(FADD(FDIV(v, (float)n), eps)));
-    }
+    const float ss = norm_block_sum_fast(acc, partial);
+    if (threadIdx.x == 0) rms_s = norm_rms_exact(ss, n, eps);
   } else if (threadIdx.x == 0) {
     const float ss = serial_sum_shared(terms, n8 / 8);
-    rms_s = V == 3 ? rsqrtf(ss * (1.0f / (float)n) + eps) : FDIV(1.0f, FSQRT(FADD(FDIV(ss, (float)n), eps)));
+    rms_s = V == 3 ? norm_rms_fast(ss, n, eps) : norm_rms_exact(ss, n, eps);
   }
   __syncthreads();
   norm_store<true>(xr, w, n, r, rms_s, yr, xq, xd, quant, 0);
@@ -139,13 +133,9 @@ def main() -> None:
     ref = None
     for v, name in enumerate(VARIANTS):
         fn = mod.get_function(f"norm_v{v}")
-
-        def launch():
-            fn(x, w, y, np.int32(n), eps, xq, xd, cyc, block=(256, 1, 1), grid=(1, 1))
-
         cycles = []
         for _ in range(args.reps):
-            launch()
+            fn(x, w, y, np.int32(n), eps, xq, xd, cyc, block=(256, 1, 1), grid=(1, 1))
             cuda.Context.synchronize()
             cycles.append(int(cuda.from_device(cyc, (1,), np.int64)[0]))
         out = cuda.from_device(y, (n,), np.float32).view(np.uint32)
