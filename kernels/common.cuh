@@ -44,8 +44,11 @@
 
 // Programmatic dependent launch (sm_90+; backends/cuda/pdl.py launches the decode graph's
 // kernels with it): every kernel calls pdl_wait() before it reads or writes anything a kernel
-// before it may write — first thing, except the dense GEMVs (gemv.cuh gemv_q4), which issue
-// their first weight loads ahead of it (weights are never written by a step).
+// before it may write — first thing, except where the loads ahead of it read what is final
+// once the kernel starts: the dense GEMVs' first weight loads (gemv.cuh gemv_q4; weights are
+// never written by a step), down_combine's L2 prefetch of its experts' rows (fused.cu; the
+// router that chose them has finished by then) and the fast attention's cache rows of earlier
+// steps (attention.cu attn_fast_part_q8).
 // It waits until every kernel before it has finished and its writes are visible — the
 // dependency a plain launch has — so a kernel scheduled early computes exactly what it
 // computes without PDL. Without the launch attribute it is a no-op. Built with
@@ -54,12 +57,35 @@
 // (griddepcontrol.launch_dependents), so the next grid's blocks are resident and waiting when it
 // ends. Either way a kernel touches memory only after everything before it has finished: the
 // bits do not change (docs/decisions.md; figures in results/gpu-h200-speed.md).
+#ifdef KESTREL_STAMPS
+// A diagnostic build (scripts/gpu/gpu_step_timeline.py): thread 0 of block (0,0,0) writes the
+// global timer and its launch shape once past the wait, so that the time from one kernel's
+// stamp to the next one's is the first kernel's share of a step. Null: off.
+__device__ unsigned long long *kestrel_stamps;  // [0] the count, then (time ns, shape) pairs
+#define KESTREL_STAMP_CAP 8192
+__device__ __forceinline__ void kestrel_stamp() {
+  unsigned long long *st = kestrel_stamps;
+  if (st == nullptr || threadIdx.x != 0 || (blockIdx.x | blockIdx.y | blockIdx.z) != 0) return;
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  const unsigned long long i = atomicAdd(st, 1ull);
+  if (i < KESTREL_STAMP_CAP) {
+    st[1 + 2 * i] = t;
+    st[2 + 2 * i] = gridDim.x | (unsigned long long)gridDim.y << 16 | (unsigned long long)gridDim.z << 32 |
+                    (unsigned long long)blockDim.x << 48;
+  }
+}
+#endif
+
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #ifdef KESTREL_PDL_TRIGGER
   asm volatile("griddepcontrol.launch_dependents;" :::);
 #endif
+#endif
+#ifdef KESTREL_STAMPS
+  kestrel_stamp();
 #endif
 }
 

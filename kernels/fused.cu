@@ -203,11 +203,27 @@ __device__ __forceinline__ void down_combine(const uint4 *W, const __half *D, fl
   }
 }
 
+// The lines of a warp's EXPERT_ROWS weight rows (contiguous in W and in D) into L2, ahead of the
+// kernel's wait: eidx is the router's, two launches back, final since before this grid started
+// (its launch waits for experts_swiglu's blocks to pass their own wait); read past L1. With the
+// early trigger the blocks resident while experts_swiglu runs fetch their rows meanwhile.
+__device__ __forceinline__ void down_rows_to_l2(const uint4 *W, const __half *D, const int *eidx, int n, int nb,
+                                                int k) {
+  const int lane = threadIdx.x & 31, pair = blockIdx.y * k + (threadIdx.x >> 5), row0 = blockIdx.x * EXPERT_ROWS;
+  const size_t first = ((size_t)__ldcg(eidx + pair) * n + row0) * nb, count = (size_t)min(EXPERT_ROWS, n - row0) * nb;
+  const uintptr_t w0 = (uintptr_t)(W + first) & ~(uintptr_t)127, w1 = (uintptr_t)(W + first + count) - 1;
+  const uintptr_t d0 = (uintptr_t)(D + first) & ~(uintptr_t)127, d1 = (uintptr_t)(D + first + count) - 1;
+  const int wl = (int)((w1 - w0) >> 7) + 1, dl = (int)((d1 - d0) >> 7) + 1;
+  for (int i = lane; i < wl + dl; i += 32)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(i < wl ? w0 + 128 * (uintptr_t)i : d0 + 128 * (uintptr_t)(i - wl)));
+}
+
 #define DOWN_COMBINE_KERNEL(SUFFIX, EXACT)                                                              \
   extern "C" __global__ void __launch_bounds__(256, 4)                                                 \
       down_combine_##SUFFIX(const uint4 *W, const __half *D, float *y, const int *eidx, const signed char *aq, \
                             const float *ad, int n, int nb, int k, const float *topw, const float *ores,      \
                             float *moe, float *x, int moe_exact) {                                           \
+    down_rows_to_l2(W, D, eidx, n, nb, k);                                                             \
     pdl_wait();                                                                                        \
     down_combine<EXACT>(W, D, y, eidx, aq, ad, n, nb, k, topw, ores, moe, x, moe_exact);               \
   }

@@ -172,6 +172,30 @@ def test_gpu_scripts_cuda_sources_compile(script, tmp_path):
     assert proc.returncode == 0, proc.stderr
 
 
+@needs_nvcc
+def test_stamped_build_compiles_and_stamps_every_kernel(tmp_path):
+    """gpu_step_timeline.py builds every module with -DKESTREL_STAMPS and reads each kernel's stamp:
+    every kernel must still compile, and every one must reach the stamp (through pdl_wait), or the
+    timeline would lose it."""
+    from kestrel_tui.backends.cuda.runtime import module_source
+
+    timeline = _gpu_script("gpu_step_timeline")
+    cap = re.search(r"#define KESTREL_STAMP_CAP (\d+)", (KERNEL_DIR / "common.cuh").read_text())
+    assert cap and int(cap[1]) == timeline.CAP
+    for name in MODULES:
+        cu = tmp_path / f"{name}.cu"
+        cu.write_text(module_source(name))
+        ptx = cu.with_suffix(".ptx")
+        proc = subprocess.run([NVCC, "-arch=sm_90", *nvcc_options(), "-DKESTREL_STAMPS", "--ptx", "-o", str(ptx),
+                               str(cu)], capture_output=True, text=True)
+        assert proc.returncode == 0, f"{name}.cu with -DKESTREL_STAMPS:\n{proc.stderr}"
+        text = ptx.read_text()
+        entries = list(re.finditer(r"\.entry\s+(\w+)\s*\(.*?\n}\n", text, flags=re.S))
+        assert len(entries) == text.count(".entry") > 0
+        for m in entries:
+            assert "%globaltimer" in m[0], f"{name}.cu {m[1]} writes no stamp (does it call pdl_wait?)"
+
+
 def test_serial_floor_counts_the_contracts_ordered_sums():
     """gpu_serial_floor.py's chain lengths for Qwen3-30B-A3B at context 1024, from numerics.md's rules:
     R2 over hidden/8 blocks twice a layer and once at the end, R3 over head_dim, the experts and
