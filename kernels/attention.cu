@@ -358,14 +358,13 @@ extern "C" __global__ void attn_exact_scores_q8(const float *__restrict__ q, con
                                                 const float *__restrict__ ksc, float *__restrict__ S,
                                                 float *__restrict__ I, int cap_s, int pos0, int n_q, int n_kv,
                                                 int hd, float scale, const int *__restrict__ dpos) {
-  pdl_wait();
-  if (dpos) pos0 = *dpos;
+  if (dpos) pos0 = __ldcg(dpos);  // written by the host before the graph starts
   __shared__ int qq4[ATT_MAX_HD / 4];
   __shared__ float red[32];
   const int h = blockIdx.x, m = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int T = pos0 + m + 1;
   const int p0 = blockIdx.z * ATT_SPLIT_TILE;
-  if (p0 >= T) return;  // block-uniform
+  if (p0 >= T) return;  // block-uniform; touches nothing, so it need not wait
   const int kvh = h / (n_q / n_kv);
   const float *qh = q + ((size_t)m * n_q + h) * hd;
   const int np = min(ATT_SPLIT_TILE, T - p0);
@@ -373,7 +372,15 @@ extern "C" __global__ void attn_exact_scores_q8(const float *__restrict__ q, con
   const size_t row = (size_t)p * n_kv + kvh;
   int4 kk[ATT_MAX_HD / 16];  // the position's K row, in flight while the query is quantized
   float dk = 0.0f;
-  if (tid < np) {
+  // a row of an earlier step (below pos0) is final: loaded ahead of the wait, overlapping the
+  // kernel in front (the early trigger); this step's rows after it
+  const bool early = tid < np && p < pos0;
+  if (early) {
+    q8_row_load((const int4 *)(kc + row * hd), hd, kk);
+    dk = ksc[row];
+  }
+  pdl_wait();
+  if (tid < np && !early) {
     q8_row_load((const int4 *)(kc + row * hd), hd, kk);
     dk = ksc[row];
   }
@@ -685,8 +692,8 @@ attn_fast_part_q8(const float *__restrict__ q, const signed char *__restrict__ k
 
 // grid (n_q, M), block >= hd (a multiple of 32). Tiles in batches of 32: lane u of every
 // warp loads tile t0+u's (max, sum) and computes its factor f = exp(max - running max), and
-// each thread loads its dim's P.V of all 32 tiles at once, so the kernel waits on memory
-// once a batch and needs no block barrier; the batch's factors reach the lanes by shuffles,
+// each thread loads its dim's P.V of all 32 tiles at once, two batches' loads together, so the
+// kernel waits on memory once every two batches and needs no block barrier; the batch's factors reach the lanes by shuffles,
 // and the running max moves from batch to batch with one rescale (online softmax).
 // xq/xd (quant != 0): the q8_0 of out for o_proj (common.cuh q8_0_warp; a warp is 32
 // consecutive dims of one head), saving the quantize launch.
@@ -701,13 +708,21 @@ extern "C" __global__ void attn_fast_combine(const float *__restrict__ part, flo
   const int stride = hd + 2, j = min(tid, hd - 1);
   const float *src = part + ((size_t)m * n_q + h) * tiles_cap * stride;
   float gm = -INFINITY, L = 0.0f, acc = 0.0f;
-  for (int t0 = 0; t0 < nt; t0 += 32) {
+  struct Batch {
+    float mt, lt, v[32];
+  };
+  auto load = [&](int t0, Batch &b) {
     const int nb = min(32, nt - t0);
     const float *pl = src + (size_t)(t0 + min(lane, nb - 1)) * stride;
-    const float mt = lane < nb ? pl[hd] : -INFINITY, lt = lane < nb ? pl[hd + 1] : 0.0f;
-    float v[32];
+    b.mt = lane < nb ? pl[hd] : -INFINITY;
+    b.lt = lane < nb ? pl[hd + 1] : 0.0f;
 #pragma unroll
-    for (int u = 0; u < 32; u++) v[u] = u < nb ? src[(size_t)(t0 + u) * stride + j] : 0.0f;
+    for (int u = 0; u < 32; u++) b.v[u] = u < nb ? src[(size_t)(t0 + u) * stride + j] : 0.0f;
+  };
+  auto fold = [&](int t0, const Batch &b) {
+    const int nb = min(32, nt - t0);
+    const float mt = b.mt, lt = b.lt;
+    const float(&v)[32] = b.v;
     const float bm = fmaxf(gm, warp_max(mt));
     const float f = lane < nb ? (exact_exp ? expf_ucrt(mt - bm) : __expf(mt - bm)) : 0.0f;
     const float r = t0 == 0 ? 0.0f : (exact_exp ? expf_ucrt(gm - bm) : __expf(gm - bm));
@@ -716,6 +731,15 @@ extern "C" __global__ void attn_fast_combine(const float *__restrict__ part, flo
     acc *= r;
 #pragma unroll
     for (int u = 0; u < 32; u++) acc = fmaf(v[u], __shfl_sync(FULL_MASK, f, u), acc);
+  };
+  // two batches' loads in flight together (one wait on memory for up to 64 tiles: context
+  // 2048), then each folded in order as before
+  for (int t0 = 0; t0 < nt; t0 += 64) {
+    Batch a, b;
+    load(t0, a);
+    if (t0 + 32 < nt) load(t0 + 32, b);  // block-uniform
+    fold(t0, a);
+    if (t0 + 32 < nt) fold(t0 + 32, b);
   }
   if (tid < hd) {
     const size_t o = ((size_t)m * n_q + h) * hd + tid;

@@ -47,8 +47,8 @@
 // before it may write — first thing, except where the loads ahead of it read what is final
 // once the kernel starts: the dense GEMVs' first weight loads (gemv.cuh gemv_q4; weights are
 // never written by a step), down_combine's L2 prefetch of its experts' rows (fused.cu; the
-// router that chose them has finished by then) and the fast attention's cache rows of earlier
-// steps (attention.cu attn_fast_part_q8).
+// router that chose them has finished by then) and the attention's cache rows of earlier steps
+// (attention.cu: attn_fast_part_q8, attn_exact_scores_q8).
 // It waits until every kernel before it has finished and its writes are visible — the
 // dependency a plain launch has — so a kernel scheduled early computes exactly what it
 // computes without PDL. Without the launch attribute it is a no-op. Built with

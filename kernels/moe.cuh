@@ -93,11 +93,10 @@ __device__ __forceinline__ void router(const float *__restrict__ logits, int *__
     }
   }
   __syncthreads();
-  if (i == 0) {
+  if (i < k) {  // each of the k threads forms the same sum (same order), then its own weight:
+                // the k divides side by side, not one after another in one thread
     float s = 0.0f;
     for (int j = 0; j < k; j++) s = EXACT ? FADD(s, selp[j]) : s + selp[j];
-    const float inv = 1.0f / s;
-    for (int j = 0; j < k; j++)
-      topw[(size_t)m * k + j] = !norm ? selp[j] : (EXACT ? FDIV(selp[j], s) : selp[j] * inv);
+    topw[(size_t)m * k + i] = !norm ? selp[i] : (EXACT ? FDIV(selp[i], s) : selp[i] * (1.0f / s));
   }
 }
