@@ -457,8 +457,7 @@ attn_exact_pv_q8(const signed char *__restrict__ vc, const float *__restrict__ v
                  const float *__restrict__ I, float *__restrict__ out, int cap_s, int pos0, int n_q, int n_kv,
                  int hd, int exact_exp, const int *__restrict__ dpos, signed char *__restrict__ xq,
                  float *__restrict__ xd, int quant) {
-  pdl_wait();
-  if (dpos) pos0 = *dpos;
+  if (dpos) pos0 = __ldcg(dpos);  // written by the host before the graph starts
   __shared__ __align__(16) float s_c[2][ATT_PV_STAGE], s_w[2][ATT_PV_STAGE];
   __shared__ float s_l;
   __shared__ __align__(16) float s_t[2][ATT_SPLIT_COLS][ATT_PV_TROW];       // t [dim][position]
@@ -470,22 +469,32 @@ attn_exact_pv_q8(const signed char *__restrict__ vc, const float *__restrict__ v
   const bool acc_warp = tid < 32, serial = tid < 64;  // warp 0: acc of its lanes' dims; warp 1: l
   const int i = tid - 64;  // a producer's position in the stage
   float m_run = -INFINITY;  // producers: the max over the scores tiles before the stage's tile
-  auto load = [&](int c0) {
-    PvOperands o;
+  auto load_v = [&](PvOperands &o, int c0) {  // the position's V (its 32 dims) and V scale
     const int p = c0 + i;
-    // entering a new tile: the one before it ends at c0 - 1 (< T), where its prefix max is its max
-    o.tile_max = c0 > 0 && c0 % ATT_SPLIT_TILE == 0 ? Ir[c0 - 1] : -INFINITY;
-    o.s = o.incl = o.incl_prev = o.vs = 0.0f;
+    o.vs = 0.0f;
 #pragma unroll
     for (int part = 0; part < ATT_SPLIT_COLS / 16; part++) o.v[part] = make_int4(0, 0, 0, 0);
     if (p < T) {
-      o.s = Sr[p], o.incl = Ir[p];
-      o.incl_prev = p % ATT_SPLIT_TILE == 0 ? -INFINITY : Ir[p - 1];  // the tile's prefix max before p
       o.vs = vsc[(size_t)p * n_kv + kvh];
       const int4 *vrow = (const int4 *)(vc + ((size_t)p * n_kv + kvh) * hd + j0);
 #pragma unroll
       for (int part = 0; part < ATT_SPLIT_COLS / 16; part++) o.v[part] = vrow[part];
     }
+  };
+  auto load_s = [&](PvOperands &o, int c0) {  // its score and prefix maxima (attn_exact_scores_q8's)
+    const int p = c0 + i;
+    // entering a new tile: the one before it ends at c0 - 1 (< T), where its prefix max is its max
+    o.tile_max = c0 > 0 && c0 % ATT_SPLIT_TILE == 0 ? Ir[c0 - 1] : -INFINITY;
+    o.s = o.incl = o.incl_prev = 0.0f;
+    if (p < T) {
+      o.s = Sr[p], o.incl = Ir[p];
+      o.incl_prev = p % ATT_SPLIT_TILE == 0 ? -INFINITY : Ir[p - 1];  // the tile's prefix max before p
+    }
+  };
+  auto load = [&](int c0) {
+    PvOperands o;
+    load_s(o, c0);
+    load_v(o, c0);
     return o;
   };
   auto produce = [&](const PvOperands &o, int c0, int buf) {
@@ -535,10 +544,18 @@ attn_exact_pv_q8(const signed char *__restrict__ vc, const float *__restrict__ v
       for (int u = 0; u < ATT_PV_BATCH; u++) run = FADD(FMUL(run, comp(b.c[u / 4], u & 3)), comp(b.x[u / 4], u & 3));
     }
   };
-  PvOperands next;
+  // The first two stages' V rows of earlier steps (below pos0) are final: loaded ahead of the
+  // wait, overlapping the scores kernel (the early trigger); this step's rows and every score after.
+  PvOperands first, next;
+  const bool early0 = !serial && i < pos0, early1 = !serial && ATT_PV_STAGE + i < pos0;
+  if (early0) load_v(first, 0);
+  if (early1) load_v(next, ATT_PV_STAGE);
+  pdl_wait();
   if (!serial) {
-    const PvOperands first = load(0);
-    next = load(ATT_PV_STAGE);
+    if (!early0) load_v(first, 0);
+    if (!early1) load_v(next, ATT_PV_STAGE);
+    load_s(first, 0);
+    load_s(next, ATT_PV_STAGE);
     produce(first, 0, 0);
   }
   __syncthreads();
