@@ -710,8 +710,9 @@ attn_fast_part_q8(const float *__restrict__ q, const signed char *__restrict__ k
 // grid (n_q, M), block >= hd (a multiple of 32). Tiles in batches of 32: lane u of every
 // warp loads tile t0+u's (max, sum) and computes its factor f = exp(max - running max), and
 // each thread loads its dim's P.V of all 32 tiles at once, two batches' loads together, so the
-// kernel waits on memory once every two batches and needs no block barrier; the batch's factors reach the lanes by shuffles,
-// and the running max moves from batch to batch with one rescale (online softmax).
+// kernel waits on memory once every two batches and needs no block barrier; the batch's factors
+// reach the lanes by shuffles, and the running max moves from batch to batch with one rescale
+// (online softmax).
 // xq/xd (quant != 0): the q8_0 of out for o_proj (common.cuh q8_0_warp; a warp is 32
 // consecutive dims of one head), saving the quantize launch.
 extern "C" __global__ void attn_fast_combine(const float *__restrict__ part, float *__restrict__ out, int tiles_cap,

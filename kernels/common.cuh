@@ -48,14 +48,14 @@
 // once the kernel starts: the dense GEMVs' first weight loads (gemv.cuh gemv_q4; weights are
 // never written by a step), down_combine's L2 prefetch of its experts' rows (fused.cu; the
 // router that chose them has finished by then) and the attention's cache rows of earlier steps
-// (attention.cu: attn_fast_part_q8, attn_exact_scores_q8).
+// (attention.cu: attn_fast_part_q8, attn_exact_scores_q8, attn_exact_pv_q8).
 // It waits until every kernel before it has finished and its writes are visible — the
 // dependency a plain launch has — so a kernel scheduled early computes exactly what it
 // computes without PDL. Without the launch attribute it is a no-op. Built with
 // KESTREL_PDL_TRIGGER (runtime.py nvcc_options: the default; env KESTREL_PDL_TRIGGER=0 builds
 // wait-only), each kernel triggers its successor once past its wait
 // (griddepcontrol.launch_dependents), so the next grid's blocks are resident and waiting when it
-// ends. Either way a kernel touches memory only after everything before it has finished: the
+// ends. Either way a kernel reads nothing that a kernel in front of it may still write: the
 // bits do not change (docs/decisions.md; figures in results/gpu-h200-speed.md).
 #ifdef KESTREL_STAMPS
 // A diagnostic build (scripts/gpu/gpu_step_timeline.py): thread 0 of block (0,0,0) writes the
