@@ -6,7 +6,9 @@
 Every key's hash of: batch-verify steps M = 2..8 after a prefill, on the embedded model and on
 Qwen3-30B-A3B's dims with 4 layers, fast and exact; M=1 steps replayed as a CUDA graph and the
 same steps launched directly; the full-size 48-layer model decoding fast and exact. Then the
-full-size decode speed (perf.decode_bench, context 1024). Uses only what both trees have:
+full-size decode speed (perf.decode_bench, context 1024): a step's wall time with and without
+hashing, and the device time of a graph replay (CUDA events), the figure to compare: it moves
+±0.01 ms between processes where the wall time moves ±0.1 (results/gpu-h200-speed.md). Uses only what both trees have:
 make_cuda_backend(model, exact=, graph=), reset, step, decode_bench (kestrel_tui/perf/cuda.py since
 commit 380c10f; kestrel_tui/backends/cuda/perf.py in older trees). results/gpu-h200-same-bits.md records a run.
 """
@@ -43,7 +45,9 @@ def main() -> None:
             diff = [k for k in x["bits"][sec] if x["bits"][sec][k] != y["bits"].get(sec, {}).get(k)]
             print(f"{sec:<28} {len(x['bits'][sec]):>7} keys  {'same bits' if not diff else f'{len(diff)} differ, first {diff[0]}'}")
         for m in x["ms"]:
-            print(f"full-size {m:<18} {x['ms'][m]:.3f} -> {y['ms'][m]:.3f} ms/token ({100 * (y['ms'][m] / x['ms'][m] - 1):+.1f} %)")
+            if m in y["ms"]:  # a tree's json from before device time was recorded lacks it
+                print(f"full-size {m:<18} {x['ms'][m]:.3f} -> {y['ms'][m]:.3f} ms/token"
+                      f" ({100 * (y['ms'][m] / x['ms'][m] - 1):+.1f} %)")
         return
 
     from kestrel_tui.backends.cuda import make_cuda_backend
@@ -80,6 +84,8 @@ def main() -> None:
     for mode in modes:
         res["ms"][f"{mode} (graph)"] = r[mode]["graph_ms"]
         res["ms"][f"{mode} (no hashing)"] = r[mode]["graph_nohash_ms"]
+        if r[mode].get("graph_gpu_ms") is not None:  # older trees' decode_bench does not time it
+            res["ms"][f"{mode} (device)"] = r[mode]["graph_gpu_ms"]
     print({k: round(v, 3) for k, v in res["ms"].items()}, f"{time.time() - t0:.0f} s", flush=True)
     json.dump(res, open(a.out, "w"))
 
