@@ -196,6 +196,18 @@ def test_stamped_build_compiles_and_stamps_every_kernel(tmp_path):
             assert "%globaltimer" in m[0], f"{name}.cu {m[1]} writes no stamp (does it call pdl_wait?)"
 
 
+def test_timeline_rows_split_a_kernel_by_its_grids():
+    """gpu_step_timeline.py packs a launch's shape as kestrel_stamp does (grid x, y, z, block x in
+    16-bit fields) and gives a kernel that runs with several grids a row per grid (gemv_q4: o_proj,
+    the router, lm_head), one row otherwise."""
+    t = _gpu_script("gpu_step_timeline")
+    assert t.shape((3, 2, 1), (256, 1, 1)) == 3 | 2 << 16 | 1 << 32 | 256 << 48
+    launches = [("gemv_q4_fast", t.shape((128, 1, 1), (128, 1, 1))), ("rmsnorm_fast", t.shape((1, 1, 1), (256, 1, 1))),
+                ("gemv_q4_fast", t.shape((8, 1, 1), (128, 1, 1))), ("rmsnorm_fast", t.shape((1, 1, 1), (256, 1, 1)))]
+    assert t.labels(launches) == ["gemv_q4_fast grid 128x1x1", "rmsnorm_fast", "gemv_q4_fast grid 8x1x1",
+                                  "rmsnorm_fast"]
+
+
 def test_serial_floor_counts_the_contracts_ordered_sums():
     """gpu_serial_floor.py's chain lengths for Qwen3-30B-A3B at context 1024, from numerics.md's rules:
     R2 over hidden/8 blocks twice a layer and once at the end, R3 over head_dim, the experts and

@@ -34,8 +34,24 @@ CAP = 8192  # kernels/common.cuh KESTREL_STAMP_CAP
 
 
 def shape(grid, block) -> int:
+    """A launch's grid and block packed as kernels/common.cuh kestrel_stamp packs them."""
     g = tuple(grid) + (1,) * (3 - len(grid))
     return g[0] | g[1] << 16 | g[2] << 32 | tuple(block)[0] << 48
+
+
+def labels(launches: list[tuple[str, int]]) -> list[str]:
+    """Each launch's row in the table: its kernel's name, with its grid where the same kernel runs
+    with several grids in a step (gemv_q4: o_proj, the router, lm_head)."""
+    grids: dict[str, set[int]] = defaultdict(set)
+    for name, sh in launches:
+        grids[name].add(sh & ((1 << 48) - 1))
+    out = []
+    for name, sh in launches:
+        if len(grids[name]) == 1:
+            out.append(name)
+        else:
+            out.append(f"{name} grid {sh & 0xFFFF}x{sh >> 16 & 0xFFFF}x{sh >> 32 & 0xFFFF}")
+    return out
 
 
 def main() -> None:
@@ -83,6 +99,7 @@ def main() -> None:
         streams[s] += 1
     main_stream = max(streams, key=streams.get)
     main = [(n, sh) for n, sh, s in recorded if s == main_stream]
+    rows = labels(main)
     others = {sh: n for n, sh, s in recorded if s != main_stream}
 
     with rt.active():
@@ -138,7 +155,7 @@ def main() -> None:
         j, times = 0, []
         for t, sh in run:
             if j < len(main) and sh == main[j][1]:
-                times.append((t, main[j][0]))
+                times.append((t, rows[j]))
                 j += 1
             else:
                 hash_stamps[others.get(sh, "?")] += 1
@@ -153,12 +170,12 @@ def main() -> None:
     per_step = len(spans)
     print(f"first to last main-stream stamp: {statistics.median(spans) / 1e3:.1f} us (median of {per_step} replays);"
           f" stamps of other streams: {dict(hash_stamps)}")
-    print(f"{'kernel':34} {'a step':>7} {'us each':>8} {'us a step':>10} {'share':>6}")
+    print(f"{'kernel':44} {'a step':>7} {'us each':>8} {'us a step':>10} {'share':>6}  (us each: the median)")
     total = sum(sum(v) for v in share.values()) / per_step
     for name, v in sorted(share.items(), key=lambda kv: -sum(kv[1])):
         each = statistics.median(v) / 1e3
         step = sum(v) / per_step / 1e3
-        print(f"{name:34} {len(v) // per_step:7d} {each:8.2f} {step:10.1f} {100 * step * 1e3 / total:5.1f}%")
+        print(f"{name:44} {len(v) // per_step:7d} {each:8.2f} {step:10.1f} {100 * step * 1e3 / total:5.1f}%")
 
 
 if __name__ == "__main__":
