@@ -24,21 +24,28 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 
-def run(args) -> None:
+def prefilled_backend(exact: str, layers: int, ctx: int, spare: int = 8):
+    """The synthetic Qwen3-30B-A3B's cuda backend (decode graph on) with a random prompt of ctx
+    tokens prefilled, room for `spare` more: (backend, the prompt's last token). exact: none, all,
+    or toggles joined by commas. (gpu_step_timeline.py starts the same way.)"""
     from kestrel_tui.backends.cuda import make_cuda_backend
-    from kestrel_tui.perf.cuda import prefill
     from kestrel_tui.backends.cuda.weights import DeviceSyntheticModel
     from kestrel_tui.backends.toggles import TOGGLES
     from kestrel_tui.model.config import qwen3_30b_a3b_config
+    from kestrel_tui.perf.cuda import prefill
 
-    exact = frozenset(TOGGLES) if args.exact == "all" else frozenset(x for x in args.exact.split(",") if x != "none")
-    m = DeviceSyntheticModel(qwen3_30b_a3b_config(args.layers), name="timeline")
-    b = make_cuda_backend(m, exact=exact, graph=True)
-    ctx = args.ctx
-    b.reset(ctx + 8)
+    chosen = frozenset(TOGGLES) if exact == "all" else frozenset(x for x in exact.split(",") if x not in ("", "none"))
+    m = DeviceSyntheticModel(qwen3_30b_a3b_config(layers), name="timeline")
+    b = make_cuda_backend(m, exact=chosen, graph=True)
+    b.reset(ctx + spare)
     prompt = np.random.default_rng(1).integers(0, m.cfg.vocab, ctx).astype(np.int32)
     prefill(b, prompt)
-    tok = int(prompt[-1])
+    return b, int(prompt[-1])
+
+
+def run(args) -> None:
+    ctx = args.ctx
+    b, tok = prefilled_backend(args.exact, args.layers, ctx)
     for i in range(3):  # capture + warm
         b.step(np.array([tok]), ctx + i, raw=False)
     g = b._graph

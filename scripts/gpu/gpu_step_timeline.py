@@ -64,15 +64,11 @@ def main() -> None:
 
     from kestrel_tui.backends.cuda import runtime
     runtime.NVCC_OPTIONS.append("-DKESTREL_STAMPS")  # before the runtime compiles the modules
-    from kestrel_tui.backends.cuda import backend as cuda_backend, launches, make_cuda_backend
-    from kestrel_tui.backends.cuda.weights import DeviceSyntheticModel
-    from kestrel_tui.backends.toggles import TOGGLES
-    from kestrel_tui.model.config import qwen3_30b_a3b_config
-    from kestrel_tui.perf.cuda import prefill
+    from kestrel_tui.backends.cuda import backend as cuda_backend, launches
+    from gpu_ncu_kernel_times import prefilled_backend
 
-    exact = frozenset(TOGGLES) if args.exact == "all" else frozenset(x for x in args.exact.split(",") if x not in ("", "none"))
-    m = DeviceSyntheticModel(qwen3_30b_a3b_config(args.layers), name="timeline")
-    b = make_cuda_backend(m, exact=exact, graph=True)
+    ctx = args.ctx
+    b, tok = prefilled_backend(args.exact, args.layers, ctx, spare=args.reps + 8)
     rt, cuda = b.rt, b.rt.cuda
     recorded: list[tuple[str, int, int]] = []  # (kernel, shape, stream) in the order queued
     plain_launch = launches.launch
@@ -82,11 +78,6 @@ def main() -> None:
         recorded.append((name, shape(grid, block), id(stream)))
         return plain_launch(k, grid, block, stream, *a, **kw)
 
-    ctx = args.ctx
-    b.reset(ctx + args.reps + 8)
-    prompt = np.random.default_rng(1).integers(0, m.cfg.vocab, ctx).astype(np.int32)
-    prefill(b, prompt)
-    tok = int(prompt[-1])
     launches.launch = cuda_backend.launch = recording_launch  # the plan's launches and the hashes'
     try:
         b.step(np.array([tok]), ctx, raw=False)  # the capture
