@@ -39,15 +39,19 @@ NVCC = shutil.which("nvcc")
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not on PATH (CUDA toolkit not installed)")
 
 
-@pytest.fixture(scope="module")
-def ptx_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("ptx")
+def _compile_modules(out: Path, *extra: str) -> Path:
+    """Every kernels/*.cu module's PTX in `out`, built with the backend's options and `extra`."""
     for name in MODULES:
-        proc = subprocess.run([NVCC, "-arch=sm_90", *nvcc_options(), "--ptx", "-I", str(KERNEL_DIR),
+        proc = subprocess.run([NVCC, "-arch=sm_90", *nvcc_options(), *extra, "--ptx", "-I", str(KERNEL_DIR),
                                "-o", str(out / f"{name}.ptx"), str(KERNEL_DIR / f"{name}.cu")],
                               capture_output=True, text=True)
-        assert proc.returncode == 0, f"{name}.cu failed to compile:\n{proc.stderr}"
+        assert proc.returncode == 0, f"{name}.cu {' '.join(extra)} failed to compile:\n{proc.stderr}"
     return out
+
+
+@pytest.fixture(scope="module")
+def ptx_dir(tmp_path_factory):
+    return _compile_modules(tmp_path_factory.mktemp("ptx"))
 
 
 @needs_nvcc
@@ -177,19 +181,12 @@ def test_stamped_build_compiles_and_stamps_every_kernel(tmp_path):
     """gpu_step_timeline.py builds every module with -DKESTREL_STAMPS and reads each kernel's stamp:
     every kernel must still compile, and every one must reach the stamp (through pdl_wait), or the
     timeline would lose it."""
-    from kestrel_tui.backends.cuda.runtime import module_source
-
     timeline = _gpu_script("gpu_step_timeline")
     cap = re.search(r"#define KESTREL_STAMP_CAP (\d+)", (KERNEL_DIR / "common.cuh").read_text())
     assert cap and int(cap[1]) == timeline.CAP
+    _compile_modules(tmp_path, "-DKESTREL_STAMPS")
     for name in MODULES:
-        cu = tmp_path / f"{name}.cu"
-        cu.write_text(module_source(name))
-        ptx = cu.with_suffix(".ptx")
-        proc = subprocess.run([NVCC, "-arch=sm_90", *nvcc_options(), "-DKESTREL_STAMPS", "--ptx", "-o", str(ptx),
-                               str(cu)], capture_output=True, text=True)
-        assert proc.returncode == 0, f"{name}.cu with -DKESTREL_STAMPS:\n{proc.stderr}"
-        text = ptx.read_text()
+        text = (tmp_path / f"{name}.ptx").read_text()
         entries = list(re.finditer(r"\.entry\s+(\w+)\s*\(.*?\n}\n", text, flags=re.S))
         assert len(entries) == text.count(".entry") > 0
         for m in entries:

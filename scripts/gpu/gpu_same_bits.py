@@ -8,9 +8,10 @@ Qwen3-30B-A3B's dims with 4 layers, fast and exact; M=1 steps replayed as a CUDA
 same steps launched directly; the full-size 48-layer model decoding fast and exact. Then the
 full-size decode speed (perf.decode_bench, context 1024): a step's wall time with and without
 hashing, and the device time of a graph replay (CUDA events), the figure to compare: it moves
-±0.01 ms between processes where the wall time moves ±0.1 (results/gpu-h200-speed.md). Uses only what both trees have:
-make_cuda_backend(model, exact=, graph=), reset, step, decode_bench (kestrel_tui/perf/cuda.py since
-commit 380c10f; kestrel_tui/backends/cuda/perf.py in older trees). results/gpu-h200-same-bits.md records a run.
+±0.01 ms between processes where the wall time moves ±0.1 (results/gpu-h200-speed.md).
+Uses only what both trees have: make_cuda_backend(model, exact=, graph=), reset, step,
+decode_bench (kestrel_tui/perf/cuda.py since commit 380c10f; kestrel_tui/backends/cuda/perf.py in
+older trees). results/gpu-h200-same-bits.md records a run.
 """
 from __future__ import annotations
 
