@@ -374,16 +374,14 @@ extern "C" __global__ void attn_exact_scores_q8(const float *__restrict__ q, con
   float dk = 0.0f;
   // a row of an earlier step (below pos0) is final: loaded ahead of the wait, overlapping the
   // kernel in front (the early trigger); this step's rows after it
+  auto load_k = [&] {
+    q8_row_load((const int4 *)(kc + row * hd), hd, kk);
+    dk = ksc[row];
+  };
   const bool early = tid < np && p < pos0;
-  if (early) {
-    q8_row_load((const int4 *)(kc + row * hd), hd, kk);
-    dk = ksc[row];
-  }
+  if (early) load_k();
   pdl_wait();
-  if (tid < np && !early) {
-    q8_row_load((const int4 *)(kc + row * hd), hd, kk);
-    dk = ksc[row];
-  }
+  if (tid < np && !early) load_k();
   {  // query q8 (as attn_exact_q8)
     const float v = tid < hd ? qh[tid] : 0.0f;
     const float amax = block_max(fabsf(v), red);
