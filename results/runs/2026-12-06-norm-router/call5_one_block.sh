@@ -1,0 +1,14 @@
+#!/bin/bash
+export PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+ROOT=$PWD
+nvidia-smi --query-gpu=name --format=csv,noheader
+for m in default 30b; do PYTHONPATH=/tmp/site:$ROOT timeout 100 python3 .alt/diag.py $m 2>&1 | grep -v 'PyCUDA WARN\|failed: an illegal' | grep differ; done
+PYTHONPATH=/tmp/site:$ROOT timeout 200 python3 scripts/gpu/gpu_step_timeline.py --reps 10 2>&1 | grep -v "PyCUDA WARN" | tail -16
+for i in 1 2; do
+  for t in base new; do
+    d=$ROOT; [ $t = base ] && d=$ROOT/.alt/base
+    (cd $d && PYTHONPATH=/tmp/site:$d timeout 150 python3 $ROOT/scripts/gpu/gpu_same_bits.py --out $OUT/$t$i.json 2>&1 | tail -1)
+  done
+done
+for i in 1 2; do python3 scripts/gpu/gpu_same_bits.py --compare $OUT/base$i.json $OUT/new$i.json; done
