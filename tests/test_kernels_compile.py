@@ -17,6 +17,8 @@ The whole step run against a fake driver (no nvcc, no GPU) is in test_cuda_fake_
 from __future__ import annotations
 
 import ctypes
+import json
+import os
 import re
 import shutil
 import subprocess
@@ -203,6 +205,47 @@ def test_timeline_rows_split_a_kernel_by_its_grids():
                 ("gemv_q4_fast", t.shape((8, 1, 1), (128, 1, 1))), ("rmsnorm_fast", t.shape((1, 1, 1), (256, 1, 1)))]
     assert t.labels(launches) == ["gemv_q4_fast grid 128x1x1", "rmsnorm_fast", "gemv_q4_fast grid 8x1x1",
                                   "rmsnorm_fast"]
+
+
+def _bits_run(keys: dict, device_ms: float) -> dict:
+    return {"bits": {"30b4 fast graph": dict(keys)}, "ms": {"fast (device)": device_ms}}
+
+
+def test_same_bits_ab_alternates_the_trees_and_reports_every_pair(tmp_path, monkeypatch, capsys):
+    """gpu_same_bits.py --ab runs --out in the two trees one process after the other (a, b, a, b),
+    each with its own tree first on PYTHONPATH and as its working folder, and prints a section as
+    the same bits only if every pair agrees, each process's device time and the medians."""
+    sb = _gpu_script("gpu_same_bits")
+    trees = [tmp_path / "before", tmp_path / "after"]
+    for t in trees:
+        t.mkdir()
+    monkeypatch.setenv("PYTHONPATH", "/site")
+    calls = []
+    figures = iter([2.03, 2.05, 2.04, 2.06])
+    second_pair_differs = {"t0_l0_x": "1", "t0_l1_x": "2"}
+
+    def fake_run(cmd, cwd, env):
+        calls.append((Path(cwd).name, env["PYTHONPATH"]))
+        out = Path(cmd[cmd.index("--out") + 1])
+        keys = second_pair_differs if len(calls) == 4 else {"t0_l0_x": "1", "t0_l1_x": "3"}
+        out.write_text(json.dumps(_bits_run(keys, next(figures))))
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(sb.subprocess, "run", fake_run)
+    sb.ab([str(t) for t in trees], 2, tmp_path / "runs", 30)
+    assert calls == [(t.name, f"{t.resolve()}{os.pathsep}/site") for t in trees * 2]
+    text = capsys.readouterr().out
+    assert "1 keys differ (2 pairs), first t0_l1_x" in text
+    assert "2.030 / 2.040 -> 2.050 / 2.060 ms; median 2.035 -> 2.055 (+0.020)" in text
+    same = sb.summary([_bits_run({"k": "1"}, 2.0)], [_bits_run({"k": "1"}, 2.1)])
+    assert same[0].endswith("same bits") and "(+0.100)" in same[1]
+
+    def failing_run(cmd, cwd, env):
+        return subprocess.CompletedProcess(cmd, 3)
+
+    monkeypatch.setattr(sb.subprocess, "run", failing_run)
+    with pytest.raises(SystemExit, match="exited with 3"):
+        sb.ab([str(t) for t in trees], 1, tmp_path / "runs2", 30)
 
 
 def test_serial_floor_counts_the_contracts_ordered_sums():

@@ -18,7 +18,9 @@ different paths). Their orders:
 * rope: numpy's own float32 cos/sin.
 * expf: numpy's own float32 exp.
 * attention: two-pass softmax without query quantization — s = (q . (k*ks)) by
-  matmul * scale, m = max, e = exp(s-m), l = tree_sum(e), out = (e @ V) * (1/l).
+  matmul * scale, m = max, e = exp(s-m), l = tree_sum(e), out = (e @ V) * (1/l);
+  a column over its own positions, so that its bits do not depend on the pass it
+  is in (BLAS picks its kernel by the shapes).
 * kvquant: q = rint(x * (127/amax)) (round half to even, reciprocal computed
   directly), scale amax * f32(1/127) (multiply by a rounded constant).
 * moe: softmax with tree_sum and reciprocal-multiply, renormalise by
@@ -128,17 +130,20 @@ def attention(q, cache, pos, scale, expf_fn=None):
     expf_fn = expf_fn or transcend.expf
     k, ks, v, vs = cache["k"], cache["ks"], cache["v"], cache["vs"]
     M, nh, hd = q.shape
-    T, nkv = k.shape[0], k.shape[1]
+    nkv = k.shape[1]
     kf = k.astype(F32) * ks[..., None] if k.dtype == np.int8 else k  # [T, n_kv, hd]
     vf = v.astype(F32) * vs[..., None] if v.dtype == np.int8 else v
     qg = q.reshape(M, nkv, nh // nkv, hd)
-    s = np.matmul(qg, kf.transpose(1, 2, 0)[None]) * scale  # [M, n_kv, g, T]
-    valid = (np.arange(T)[None, :] <= pos[:, None])[:, None, None, :]
-    s = np.where(valid, s, F32(-np.inf))
-    e = np.where(valid, expf_fn(s - s.max(axis=-1, keepdims=True)), F32(0))
-    inv_l = F32(1) / tree_sum(e)
-    out = np.matmul(e, vf.transpose(1, 0, 2)[None]) * inv_l[..., None]  # [M, n_kv, g, hd]
-    return out.reshape(M, nh * hd)
+    out = np.empty((M, nh * hd), F32)
+    # a column at a time over its own positions 0..pos: BLAS picks its kernel (and so its order
+    # of adds) by the matrices' shapes and the CPU, so a wider cache or pass must not reach them
+    for m in range(M):
+        t = int(pos[m]) + 1
+        s = np.matmul(qg[m], kf[:t].transpose(1, 2, 0)) * scale  # [n_kv, g, t]
+        e = expf_fn(s - s.max(axis=-1, keepdims=True))
+        inv_l = F32(1) / tree_sum(e)
+        out[m] = (np.matmul(e, vf[:t].transpose(1, 0, 2)) * inv_l[..., None]).reshape(-1)  # [n_kv, g, hd]
+    return out
 
 
 def route(logits, top_k, norm_topk_prob, expf_fn=None):

@@ -2,6 +2,11 @@
 
     python3 scripts/gpu/gpu_same_bits.py --out after.json       # with PYTHONPATH at one tree, then the other
     python3 scripts/gpu/gpu_same_bits.py --compare before.json after.json
+    python3 scripts/gpu/gpu_same_bits.py --ab BEFORE_TREE AFTER_TREE --pairs 2 --dir out/
+
+--ab runs --out in each tree, alternating process by process (before, after, before, after, ...:
+a machine's drift then falls on both), and prints each section's bits over every pair and each
+figure per process with the medians.
 
 Every key's hash of: batch-verify steps M = 2..8 after a prefill, on the embedded model and on
 Qwen3-30B-A3B's dims with 4 layers, fast and exact; M=1 steps replayed as a CUDA graph and the
@@ -17,7 +22,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import statistics
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -34,21 +44,58 @@ def hashes(b, prompt, steps) -> dict[str, str]:
     return out
 
 
+def summary(before: list[dict], after: list[dict]) -> list[str]:
+    """The lines --ab prints for the runs of two trees (--out's JSON, alternated): a section is "same
+    bits" only if every key of it is equal in every pair; a figure lists each process's value."""
+    lines = []
+    for sec in before[0]["bits"]:
+        diff = sorted({k for x, y in zip(before, after) for k in x["bits"][sec]
+                       if x["bits"][sec][k] != y["bits"].get(sec, {}).get(k)})
+        n = len(before[0]["bits"][sec])
+        pairs = f" ({len(before)} pairs)" if len(before) > 1 else ""
+        lines.append(f"{sec:<28} {n:>7} keys  " + (f"same bits{pairs}" if not diff else
+                                                   f"{len(diff)} keys differ{pairs}, first {diff[0]}"))
+    for m in before[0]["ms"]:
+        xs, ys = [r["ms"][m] for r in before], [r["ms"].get(m) for r in after]
+        if None in ys:  # a tree from before the device time was recorded
+            continue
+        mx, my = statistics.median(xs), statistics.median(ys)
+        lines.append(f"full-size {m:<18} {' / '.join(f'{v:.3f}' for v in xs)} -> {' / '.join(f'{v:.3f}' for v in ys)}"
+                     f" ms; median {mx:.3f} -> {my:.3f} ({my - mx:+.3f})")
+    return lines
+
+
+def ab(trees: list[str], pairs: int, out_dir: Path, steps: int) -> None:
+    """--out in each tree (its own kestrel_tui first on PYTHONPATH), alternating, then summary()."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    runs: list[list[dict]] = [[], []]
+    for i in range(pairs):
+        for t, tree in enumerate(trees):
+            out = out_dir / f"{'ab'[t]}{i + 1}.json"
+            path = os.pathsep.join(p for p in (str(Path(tree).resolve()), os.environ.get("PYTHONPATH")) if p)
+            rc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--out", str(out.resolve()),
+                                 "--steps", str(steps)], cwd=tree, env={**os.environ, "PYTHONPATH": path}).returncode
+            if rc:
+                sys.exit(f"gpu_same_bits.py --ab: the run in {tree} exited with {rc} (its output is above)")
+            runs[t].append(json.loads(out.read_text()))
+    print("\n".join(summary(*runs)))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out")
     ap.add_argument("--compare", nargs=2)
     ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--ab", nargs=2, metavar=("BEFORE_TREE", "AFTER_TREE"))
+    ap.add_argument("--pairs", type=int, default=2, help="--ab: processes a tree")
+    ap.add_argument("--dir", default="same-bits", help="--ab: where each process's JSON goes")
     a = ap.parse_args()
+    if a.ab:
+        ab(a.ab, a.pairs, Path(a.dir), a.steps)
+        return
     if a.compare:
         x, y = (json.load(open(p)) for p in a.compare)
-        for sec in x["bits"]:
-            diff = [k for k in x["bits"][sec] if x["bits"][sec][k] != y["bits"].get(sec, {}).get(k)]
-            print(f"{sec:<28} {len(x['bits'][sec]):>7} keys  {'same bits' if not diff else f'{len(diff)} differ, first {diff[0]}'}")
-        for m in x["ms"]:
-            if m in y["ms"]:  # a tree's json from before device time was recorded lacks it
-                print(f"full-size {m:<18} {x['ms'][m]:.3f} -> {y['ms'][m]:.3f} ms/token"
-                      f" ({100 * (y['ms'][m] / x['ms'][m] - 1):+.1f} %)")
+        print("\n".join(summary([x], [y])))
         return
 
     from kestrel_tui.backends.cuda import make_cuda_backend
