@@ -30,13 +30,12 @@ def prefilled_backend(exact: str, layers: int, ctx: int, spare: int = 8):
     or toggles joined by commas. (gpu_step_timeline.py starts the same way.)"""
     from kestrel_tui.backends.cuda import make_cuda_backend
     from kestrel_tui.backends.cuda.weights import DeviceSyntheticModel
-    from kestrel_tui.backends.toggles import TOGGLES
+    from kestrel_tui.backends.toggles import parse_exact
     from kestrel_tui.model.config import qwen3_30b_a3b_config
     from kestrel_tui.perf.cuda import prefill
 
-    chosen = frozenset(TOGGLES) if exact == "all" else frozenset(x for x in exact.split(",") if x not in ("", "none"))
     m = DeviceSyntheticModel(qwen3_30b_a3b_config(layers), name="timeline")
-    b = make_cuda_backend(m, exact=chosen, graph=True)
+    b = make_cuda_backend(m, exact=parse_exact(exact), graph=True)
     b.reset(ctx + spare)
     prompt = np.random.default_rng(1).integers(0, m.cfg.vocab, ctx).astype(np.int32)
     prefill(b, prompt)
