@@ -207,6 +207,16 @@ def test_timeline_rows_split_a_kernel_by_its_grids():
                                   "rmsnorm_fast"]
 
 
+def test_hash_share_reads_kernel_nodes_as_cuda_h_lays_them_out():
+    """gpu_hash_share.py finds the body hash's graph node by its grid in CUDA_KERNEL_NODE_PARAMS_v2
+    (cuda.h: func, grid and block dims, shared bytes, kernelParams, extra, kern, ctx)."""
+    import ctypes
+
+    kp = _gpu_script("gpu_hash_share").KernelParams
+    assert [getattr(kp, f).offset for f in ("func", "grid", "block", "shared", "params", "extra", "kern", "ctx")] \
+        == [0, 8, 20, 32, 40, 48, 56, 64] and ctypes.sizeof(kp) == 72
+
+
 def _bits_run(keys: dict, device_ms: float) -> dict:
     return {"bits": {"30b4 fast graph": dict(keys)}, "ms": {"fast (device)": device_ms}}
 
