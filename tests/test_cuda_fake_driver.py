@@ -247,13 +247,20 @@ def test_device_synthetic_model_graph_and_bench_wiring(monkeypatch):
     for M in (1, 2, 5, 8):
         out = b.step(np.arange(M) + 3, 0, raw=False)
         assert out.logits.shape == (M, model.cfg.vocab) and len(out.hashes) == M
+    lay = b._layout(1)
+    marks = np.arange(1, lay.n_keys + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    fake.cuda.memcpy_htod(b.hash_out(lay), marks)  # the hash kernels' output, as the (fake) copies read it
     g = gr.DecodeGraph(b, hashing=True)
     # the capture ran the step's plan on the graph's own Target: no launch state on the backend
     assert not any(hasattr(b, a) for a in ("stream", "dpos", "cap_s", "base", "tokens_ptr"))
     capture = [c for c in lib.calls if c.startswith("cuStream") or c.startswith("cuEventRecord")]
-    # the logits' copy records an event the host waits on before the hashes are done
-    assert capture[:3] == ["cuStreamBeginCapture_v2", "cuEventRecordWithFlags", "cuStreamEndCapture"]
-    assert g.logits_event
+    # two events the host waits on in the middle of a replay: the body's hashes on the host (every
+    # key but the logits, while lm_head runs), then the logits (while the logits' hash runs)
+    assert capture[:4] == ["cuStreamBeginCapture_v2", "cuEventRecordWithFlags", "cuEventRecordWithFlags",
+                           "cuStreamEndCapture"]
+    assert g.logits_event and g.body_early == lay.n_keys - 1
+    # the early copy and the one at the end (the logits' hash alone) fill every hash, each in its place
+    assert (g.hash_host[:lay.n_keys] == marks).all()
     logits, hashes = g.step(7, 9)
     assert logits.shape == (model.cfg.vocab,) and len(hashes) == len(g.keys(9))
     g.close()

@@ -311,12 +311,19 @@ class CudaBackend(Backend):
             prefix = f"t{pos}_"
             names = [prefix + suffix for suffix in lay.key_suffixes]
             hashes = dict.fromkeys(names) if self.hashing else {}
+            early = g.body_early if self.hashing else 0
+            if early:  # the body's hashes are on the host while lm_head and the logits' hash run
+                g.wait_body()
+                hashes.update(zip(names[:early], g.hash_host[:early].tolist()))
             g.wait_logits()
             logits = g.logits_host[:vocab].reshape(1, vocab).copy()  # while the logits are hashed
             g.stream.synchronize()
             if self.hashing:
                 hv = g.hash_host[:lay.n_keys]
-                hashes.update(zip(names, (hv if lay.merge_identity else hv[lay.merge]).tolist()))
+                if early:
+                    hashes.update(zip(names[early:], hv[early:].tolist()))
+                else:
+                    hashes.update(zip(names, (hv if lay.merge_identity else hv[lay.merge]).tolist()))
             raws = self._raw_columns(lay, g.arena, [names]) if raw else None
         self.graph_steps += 1
         return StepOut(logits=logits, hashes=[hashes], raw=raws)
@@ -371,6 +378,17 @@ class CudaBackend(Backend):
         launch_hash(self.rt, self._hash_tables(lay, "body"), T.base, self._hash_stream)
         self._body_done.record(self._hash_stream)
         self._body_launched = True
+
+    def body_hashes_to_host(self, lay: Layout, host, then=None) -> int:
+        """Behind the body's hash on the hash stream (forward started it): the copy of its hashes,
+        the first n of hash_out, to pinned `host`, then then(stream) (the graph's external event),
+        both before the join in launch_hashes. Returns n."""
+        n = len(lay.body_index)
+        self.rt.cuda.memcpy_dtoh_async(host[:n], self.hash_out(lay), self._hash_stream)
+        if then is not None:
+            then(self._hash_stream)
+        self._body_done.record(self._hash_stream)
+        return n
 
     def launch_hashes(self, lay: Layout, T: launches.Target, launcher=None) -> None:
         """The logits' hash on T's stream (and the body's, if forward did not start it), then T's

@@ -17,7 +17,11 @@ cuGraphInstantiateWithFlags, cuGraphLaunch); PyCUDA's launches on the
 capturing stream are recorded like any other, or, where the driver takes it,
 the main stream's kernels go through pdl.py (programmatic dependent launch).
 The logits' copy to the host records an external event, so the host can copy
-the logits out while the graph still hashes them (wait_logits).
+the logits out while the graph still hashes them (wait_logits). So does the copy of
+the body's hashes (every key but the logits, hashed on the hash stream while the
+final norm and lm_head run): the host fills the step's dict with them while
+lm_head and the logits' hash are still running (wait_body), and only the logits'
+hash is left for after the step.
 
 The graph owns its arena, token/position buffer and scores scratch, so steps
 of other widths on the same backend cannot move them; it shares the backend's
@@ -63,6 +67,8 @@ class DecodeGraph:
         self.exec = ctypes.c_void_p()
         self.ev_logits = ctypes.c_void_p()  # recorded in the graph once the logits are on the host
         self.logits_event = False  # whether the captured graph records it (else wait for the stream)
+        self.ev_body = ctypes.c_void_p()  # recorded once the body's hashes are on the host
+        self.body_early = 0  # how many hashes (the first of hash_host) it covers; 0: none recorded
         self.pdl = False  # whether the main stream's kernels were captured with PDL (pdl.py)
         self.lib = None
         b = self.b = weakref.proxy(backend) if owned else backend
@@ -96,8 +102,8 @@ class DecodeGraph:
             self.hb_body, self.hb_logits = b._hash_tables(lay, "body"), b._hash_tables(lay, "logits")
         self.cstream = cuda.Stream(1)
         self.ev_fwd, self.ev_copied = cuda.Event(), cuda.Event()
-        _check(self.lib.cuEventCreate(ctypes.byref(self.ev_logits), ctypes.c_uint(EVENT_DISABLE_TIMING)),
-               "cuEventCreate")
+        for ev in (self.ev_logits, self.ev_body):
+            _check(self.lib.cuEventCreate(ctypes.byref(ev), ctypes.c_uint(EVENT_DISABLE_TIMING)), "cuEventCreate")
         err = None
         # the most the capture takes: PDL, the copies back inside the graph, the logits' event
         tries = [(launcher, copies, event) for launcher in dict.fromkeys((self.launcher, None))
@@ -124,7 +130,7 @@ class DecodeGraph:
         event after the logits' copy (wait_logits). launcher: the main stream's kernels are
         launched with PDL (pdl.py), or None."""
         b, cuda, lay = self.b, self.b.rt.cuda, self.lay
-        self.logits_event = False
+        self.logits_event, self.body_early = False, 0
         # the graph's own buffers; the position is read from the device (dpos) at every replay
         T = Target(stream=self.stream, base=int(self.arena), tokens=int(self.inbuf), scores=int(self.scores),
                    dpos=int(self.inbuf) + 4, cap_s=b.capacity)
@@ -149,21 +155,28 @@ class DecodeGraph:
     def _record(self, b, cuda, lay, T: Target, copies: bool, event: bool, launcher) -> None:
         """The step's work on the capturing stream: the step's plan, the logits' copy, the hashes."""
         b.forward(lay, T, 0, hash_body=self.hashing, launcher=launcher)
+        if self.hashing and copies and event and lay.merge_identity:  # M = 1: the body's keys come first
+            self.body_early = b.body_hashes_to_host(lay, self.hash_host, lambda s: self._record_external(self.ev_body, s))
         if copies:
             self.ev_fwd.record(self.stream)
             self.cstream.wait_for_event(self.ev_fwd)
             cuda.memcpy_dtoh_async(self.logits_host, int(self.arena) + lay.offset("logits"), self.cstream)
             if event:  # the host may read the logits while the logits' hash still runs
-                _check(self.lib.cuEventRecordWithFlags(self.ev_logits, ctypes.c_void_p(stream_handle(self.cstream)),
-                                                       ctypes.c_uint(EVENT_RECORD_EXTERNAL)), "cuEventRecordWithFlags")
+                self._record_external(self.ev_logits, self.cstream)
                 self.logits_event = True
             self.ev_copied.record(self.cstream)
         if self.hashing:
             b.launch_hashes(lay, T, launcher)
         if copies:
             self.stream.wait_for_event(self.ev_copied)
-            if self.hashing:
-                cuda.memcpy_dtoh_async(self.hash_host[:lay.n_keys], b.hash_out(lay), self.stream)
+            if self.hashing:  # what the body's early copy left: the logits' hash
+                n = self.body_early
+                cuda.memcpy_dtoh_async(self.hash_host[n:lay.n_keys], b.hash_out(lay) + 8 * n, self.stream)
+
+    def _record_external(self, ev, stream) -> None:
+        """An event record node the host can wait on (cuEventSynchronize) in the middle of a replay."""
+        _check(self.lib.cuEventRecordWithFlags(ev, ctypes.c_void_p(stream_handle(stream)),
+                                               ctypes.c_uint(EVENT_RECORD_EXTERNAL)), "cuEventRecordWithFlags")
 
     def launch(self, token: int, pos: int) -> None:
         """Queue one step (token upload, the graph, the copies back); inside rt.active()."""
@@ -186,6 +199,10 @@ class DecodeGraph:
             _check(self.lib.cuEventSynchronize(self.ev_logits), "cuEventSynchronize")
         else:
             self.stream.synchronize()
+
+    def wait_body(self) -> None:
+        """Block until this replay's first body_early hashes (the body's) are on the host."""
+        _check(self.lib.cuEventSynchronize(self.ev_body), "cuEventSynchronize")
 
     def step(self, token: int, pos: int) -> tuple[np.ndarray, np.ndarray | None]:
         """One decode step: (logits [vocab], hashes [n_keys] in key order, or None)."""
@@ -210,9 +227,10 @@ class DecodeGraph:
         if self.graph:
             self.lib.cuGraphDestroy(self.graph)
             self.graph = ctypes.c_void_p()
-        if self.ev_logits:
-            self.lib.cuEventDestroy_v2(self.ev_logits)
-            self.ev_logits = ctypes.c_void_p()
+        for name in ("ev_logits", "ev_body"):
+            if getattr(self, name):
+                self.lib.cuEventDestroy_v2(getattr(self, name))
+                setattr(self, name, ctypes.c_void_p())
 
     def close(self) -> None:
         with self.rt.active():
