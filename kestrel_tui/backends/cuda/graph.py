@@ -156,7 +156,8 @@ class DecodeGraph:
         """The step's work on the capturing stream: the step's plan, the logits' copy, the hashes."""
         b.forward(lay, T, 0, hash_body=self.hashing, launcher=launcher)
         if self.hashing and copies and event and lay.merge_identity:  # M = 1: the body's keys come first
-            self.body_early = b.body_hashes_to_host(lay, self.hash_host, lambda s: self._record_external(self.ev_body, s))
+            self.body_early = b.body_hashes_to_host(lay, self.hash_host,
+                                                    lambda s: self._record_external(self.ev_body, s))
         if copies:
             self.ev_fwd.record(self.stream)
             self.cstream.wait_for_event(self.ev_fwd)
