@@ -13,7 +13,8 @@ alternating replay by replay, the same step through graphs captured with:
 
 (the last two instantiated with CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY), each as the wall
 time of CudaBackend.step and as the device time of a replay (events on the graph's stream). It
-also times the host's part of a hashing step after the stream's sync: the step's dict of hashes.
+also times the host's part of a hashing step: naming the step's keys and filling in their hashes
+(the graph step fills in the body's while the replay still runs, the logits' after its sync).
 
     python3 scripts/gpu/gpu_hash_share.py [--exact none|all] [--layers 48] [--ctx 1024] [--reps 30]
 """
@@ -157,8 +158,8 @@ def main() -> None:
     for _ in range(reps):
         hashes.update(zip(names, (hv if lay.merge_identity else hv[lay.merge]).tolist()))
     t2 = time.perf_counter()
-    print(f"host: the step's dict of {len(names)} keys {(t1 - t0) / reps * 1e6:.1f} us before the sync (overlaps"
-          f" the replay), its hashes filled in {(t2 - t1) / reps * 1e6:.1f} us after it")
+    print(f"host: the step's dict of {len(names)} keys {(t1 - t0) / reps * 1e6:.1f} us (during the replay), its"
+          f" hashes filled in {(t2 - t1) / reps * 1e6:.1f} us (all but the logits' during the replay)")
 
 
 if __name__ == "__main__":

@@ -318,12 +318,10 @@ class CudaBackend(Backend):
             g.wait_logits()
             logits = g.logits_host[:vocab].reshape(1, vocab).copy()  # while the logits are hashed
             g.stream.synchronize()
-            if self.hashing:
+            if self.hashing:  # what the early fill left (early > 0 only where the merge is the identity)
                 hv = g.hash_host[:lay.n_keys]
-                if early:
-                    hashes.update(zip(names[early:], hv[early:].tolist()))
-                else:
-                    hashes.update(zip(names, (hv if lay.merge_identity else hv[lay.merge]).tolist()))
+                hv = hv if lay.merge_identity else hv[lay.merge]
+                hashes.update(zip(names[early:], hv[early:].tolist()))
             raws = self._raw_columns(lay, g.arena, [names]) if raw else None
         self.graph_steps += 1
         return StepOut(logits=logits, hashes=[hashes], raw=raws)
