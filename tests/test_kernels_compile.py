@@ -22,6 +22,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -297,6 +298,30 @@ def test_sass_ctl_decodes_real_cuobjdump_control_bits():
     cut = text.rsplit("\n", 2)[0] + "\n"  # the last high word gone
     with pytest.raises(ValueError, match="high word"):
         sass.parse(cut)
+
+
+@needs_nvcc
+def test_sass_ctl_says_in_one_line_what_the_disassembler_lacks(tmp_path, monkeypatch):
+    """cuobjdump from its wheel runs nvdisasm, which that wheel does not bring: sass_ctl.py ends
+    with one line naming the missing tool and the wheel that has it, not a traceback; and a kernel
+    name the .cu does not have is said so, not printed as nothing."""
+    sass = _gpu_script("sass_ctl")
+    fake = tmp_path / "cuobjdump"
+    fake.write_text("#!/bin/sh\necho \"cuobjdump fatal   : Could not find executable file 'nvdisasm'\" >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(sass, "cuobjdump", lambda: str(fake))
+    with pytest.raises(SystemExit) as err:
+        sass.disassemble(KERNEL_DIR / "kvquant.cu", "kvquant_exact")
+    assert "nvdisasm" in str(err.value) and "pip install nvidia-cuda-nvdisasm" in str(err.value)
+    assert "\n" not in str(err.value)
+    empty = tmp_path / "empty"
+    empty.write_text("#!/bin/sh\nexit 0\n")
+    empty.chmod(0o755)
+    monkeypatch.setattr(sass, "cuobjdump", lambda: str(empty))
+    monkeypatch.setattr(sys, "argv", ["sass_ctl.py", str(KERNEL_DIR / "kvquant.cu"), "no_such_kernel"])
+    with pytest.raises(SystemExit) as err:
+        sass.main()
+    assert str(err.value).startswith("sass_ctl.py: no kernel no_such_kernel in ")
 
 
 def test_attn_bench_reads_a_versions_own_block_size():

@@ -13,12 +13,14 @@ instruction, and the total of the stall counts over the lines shown.
 
 A .cu is compiled the way the backend compiles it (runtime.module_source, runtime.NVCC_OPTIONS)
 for sm_90 and disassembled with cuobjdump — the CUDA toolkit's or the nvidia-cuda-cuobjdump
-wheel's (`pip install nvidia-cuda-cuobjdump`). Stall counts are ptxas's static schedule; waits on
-scoreboards and on the memory pipes come on top (gpu_pv_trace.py measures those).
+wheel's, which needs nvdisasm beside it (`pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm`).
+Stall counts are ptxas's static schedule; waits on scoreboards and on the memory pipes come on
+top (gpu_pv_trace.py measures those).
 """
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shutil
 import subprocess
@@ -102,9 +104,19 @@ def disassemble(cu: Path, function: str) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         src, cubin = Path(tmp, cu.name), Path(tmp, "k.cubin")
         src.write_text(module_source(cu.stem, cu.read_text()))
-        subprocess.run([nvcc, "-arch=sm_90", "-cubin", *NVCC_OPTIONS, "-o", str(cubin), str(src)], check=True)
-        return subprocess.run([tool, "-sass", "-fun", function, str(cubin)], check=True, capture_output=True,
-                              text=True).stdout
+        built = subprocess.run([nvcc, "-arch=sm_90", "-cubin", *NVCC_OPTIONS, "-o", str(cubin), str(src)],
+                               capture_output=True, text=True)
+        if built.returncode:
+            first = next((ln for ln in built.stderr.splitlines() if "error" in ln), built.stderr.strip())
+            sys.exit(f"sass_ctl.py: nvcc failed on {cu}: {first[:200]}")
+        # cuobjdump -sass runs nvdisasm, which the cuobjdump wheel does not bring
+        env = dict(os.environ, PATH=os.pathsep.join([os.environ.get("PATH", ""), str(Path(tool).parent)]))
+        dump = subprocess.run([tool, "-sass", "-fun", function, str(cubin)], capture_output=True, text=True, env=env)
+        if dump.returncode:
+            why = dump.stderr.strip().splitlines()[-1] if dump.stderr.strip() else f"exit {dump.returncode}"
+            hint = " (`pip install nvidia-cuda-nvdisasm`)" if "nvdisasm" in why else ""
+            sys.exit(f"sass_ctl.py: cuobjdump failed on {function}: {why}{hint}")
+        return dump.stdout
 
 
 def main() -> None:
@@ -124,6 +136,8 @@ def main() -> None:
         ap.error("give a .cu and a kernel name, or --sass FILE [KERNEL]")
     else:
         functions = parse(disassemble(args.cu, args.function))
+        if not functions.get(args.function):
+            sys.exit(f"sass_ctl.py: no kernel {args.function} in {args.cu} (its extern \"C\" name)")
     for name, instructions in functions.items():
         shown = [i for i in instructions if args.lo <= i.address <= args.hi]
         print(f"== {name}: {len(shown)} instructions, {sum(i.stall for i in shown)} stall cycles")
