@@ -304,7 +304,7 @@ def test_sass_ctl_decodes_real_cuobjdump_control_bits():
 def test_sass_ctl_says_in_one_line_what_the_disassembler_lacks(tmp_path, monkeypatch):
     """cuobjdump from its wheel runs nvdisasm, which that wheel does not bring: sass_ctl.py ends
     with one line naming the missing tool and the wheel that has it, not a traceback; and a kernel
-    name the .cu does not have is said so, not printed as nothing."""
+    name the .cu (or a saved dump) does not have is said so, not printed as nothing."""
     sass = _gpu_script("sass_ctl")
     fake = tmp_path / "cuobjdump"
     fake.write_text("#!/bin/sh\necho \"cuobjdump fatal   : Could not find executable file 'nvdisasm'\" >&2\nexit 1\n")
@@ -322,6 +322,11 @@ def test_sass_ctl_says_in_one_line_what_the_disassembler_lacks(tmp_path, monkeyp
     with pytest.raises(SystemExit) as err:
         sass.main()
     assert str(err.value).startswith("sass_ctl.py: no kernel no_such_kernel in ")
+    dump = Path(__file__).parent / "data" / "sass_attn_exact_pv_q8_serial_loop.txt"
+    monkeypatch.setattr(sys, "argv", ["sass_ctl.py", "--sass", str(dump), "no_such_kernel"])
+    with pytest.raises(SystemExit) as err:
+        sass.main()
+    assert str(err.value) == f"sass_ctl.py: no kernel no_such_kernel in {dump}"
 
 
 def test_attn_bench_reads_a_versions_own_block_size():

@@ -131,7 +131,9 @@ def main() -> None:
         function = args.function or (str(args.cu) if args.cu else None)
         functions = parse(args.sass.read_text())
         if function:
-            functions = {function: functions.get(function, [])}
+            if not functions.get(function):
+                sys.exit(f"sass_ctl.py: no kernel {function} in {args.sass}")
+            functions = {function: functions[function]}
     elif args.cu is None or args.function is None:
         ap.error("give a .cu and a kernel name, or --sass FILE [KERNEL]")
     else:
