@@ -172,7 +172,8 @@ class DecodeGraph:
             self.stream.wait_for_event(self.ev_copied)
             if self.hashing:  # what the body's early copy left: the logits' hash
                 n = self.body_early
-                cuda.memcpy_dtoh_async(self.hash_host[n:lay.n_keys], b.hash_out(lay) + 8 * n, self.stream)
+                cuda.memcpy_dtoh_async(self.hash_host[n:lay.n_keys], b.hash_out(lay) + self.hash_host.itemsize * n,
+                                       self.stream)
 
     def _record_external(self, ev, stream) -> None:
         """An event record node the host can wait on (cuEventSynchronize) in the middle of a replay."""
