@@ -22,7 +22,9 @@ TRACE_DECLS = """
 __device__ long long g_tr[2][64][6];
 __device__ long long g_hd[2][6];
 __device__ __forceinline__ int trb() { return blockIdx.x == 0 && blockIdx.z == 0 ? 0 : (blockIdx.x == 17 && blockIdx.z == 2 ? 1 : -1); }
+#ifndef PROD0  // a version may place its producers elsewhere
 #define PROD0 (blockDim.x - ATT_PV_STAGE)  // the first producer thread, after the serial warp(s)
+#endif
 __device__ __forceinline__ long long gtime() { long long t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t; }
 """
 LOOP = "  for (int c0 = 0, buf = 0; c0 < T; c0 += ATT_PV_STAGE, buf ^= 1) {\n"
