@@ -129,17 +129,16 @@ def main() -> None:
     args = ap.parse_args()
     if args.sass is not None:  # the one positional, if any, is the kernel's name
         function = args.function or (str(args.cu) if args.cu else None)
-        functions = parse(args.sass.read_text())
-        if function:
-            if not functions.get(function):
-                sys.exit(f"sass_ctl.py: no kernel {function} in {args.sass}")
-            functions = {function: functions[function]}
+        functions, source = parse(args.sass.read_text()), str(args.sass)
     elif args.cu is None or args.function is None:
         ap.error("give a .cu and a kernel name, or --sass FILE [KERNEL]")
     else:
-        functions = parse(disassemble(args.cu, args.function))
-        if not functions.get(args.function):
-            sys.exit(f"sass_ctl.py: no kernel {args.function} in {args.cu} (its extern \"C\" name)")
+        function = args.function
+        functions, source = parse(disassemble(args.cu, function)), f'{args.cu} (its extern "C" name)'
+    if function:
+        if not functions.get(function):
+            sys.exit(f"sass_ctl.py: no kernel {function} in {source}")
+        functions = {function: functions[function]}
     for name, instructions in functions.items():
         shown = [i for i in instructions if args.lo <= i.address <= args.hi]
         print(f"== {name}: {len(shown)} instructions, {sum(i.stall for i in shown)} stall cycles")
