@@ -590,8 +590,10 @@ def test_every_accepted_head_dim_launches_whole_warps_inside_allocations(monkeyp
     from kestrel_tui.backends.toggles import TOGGLES
     from kestrel_tui.model.weights import synthetic_model
 
-    model = synthetic_model(replace(default_config().with_layers(1), head_dim=head_dim), "q4_0")
     for exact in (frozenset(), frozenset(TOGGLES)):
+        # a model of its own each time: its device weights are cached by the model, and another
+        # fake driver's addresses would only match this one's by chance
+        model = synthetic_model(replace(default_config().with_layers(1), head_dim=head_dim), "q4_0")
         fake = _FakeRuntime()
         monkeypatch.setattr(be, "runtime", lambda fake=fake: fake)
         sub = cuda_pkg.make_cuda_backend(model, graph=False, exact=exact)
