@@ -340,7 +340,8 @@ extern "C" __global__ void attn_fast_f32(const float *q, const float *kc, const 
 //       t_p = w_p*(v_p*vs_p) of the block's 32 columns in parallel, then two warps
 //       run L6d's serial recurrences (acc, l) over the positions in order: the same
 //       operations in the same order as attn_exact_q8, so the same bits — except
-//       the multiplies by a c_p of exactly 1, which change no bit and are left out.
+//       the multiplies by a c_p of exactly 1, which change no bit and are left out
+//       (and c_p = expf(+0) = 1 is not computed where the running max did not move).
 //   attn_fast_part_q8 +   flash-decoding as engines do it: each tile of positions
 //   attn_fast_combine     gives, per query head, (its max, its sum of exp, its P.V
 //       with FMAs; scores as int8 dots with the query in q8 blocks), and
@@ -502,7 +503,7 @@ attn_exact_pv_q8(const signed char *__restrict__ vc, const float *__restrict__ v
     if (in) {
       // the running max m_p = max(the max before the tile, I_p); m_{p-1} likewise
       const float incl = fmaxf(o.incl, m_run), mprev = fmaxf(o.incl_prev, m_run);
-      c = exact_exp ? expf_ucrt(FSUB(mprev, incl)) : expf(FSUB(mprev, incl));
+      if (mprev != incl) c = exact_exp ? expf_ucrt(FSUB(mprev, incl)) : expf(FSUB(mprev, incl));  // else 1 = expf(+0)
       w = exact_exp ? expf_ucrt(FSUB(o.s, incl)) : expf(FSUB(o.s, incl));
     }
     s_c[buf][i] = c;
@@ -526,18 +527,18 @@ attn_exact_pv_q8(const signed char *__restrict__ vc, const float *__restrict__ v
 #pragma unroll
     for (int u = 0; u < ATT_PV_BATCH / 4; u++) b.x[u] = x4[k0 / 4 + u];
     b.rescale = (s_rescale[buf][k0 >> 5] >> (k0 & 31)) & (ATT_PV_BATCH == 32 ? ~0u : (1u << ATT_PV_BATCH) - 1u);
-    if (b.rescale) {
-      const float4 *c4 = (const float4 *)s_c[buf];
-#pragma unroll
-      for (int u = 0; u < ATT_PV_BATCH / 4; u++) b.c[u] = c4[k0 / 4 + u];
-    }
   };
   auto comp = [](const float4 &v, int k) { return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w; };
-  auto batch_run = [&](const PvBatch &b) {
+  // c is loaded here, a batch after its rescale word, so that the branch on the word does not wait
+  // on c's loads too (the serial side's share of a stage: results/gpu-h200-speed.md, 2026-12-07)
+  auto batch_run = [&](PvBatch &b, int buf, int k0) {
     if (b.rescale == 0) {  // every c is 1
 #pragma unroll
       for (int u = 0; u < ATT_PV_BATCH; u++) run = FADD(run, comp(b.x[u / 4], u & 3));
     } else {
+      const float4 *c4 = (const float4 *)s_c[buf];
+#pragma unroll
+      for (int u = 0; u < ATT_PV_BATCH / 4; u++) b.c[u] = c4[k0 / 4 + u];
 #pragma unroll
       for (int u = 0; u < ATT_PV_BATCH; u++) run = FADD(FMUL(run, comp(b.c[u / 4], u & 3)), comp(b.x[u / 4], u & 3));
     }
@@ -548,6 +549,14 @@ attn_exact_pv_q8(const signed char *__restrict__ vc, const float *__restrict__ v
   const bool early0 = !serial && i < pos0, early1 = !serial && ATT_PV_STAGE + i < pos0;
   if (early0) load_v(first, 0);
   if (early1) load_v(next, ATT_PV_STAGE);
+  // The later stages' V rows of earlier steps to L2 as well: in the graph they come from DRAM
+  // (a step streams the weights through L2 since), and a stage's loads are issued a stage ahead.
+  if (!serial)
+    for (int p = 2 * ATT_PV_STAGE + i; p < pos0; p += ATT_PV_STAGE) {
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(vc + ((size_t)p * n_kv + kvh) * hd + j0));
+      if ((i & 7) == 0)  // a 128-byte line holds eight positions' scales at n_kv = 4
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(vsc + (size_t)p * n_kv + kvh));
+    }
   pdl_wait();
   if (!serial) {
     if (!early0) load_v(first, 0);
@@ -565,9 +574,9 @@ attn_exact_pv_q8(const signed char *__restrict__ vc, const float *__restrict__ v
       batch_load(a, buf, 0);
       for (int k0 = 0; k0 < np; k0 += 2 * ATT_PV_BATCH) {
         batch_load(b, buf, k0 + ATT_PV_BATCH);
-        batch_run(a);
+        batch_run(a, buf, k0);
         if (k0 + 2 * ATT_PV_BATCH < np) batch_load(a, buf, k0 + 2 * ATT_PV_BATCH);
-        batch_run(b);
+        batch_run(b, buf, k0 + ATT_PV_BATCH);
       }
     } else if (c0 + ATT_PV_STAGE < T) {
       const PvOperands cur = next;
