@@ -445,10 +445,10 @@ struct PvOperands {
   float s, incl, incl_prev, vs, tile_max;  // tile_max: the max of the scores tile before the stage (its first stage)
   int4 v[ATT_SPLIT_COLS / 16];
 };
-// A batch of a serial warp: its chain's addends (t of its lane's dim, or w) and c, four positions
-// a float4, and the batch's c != 1 bits.
+// A batch of a serial warp: its chain's addends (t of its lane's dim, or w), four positions a
+// float4, and the batch's c != 1 bits.
 struct PvBatch {
-  float4 x[ATT_PV_BATCH / 4], c[ATT_PV_BATCH / 4];
+  float4 x[ATT_PV_BATCH / 4];
   unsigned rescale;
 };
 extern "C" __global__ void __launch_bounds__(ATT_PV_THREADS)
@@ -531,16 +531,17 @@ attn_exact_pv_q8(const signed char *__restrict__ vc, const float *__restrict__ v
   auto comp = [](const float4 &v, int k) { return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w; };
   // c is loaded here, a batch after its rescale word, so that the branch on the word does not wait
   // on c's loads too (the serial side's share of a stage: results/gpu-h200-speed.md, 2026-12-07)
-  auto batch_run = [&](PvBatch &b, int buf, int k0) {
+  auto batch_run = [&](const PvBatch &b, int buf, int k0) {
     if (b.rescale == 0) {  // every c is 1
 #pragma unroll
       for (int u = 0; u < ATT_PV_BATCH; u++) run = FADD(run, comp(b.x[u / 4], u & 3));
     } else {
       const float4 *c4 = (const float4 *)s_c[buf];
+      float4 c[ATT_PV_BATCH / 4];
 #pragma unroll
-      for (int u = 0; u < ATT_PV_BATCH / 4; u++) b.c[u] = c4[k0 / 4 + u];
+      for (int u = 0; u < ATT_PV_BATCH / 4; u++) c[u] = c4[k0 / 4 + u];
 #pragma unroll
-      for (int u = 0; u < ATT_PV_BATCH; u++) run = FADD(FMUL(run, comp(b.c[u / 4], u & 3)), comp(b.x[u / 4], u & 3));
+      for (int u = 0; u < ATT_PV_BATCH; u++) run = FADD(FMUL(run, comp(c[u / 4], u & 3)), comp(b.x[u / 4], u & 3));
     }
   };
   // The first two stages' V rows of earlier steps (below pos0) are final: loaded ahead of the
