@@ -107,15 +107,20 @@ def _have(tool: str) -> bool:
 
 def test_sigint_half_way_through_dump_leaves_nothing_at_out(tmp_path):
     out = tmp_path / "ref.txt"
-    # 416 positions: SIGINT once the first 100 kB are written lands in the middle
+    # 416 positions: SIGINT once the first 100 kB are written lands in the middle. The child gets
+    # SIGINT's default action whatever this process inherited: a shell without job control starts
+    # its background commands (pytest run with `&` from a script) with SIGINT ignored, and an
+    # ignored SIGINT stays ignored through exec — the dump would then finish, rc 0.
     proc = subprocess.Popen([sys.executable, "-m", "kestrel_tui.cli", "dump", "--tokens", "400", "--out", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # wait until lines are being written
         tmp = [p for p in tmp_path.iterdir() if p.name.startswith(".ref.txt.")]
         if tmp and tmp[0].stat().st_size > 100_000:
             break
         time.sleep(0.05)
+    assert proc.poll() is None, "the dump ended before it could be interrupted"
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130
