@@ -14,6 +14,9 @@
 #define GEMV_ROWS1 4  // rows a warp of the q4_0 dense GEMVs at M = 1
 #define EXPERT_ROWS 4  // rows a warp of gemv_q4_experts_*
 
+// moe.cuh
+#define MOE_MAX_EXPERTS 992  // router_*: one a thread, and the exact block has one warp more (1024)
+
 // hash.cu
 #define SCAN_THREADS 512  // fnv_scan's block: keys up to SCAN_THREADS * SCAN_SEG bytes
 #define SCAN_SEG 32  // bytes a thread of fnv_scan

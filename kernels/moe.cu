@@ -6,7 +6,9 @@
 // Versions:
 //   router_exact   contract L8a, L8b. The top-k by rank: each thread counts the
 //                  experts ranked before it, so the selection is order-free and
-//                  parallel.
+//                  parallel. It counts by e while one warp more forms the ordered
+//                  sum S, and by p = e / S only where e's order does not settle
+//                  the top k (moe.cuh says when): the count is off the sum's chain.
 //   router_fast    warp-shuffle tree sum, p = e * (1/S), renormalised by a
 //                  reciprocal multiply.
 //   silu_mul_exact contract T3, L8c: a = silu(g) * u, every op rounded.

@@ -144,7 +144,7 @@ class _FakeKernel:
             if c == "P" and a:
                 self.drv._find(a)
         assert all(g >= 1 for g in grid) and block[0] % 32 == 0 and block[0] <= 1024, (self.name, grid, block)
-        self.calls += 1
+        self.calls, self.block = self.calls + 1, block
 
     def prepared_async_call(self, grid, block, stream, *args, shared_size=0):
         self.prepared_call(grid, block, *args, shared_size=shared_size)
@@ -857,3 +857,41 @@ def test_dense_model_deep_keys(monkeypatch):
             assert (s_col[key].shape, s_col[key].dtype) == (r_col[key].shape, r_col[key].dtype), key
     assert list(s_out.hashes[1]) == token_keys(1, 2, True)
     assert fake.kernels["router_fast"].calls == 0
+
+
+@pytest.mark.parametrize("n_experts", [128, 992])
+def test_exact_router_has_a_warp_for_its_ordered_sum(monkeypatch, n_experts):
+    """The exact router's block holds one warp more than its experts (moe.cuh: it forms S while
+    the others rank); up to MOE_MAX_EXPERTS (launch.cuh) that stays a block of at most 1024."""
+    from dataclasses import replace
+
+    from kestrel_tui.backends.cuda import backend as be
+    from kestrel_tui.backends.cuda import make_cuda_backend
+    from kestrel_tui.backends.toggles import TOGGLES
+    from kestrel_tui.model.weights import synthetic_model
+
+    for exact, name, extra in ((frozenset(), "router_fast", 0), (frozenset(TOGGLES), "router_exact", 32)):
+        # a model of its own each time: its device weights are cached by the model
+        model = synthetic_model(replace(default_config().with_layers(1), n_experts=n_experts), "q4_0")
+        fake = _FakeRuntime()
+        monkeypatch.setattr(be, "runtime", lambda fake=fake: fake)
+        sub = make_cuda_backend(model, graph=False, exact=exact)
+        sub.reset(4)
+        sub.step(np.array([1, 2]), 0)
+        assert fake.kernels[name].block == ((n_experts + 31) // 32 * 32 + extra, 1, 1)
+
+
+def test_more_experts_than_a_router_block_refused_in_one_line(monkeypatch):
+    from dataclasses import replace
+
+    from kestrel_tui.backends.cuda import backend as be
+    from kestrel_tui.backends.cuda import make_cuda_backend
+    from kestrel_tui.backends.cuda.launches import MAX_EXPERTS
+    from kestrel_tui.errors import UsageError
+    from kestrel_tui.model.weights import synthetic_model
+
+    monkeypatch.setattr(be, "runtime", lambda: _FakeRuntime())
+    model = synthetic_model(replace(default_config().with_layers(1), n_experts=MAX_EXPERTS + 1), "q4_0")
+    with pytest.raises(UsageError, match=rf"^cuda subject: {MAX_EXPERTS + 1} experts are not supported"
+                                         rf" \(at most {MAX_EXPERTS}\); the sim subject is the fallback"):
+        make_cuda_backend(model, graph=False)

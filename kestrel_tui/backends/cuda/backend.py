@@ -37,7 +37,7 @@ from ...trace.keys import token_keys
 from ..base import KV_FIELDS, Backend, StepOut, key_of
 from ..toggles import describe
 from . import launches
-from .launches import FED, SCAN_THREADS, blocks_for, launch
+from .launches import FED, MAX_EXPERTS, SCAN_THREADS, blocks_for, launch
 from .plan import plan
 from .graph import DecodeGraph
 from .layout import HASH_CHUNK, HASH_PIECE, HashWork, Layout
@@ -116,6 +116,9 @@ class CudaBackend(Backend):
         if cfg.head_dim % 16 or cfg.head_dim > 256:
             raise UsageError(f"cuda subject: head_dim {cfg.head_dim} is not supported (needs a multiple of 16,"
                              f" at most 256); the sim subject is the fallback (--subject sim)")
+        if cfg.n_experts > MAX_EXPERTS:
+            raise UsageError(f"cuda subject: {cfg.n_experts} experts are not supported (at most {MAX_EXPERTS});"
+                             f" the sim subject is the fallback (--subject sim)")
         self.model, self.kv, self.exact, self.deep = model, kv, frozenset(exact), deep
         # hashing=False: steps return no hashes and launch no hash kernels — only so that the
         # benchmarks can measure what hashing costs through the same step(); switchable any time

@@ -206,7 +206,8 @@ def ffn_block(s: Step, li: int, W) -> ExpertSum | None:
         return None
     k, E = cfg.top_k, cfg.n_experts
     gemv(s, W["gate"], pnrm, A("router", li))
-    s.emit(K.router, (M, 1, 1), (blocks_for(E, 32) * 32, 1, 1), A("router", li),
+    # the exact router's extra warp forms the ordered sum while the others rank (moe.cuh)
+    s.emit(K.router, (M, 1, 1), (blocks_for(E, 32) * 32 + 32 * bool(K.moe_exact), 1, 1), A("router", li),
            A("topk", li), A("topw", li), E, k, int(cfg.norm_topk_prob), K.exp_exact)
     P = M * k
     if s.fuse_swiglu:  # g and u stay inside the launch: nothing after silu reads them
