@@ -16,6 +16,7 @@
 
 // moe.cuh
 #define MOE_MAX_EXPERTS 992  // router_*: one a thread, and the exact block has one warp more (1024)
+#define MOE_MAX_TOPK 64  // router_*: the selected experts' p in shared memory
 
 // hash.cu
 #define SCAN_THREADS 512  // fnv_scan's block: keys up to SCAN_THREADS * SCAN_SEG bytes

@@ -36,8 +36,6 @@ __device__ __forceinline__ float silu_mul_value(float g, float u, int exact_exp)
   return EXACT ? FMUL(s, u) : s * u;
 }
 
-#define MOE_MAX_TOPK 64
-
 // Expert i's rank among E values v (descending, ties by index): the experts before it in the
 // order the top-k takes.
 __device__ __forceinline__ int router_rank(const float *__restrict__ v, int E, float p, int i) {

@@ -881,17 +881,22 @@ def test_exact_router_has_a_warp_for_its_ordered_sum(monkeypatch, n_experts):
         assert fake.kernels[name].block == ((n_experts + 31) // 32 * 32 + extra, 1, 1)
 
 
-def test_more_experts_than_a_router_block_refused_in_one_line(monkeypatch):
+@pytest.mark.parametrize("what", ["experts", "top_k"])
+def test_router_beyond_its_block_refused_in_one_line(monkeypatch, what):
     from dataclasses import replace
 
     from kestrel_tui.backends.cuda import backend as be
     from kestrel_tui.backends.cuda import make_cuda_backend
-    from kestrel_tui.backends.cuda.launches import MAX_EXPERTS
+    from kestrel_tui.backends.cuda.launches import MAX_EXPERTS, MAX_TOPK
     from kestrel_tui.errors import UsageError
     from kestrel_tui.model.weights import synthetic_model
 
     monkeypatch.setattr(be, "runtime", lambda: _FakeRuntime())
-    model = synthetic_model(replace(default_config().with_layers(1), n_experts=MAX_EXPERTS + 1), "q4_0")
-    with pytest.raises(UsageError, match=rf"^cuda subject: {MAX_EXPERTS + 1} experts are not supported"
-                                         rf" \(at most {MAX_EXPERTS}\); the sim subject is the fallback"):
-        make_cuda_backend(model, graph=False)
+    if what == "experts":
+        cfg, said = replace(default_config().with_layers(1), n_experts=MAX_EXPERTS + 1), (
+            rf"{MAX_EXPERTS + 1} experts are not supported \(at most {MAX_EXPERTS}\)")
+    else:
+        cfg, said = replace(default_config().with_layers(1), n_experts=128, top_k=MAX_TOPK + 1), (
+            rf"top_k {MAX_TOPK + 1} is not supported \(at most {MAX_TOPK}\)")
+    with pytest.raises(UsageError, match=rf"^cuda subject: {said}; the sim subject is the fallback \(--subject sim\)$"):
+        make_cuda_backend(synthetic_model(cfg, "q4_0"), graph=False)

@@ -37,7 +37,7 @@ from ...trace.keys import token_keys
 from ..base import KV_FIELDS, Backend, StepOut, key_of
 from ..toggles import describe
 from . import launches
-from .launches import FED, MAX_EXPERTS, SCAN_THREADS, blocks_for, launch
+from .launches import FED, MAX_EXPERTS, MAX_TOPK, SCAN_THREADS, blocks_for, launch
 from .plan import plan
 from .graph import DecodeGraph
 from .layout import HASH_CHUNK, HASH_PIECE, HashWork, Layout
@@ -118,6 +118,9 @@ class CudaBackend(Backend):
                              f" at most 256); the sim subject is the fallback (--subject sim)")
         if cfg.n_experts > MAX_EXPERTS:
             raise UsageError(f"cuda subject: {cfg.n_experts} experts are not supported (at most {MAX_EXPERTS});"
+                             f" the sim subject is the fallback (--subject sim)")
+        if cfg.n_experts and cfg.top_k > MAX_TOPK:
+            raise UsageError(f"cuda subject: top_k {cfg.top_k} is not supported (at most {MAX_TOPK});"
                              f" the sim subject is the fallback (--subject sim)")
         self.model, self.kv, self.exact, self.deep = model, kv, frozenset(exact), deep
         # hashing=False: steps return no hashes and launch no hash kernels — only so that the

@@ -39,6 +39,7 @@ EXPERT_ROWS = _C["EXPERT_ROWS"]  # rows a warp of gemv_q4_experts_*
 GEMV_ROWS1 = _C["GEMV_ROWS1"]  # rows a warp of the q4_0 dense GEMVs at M = 1
 SCAN_THREADS = _C["SCAN_THREADS"]  # fnv_scan's block
 MAX_EXPERTS = _C["MOE_MAX_EXPERTS"]  # the router's block
+MAX_TOPK = _C["MOE_MAX_TOPK"]  # the router's selection
 SCAN_SEG = _C["SCAN_SEG"]  # bytes a thread of fnv_scan
 FUSED_MAX_ROW = _C["FUSED_MAX_ROW"]  # combine_rmsnorm_*: hidden sizes up to
 COMBINE_MAX_K = _C["COMBINE_MAX_K"]  # down_combine_*: a warp a slot
