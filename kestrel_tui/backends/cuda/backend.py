@@ -32,6 +32,7 @@ from dataclasses import replace
 import numpy as np
 
 from ...errors import UsageError
+from ...model.config import Config
 from ...model.weights import Model
 from ...trace.keys import token_keys
 from ..base import KV_FIELDS, Backend, StepOut, key_of
@@ -109,19 +110,24 @@ def launch_hash(rt, hb: dict, base: int, stream=None, launcher=None,
                p["piece_pow"], p["piece_spow"], p["snap"], p["start"], p["out"], n, launcher=launcher)
 
 
+def beyond_kernel_limits(cfg: Config) -> str | None:
+    """The size of cfg that the kernels' fixed blocks cannot hold (one phrase), or None."""
+    if cfg.head_dim % 16 or cfg.head_dim > 256:
+        return f"head_dim {cfg.head_dim} is not supported (needs a multiple of 16, at most 256)"
+    if cfg.n_experts > MAX_EXPERTS:
+        return f"{cfg.n_experts} experts are not supported (at most {MAX_EXPERTS})"
+    if cfg.n_experts and cfg.top_k > MAX_TOPK:
+        return f"top_k {cfg.top_k} is not supported (at most {MAX_TOPK})"
+    return None
+
+
 class CudaBackend(Backend):
     def __init__(self, model: Model, kv: str = "q8", exact: frozenset[str] = frozenset(), deep: bool = False,
                  graph: bool | None = None, hashing: bool = True, options: CudaOptions | None = None):
         cfg = model.cfg
-        if cfg.head_dim % 16 or cfg.head_dim > 256:
-            raise UsageError(f"cuda subject: head_dim {cfg.head_dim} is not supported (needs a multiple of 16,"
-                             f" at most 256); the sim subject is the fallback (--subject sim)")
-        if cfg.n_experts > MAX_EXPERTS:
-            raise UsageError(f"cuda subject: {cfg.n_experts} experts are not supported (at most {MAX_EXPERTS});"
-                             f" the sim subject is the fallback (--subject sim)")
-        if cfg.n_experts and cfg.top_k > MAX_TOPK:
-            raise UsageError(f"cuda subject: top_k {cfg.top_k} is not supported (at most {MAX_TOPK});"
-                             f" the sim subject is the fallback (--subject sim)")
+        problem = beyond_kernel_limits(cfg)
+        if problem:
+            raise UsageError(f"cuda subject: {problem}; the sim subject is the fallback (--subject sim)")
         self.model, self.kv, self.exact, self.deep = model, kv, frozenset(exact), deep
         # hashing=False: steps return no hashes and launch no hash kernels — only so that the
         # benchmarks can measure what hashing costs through the same step(); switchable any time
