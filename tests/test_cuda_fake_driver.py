@@ -883,11 +883,13 @@ def test_exact_router_has_a_warp_for_its_ordered_sum(monkeypatch, n_experts):
 
 @pytest.mark.parametrize("what", ["experts", "top_k"])
 def test_router_beyond_its_block_refused_in_one_line(monkeypatch, what):
+    """Refused before any device work, so a long reference run does not end in the refusal."""
     from dataclasses import replace
 
     from kestrel_tui.backends.cuda import backend as be
     from kestrel_tui.backends.cuda import make_cuda_backend
     from kestrel_tui.backends.cuda.launches import MAX_EXPERTS, MAX_TOPK
+    from kestrel_tui.engines.decoders import check_decoder
     from kestrel_tui.errors import UsageError
     from kestrel_tui.model.weights import synthetic_model
 
@@ -898,5 +900,9 @@ def test_router_beyond_its_block_refused_in_one_line(monkeypatch, what):
     else:
         cfg, said = replace(default_config().with_layers(1), n_experts=128, top_k=MAX_TOPK + 1), (
             rf"top_k {MAX_TOPK + 1} is not supported \(at most {MAX_TOPK}\)")
-    with pytest.raises(UsageError, match=rf"^cuda subject: {said}; the sim subject is the fallback \(--subject sim\)$"):
-        make_cuda_backend(synthetic_model(cfg, "q4_0"), graph=False)
+    model = synthetic_model(cfg, "q4_0")
+    refusal = rf"^cuda subject: {said}; the sim subject is the fallback \(--subject sim\)$"
+    with pytest.raises(UsageError, match=refusal):  # when the engine table builds the engine
+        check_decoder("cuda", model)
+    with pytest.raises(UsageError, match=refusal):  # and by the backend made directly
+        make_cuda_backend(model, graph=False)

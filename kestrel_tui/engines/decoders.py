@@ -35,7 +35,11 @@ def check_decoder(name: str, model: Model) -> None:
     """What a built-in decoder refuses before any device work: a model the cuda kernels do not implement
     would be decoded as another model, silently. Asked by the engine table when a cuda engine is built
     (before the reference runs) and by make_backend (the app's auto probe makes a backend alone)."""
-    problem = cuda_unsupported(model.cfg) if name == "cuda" else None
+    problem = None
+    if name == "cuda":
+        from ..backends.cuda.launches import beyond_kernel_limits
+
+        problem = cuda_unsupported(model.cfg) or beyond_kernel_limits(model.cfg)
     if problem:
         raise UsageError(f"cuda subject: {problem}; the sim subject is the fallback (--subject sim)")
 

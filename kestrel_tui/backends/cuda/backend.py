@@ -32,13 +32,12 @@ from dataclasses import replace
 import numpy as np
 
 from ...errors import UsageError
-from ...model.config import Config
 from ...model.weights import Model
 from ...trace.keys import token_keys
 from ..base import KV_FIELDS, Backend, StepOut, key_of
 from ..toggles import describe
 from . import launches
-from .launches import FED, MAX_EXPERTS, MAX_TOPK, SCAN_THREADS, blocks_for, launch
+from .launches import FED, SCAN_THREADS, beyond_kernel_limits, blocks_for, launch
 from .plan import plan
 from .graph import DecodeGraph
 from .layout import HASH_CHUNK, HASH_PIECE, HashWork, Layout
@@ -108,17 +107,6 @@ def launch_hash(rt, hb: dict, base: int, stream=None, launcher=None,
         launch(rt.kernel("hash", "fnv_chunks"), (blocks_for(n * (HASH_CHUNK // HASH_PIECE), 128), 1, 1),
                (128, 1, 1), stream, base, p["chunk_key"], p["chunk_off"], p["chunk_len"], p["key_first"],
                p["piece_pow"], p["piece_spow"], p["snap"], p["start"], p["out"], n, launcher=launcher)
-
-
-def beyond_kernel_limits(cfg: Config) -> str | None:
-    """The size of cfg that the kernels' fixed blocks cannot hold (one phrase), or None."""
-    if cfg.head_dim % 16 or cfg.head_dim > 256:
-        return f"head_dim {cfg.head_dim} is not supported (needs a multiple of 16, at most 256)"
-    if cfg.n_experts > MAX_EXPERTS:
-        return f"{cfg.n_experts} experts are not supported (at most {MAX_EXPERTS})"
-    if cfg.n_experts and cfg.top_k > MAX_TOPK:
-        return f"top_k {cfg.top_k} is not supported (at most {MAX_TOPK})"
-    return None
 
 
 class CudaBackend(Backend):

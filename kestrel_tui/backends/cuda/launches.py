@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from ...model.config import Config
 from ..base import KV_FIELDS
 from ..toggles import REGISTRY
 from .runtime import KERNEL_DIR
@@ -46,6 +47,18 @@ COMBINE_MAX_K = _C["COMBINE_MAX_K"]  # down_combine_*: a warp a slot
 SWIGLU_THREADS = _C["SWIGLU_THREADS"]  # experts_swiglu_*'s block
 # fields whose reference buffer replaces the subject's as the next op's input (isolate mode)
 FED = frozenset({"emb", "x", "nrm", "kraw", "knorm", "kpre", "qrope", "attn", "ores", *KV_FIELDS})
+
+
+def beyond_kernel_limits(cfg: Config) -> str | None:
+    """The size of cfg that the kernels' fixed blocks cannot hold (one phrase), or None. Asked before any
+    device work (engines/decoders.py check_decoder) and by the backend itself."""
+    if cfg.head_dim % 16 or cfg.head_dim > 256:
+        return f"head_dim {cfg.head_dim} is not supported (needs a multiple of 16, at most 256)"
+    if cfg.n_experts > MAX_EXPERTS:
+        return f"{cfg.n_experts} experts are not supported (at most {MAX_EXPERTS})"
+    if cfg.n_experts and cfg.top_k > MAX_TOPK:
+        return f"top_k {cfg.top_k} is not supported (at most {MAX_TOPK})"
+    return None
 
 
 def blocks_for(n: int, per: int) -> int:
