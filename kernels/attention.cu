@@ -461,6 +461,7 @@ attn_exact_pv_q8(const signed char *__restrict__ vc, const float *__restrict__ v
   __shared__ float s_l;
   __shared__ __align__(16) float s_t[2][ATT_SPLIT_COLS][ATT_PV_TROW];       // t [dim][position]
   __shared__ unsigned s_rescale[2][ATT_PV_STAGE / 32];                      // bit: c != 1 at that position
+  __shared__ unsigned long long expT[EXPF_TABLE_LEN];                       // c's and w's exponential table
   const int h = blockIdx.x, m = blockIdx.y, j0 = blockIdx.z * ATT_SPLIT_COLS, tid = threadIdx.x;
   const int kvh = h / (n_q / n_kv);
   const int T = pos0 + m + 1;
@@ -503,8 +504,8 @@ attn_exact_pv_q8(const signed char *__restrict__ vc, const float *__restrict__ v
     if (in) {
       // the running max m_p = max(the max before the tile, I_p); m_{p-1} likewise
       const float incl = fmaxf(o.incl, m_run), mprev = fmaxf(o.incl_prev, m_run);
-      if (mprev != incl) c = exact_exp ? expf_ucrt(FSUB(mprev, incl)) : expf(FSUB(mprev, incl));  // else 1 = expf(+0)
-      w = exact_exp ? expf_ucrt(FSUB(o.s, incl)) : expf(FSUB(o.s, incl));
+      if (mprev != incl) c = expf_sel(FSUB(mprev, incl), exact_exp, expT);  // else 1 = expf(+0)
+      w = expf_sel(FSUB(o.s, incl), exact_exp, expT);
     }
     s_c[buf][i] = c;
     s_w[buf][i] = w;
@@ -558,14 +559,16 @@ attn_exact_pv_q8(const signed char *__restrict__ vc, const float *__restrict__ v
       if ((i & 7) == 0)  // a 128-byte line holds eight positions' scales at n_kv = 4
         asm volatile("prefetch.global.L2 [%0];" ::"l"(vsc + (size_t)p * n_kv + kvh));
     }
+  if (serial && exact_exp) expf_table_to_shared(expT);  // threads 0..63, idle until the first stage
   pdl_wait();
   if (!serial) {
     if (!early0) load_v(first, 0);
     if (!early1) load_v(next, ATT_PV_STAGE);
     load_s(first, 0);
     load_s(next, ATT_PV_STAGE);
-    produce(first, 0, 0);
   }
+  __syncthreads();  // the table; the producers' loads stay in flight across it
+  if (!serial) produce(first, 0, 0);
   __syncthreads();
   for (int c0 = 0, buf = 0; c0 < T; c0 += ATT_PV_STAGE, buf ^= 1) {
     if (serial) {

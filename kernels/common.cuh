@@ -47,8 +47,9 @@
 // before it may write — first thing, except where the loads ahead of it read what is final
 // once the kernel starts: the dense GEMVs' first weight loads (gemv.cuh gemv_q4; weights are
 // never written by a step), down_combine's L2 prefetch of its experts' rows (fused.cu; the
-// router that chose them has finished by then) and the attention's cache rows of earlier steps
-// (attention.cu: attn_fast_part_q8, attn_exact_scores_q8, attn_exact_pv_q8).
+// router that chose them has finished by then), the attention's cache rows of earlier steps
+// (attention.cu: attn_fast_part_q8, attn_exact_scores_q8, attn_exact_pv_q8) and the copies of
+// the exponential's table (expf_table_to_shared).
 // It waits until every kernel before it has finished and its writes are visible — the
 // dependency a plain launch has — so a kernel scheduled early computes exactly what it
 // computes without PDL. Without the launch attribute it is a no-op. Built with
@@ -165,14 +166,16 @@ __host__ __device__ __forceinline__ float f_from_bits(unsigned u) {
 // Contract T1's table: T[j] = 2^(j/64) correctly rounded (numerics/transcend.py _EXP_T_BITS).
 // Global, not __constant__, memory on the device: the lanes of a warp index it divergently,
 // which the constant cache serves one address at a time.
+#define EXPF_TABLE_LEN 64
 #ifdef __CUDA_ARCH__
 __device__
 #endif
-static const unsigned long long EXPF_T[64] = UCRT_EXPF_T_BITS;
+static const unsigned long long EXPF_T[EXPF_TABLE_LEN] = UCRT_EXPF_T_BITS;
 
 // Contract T1, UCRT expf (ucrtbase.dll RVA 0xA84F0): 64-entry table + degree-3 polynomial
-// in binary64 with explicit FMAs; x > 88.7228394f -> +inf, x < -104 -> +0.
-__host__ __device__ __forceinline__ float expf_ucrt(float xf) {
+// in binary64 with explicit FMAs; x > 88.7228394f -> +inf, x < -104 -> +0. T: the table, EXPF_T
+// or a block's copy of it in shared memory (expf_table_to_shared).
+__host__ __device__ __forceinline__ float expf_ucrt(float xf, const unsigned long long *T = EXPF_T) {
   if (xf > f_from_bits(0x42B17218u)) return f_from_bits(0x7f800000u);  // +inf
   if (xf < -104.0f) return 0.0f;
   const double K = d_bits(0x40571547652B82FEull);   // 64/ln2
@@ -187,11 +190,7 @@ __host__ __device__ __forceinline__ float expf_ucrt(float xf) {
   const int m = n >> 6;  // arithmetic shift
   const double z = d_mul(r, r);
   const double p = d_fma(d_fma(r, C0, C1), z, r);
-#ifdef __CUDA_ARCH__
-  const double Tj = d_bits(__ldg(&EXPF_T[j]));
-#else
-  const double Tj = d_bits(EXPF_T[j]);
-#endif
+  const double Tj = d_bits(T[j]);
   const double q = d_fma(Tj, p, Tj);
   const double two_m = d_bits((unsigned long long)(long long)(m + 1023) << 52);
   return d_to_f(d_mul(two_m, q));
@@ -288,9 +287,18 @@ __host__ __device__ __forceinline__ float sinf_ucrt(float xf) {
 #ifdef __CUDACC__
 // ------------------------------------------------------------ device-only helpers
 
-// The expf toggle: exact -> the UCRT replica, fast -> the device library expf.
-__device__ __forceinline__ float expf_sel(float x, int exact) {
-  return exact ? expf_ucrt(x) : expf(x);
+// The expf toggle: exact -> the UCRT replica (T: its table), fast -> the device library expf.
+__device__ __forceinline__ float expf_sel(float x, int exact, const unsigned long long *T = EXPF_T) {
+  return exact ? expf_ucrt(x, T) : expf(x);
+}
+
+// A block's copy of contract T1's table in shared memory, for the kernels whose exponentials sit
+// on the step's critical path (the router, SwiGLU, the exact P.V): read from global memory, the
+// table is one more dependent L2 round trip after the exponent's operand arrives. A step never
+// writes the table, so the copy is made ahead of pdl_wait(); it is visible after the next
+// __syncthreads(). The same values, so the same bits.
+__device__ __forceinline__ void expf_table_to_shared(unsigned long long *s) {
+  for (int i = threadIdx.x; i < EXPF_TABLE_LEN; i += blockDim.x) s[i] = EXPF_T[i];
 }
 
 // Contract R1, second half (the butterfly); every lane ends with the result.

@@ -36,37 +36,32 @@
 #include "norm.cuh"
 #include "rope.cuh"
 
-// RoPE of the pairs a lane holds: v[i] and v[i + HI] (HI = hd/64).
+// RoPE of the pairs a lane holds: v[i] and v[i + HI] (HI = hd/64), with the angles' cos and sin
+// of pair lane + 32*i in c[i], s[i].
 template <int HI>
-__device__ __forceinline__ void rope_regs(float (&v)[HEAD_PER_LANE], const float *__restrict__ cos_r,
-                                          const float *__restrict__ sin_r, bool exact) {
-  const int lane = threadIdx.x & 31;
+__device__ __forceinline__ void rope_regs(float (&v)[HEAD_PER_LANE], const float (&c)[HEAD_PER_LANE / 2],
+                                          const float (&s)[HEAD_PER_LANE / 2], bool exact) {
 #pragma unroll
   for (int i = 0; i < HI; i++) {
-    const int j = lane + 32 * i;
     float y1, y2;
-    rope_rotate(v[i], v[i + HI], cos_r[j], sin_r[j], y1, y2, exact);
+    rope_rotate(v[i], v[i + HI], c[i], s[i], y1, y2, exact);
     v[i] = y1;
     v[i + HI] = y2;
   }
 }
 
+// Head h of column m, by one warp (heads_fused below; scripts/gpu/gpu_heads_bench.py times it).
 // q: [M, n_q, hd] -> qn, qrope; kraw -> knorm, kpre -> k/ks (+ cache); vraw -> v/vs (+ cache).
-// grid (n_q + 2*n_kv, M), block 32: q heads, then k heads, then v heads. cos_t/sin_t: [M, hd/2].
-extern "C" __global__ void heads_fused(const float *__restrict__ q, float *__restrict__ qn, float *__restrict__ qrope,
-                                       const float *__restrict__ q_w, const float *__restrict__ kraw,
-                                       float *__restrict__ knorm, float *__restrict__ kpre,
-                                       const float *__restrict__ k_w, const float *__restrict__ vraw,
-                                       signed char *__restrict__ k_out, float *__restrict__ ks_out,
-                                       signed char *__restrict__ v_out, float *__restrict__ vs_out,
-                                       signed char *__restrict__ k_cache, float *__restrict__ ks_cache,
-                                       signed char *__restrict__ v_cache, float *__restrict__ vs_cache,
-                                       const float *__restrict__ cos_t, const float *__restrict__ sin_t, int n_q,
-                                       int n_kv, int hd, float eps, int pos0, const int *__restrict__ dpos,
-                                       int flags) {
-  pdl_wait();
-  if (dpos) pos0 = *dpos;
-  const int h = blockIdx.x, m = blockIdx.y, lane = threadIdx.x & 31, half = hd / 2;
+// h: q heads, then k heads, then v heads. cos_t/sin_t: [M, hd/2].
+__device__ __forceinline__ void heads_fused_head(
+    const float *__restrict__ q, float *__restrict__ qn, float *__restrict__ qrope, const float *__restrict__ q_w,
+    const float *__restrict__ kraw, float *__restrict__ knorm, float *__restrict__ kpre,
+    const float *__restrict__ k_w, const float *__restrict__ vraw, signed char *__restrict__ k_out,
+    float *__restrict__ ks_out, signed char *__restrict__ v_out, float *__restrict__ vs_out,
+    signed char *__restrict__ k_cache, float *__restrict__ ks_cache, signed char *__restrict__ v_cache,
+    float *__restrict__ vs_cache, const float *__restrict__ cos_t, const float *__restrict__ sin_t, int n_q, int n_kv,
+    int hd, float eps, int pos0, int flags, int h, int m) {
+  const int lane = threadIdx.x & 31, half = hd / 2;
   const bool norm_exact = flags & 1, rope_exact = flags & 2, kv_exact = flags & 4;
   float v[HEAD_PER_LANE];
   const bool is_v = h >= n_q + n_kv;
@@ -76,24 +71,32 @@ extern "C" __global__ void heads_fused(const float *__restrict__ q, float *__res
     const size_t row = is_q ? ((size_t)m * n_q + h) * hd : ((size_t)m * n_kv + kvh) * hd;
     const float *x = (is_q ? q : kraw) + row;
     float *nrm = (is_q ? qn : knorm) + row, *rot = (is_q ? qrope : kpre) + row;
-    const float *w = is_q ? q_w : k_w;
+    // the row, the norm's weights and the angles loaded together: read where they are used, after
+    // the norm and after its stores, they were two more dependent L2 round trips
+    float wv[HEAD_PER_LANE], cv[HEAD_PER_LANE / 2], sv[HEAD_PER_LANE / 2];
     head_load(x, hd, v);
+    head_load(is_q ? q_w : k_w, hd, wv);
+#pragma unroll
+    for (int i = 0; i < HEAD_PER_LANE / 2; i++) {
+      const int j = lane + 32 * i;
+      cv[i] = j < half ? cos_t[(size_t)m * half + j] : 0.0f;
+      sv[i] = j < half ? sin_t[(size_t)m * half + j] : 0.0f;
+    }
     const float rms = qk_rms(v, hd, eps, norm_exact);
 #pragma unroll
     for (int i = 0; i < HEAD_PER_LANE; i++) {
       const int j = lane + 32 * i;
       if (j < hd) {
-        v[i] = qk_apply(v[i], rms, w[j], norm_exact);
+        v[i] = qk_apply(v[i], rms, wv[i], norm_exact);
         nrm[j] = v[i];
       }
     }
-    const float *cr = cos_t + (size_t)m * half, *sr = sin_t + (size_t)m * half;
     if (half == 32)
-      rope_regs<1>(v, cr, sr, rope_exact);
+      rope_regs<1>(v, cv, sv, rope_exact);
     else if (half == 64)
-      rope_regs<2>(v, cr, sr, rope_exact);
+      rope_regs<2>(v, cv, sv, rope_exact);
     else
-      rope_regs<4>(v, cr, sr, rope_exact);
+      rope_regs<4>(v, cv, sv, rope_exact);
 #pragma unroll
     for (int i = 0; i < HEAD_PER_LANE; i++)
       if (lane + 32 * i < hd) rot[lane + 32 * i] = v[i];
@@ -108,6 +111,24 @@ extern "C" __global__ void heads_fused(const float *__restrict__ q, float *__res
     kv_row_q8_regs<true>(v, qo, so, qc ? qc + crow * hd : nullptr, sc ? sc + crow : nullptr, hd);
   else
     kv_row_q8_regs<false>(v, qo, so, qc ? qc + crow * hd : nullptr, sc ? sc + crow : nullptr, hd);
+}
+
+// grid (n_q + 2*n_kv, M), block 32: a head a block.
+extern "C" __global__ void heads_fused(const float *__restrict__ q, float *__restrict__ qn, float *__restrict__ qrope,
+                                       const float *__restrict__ q_w, const float *__restrict__ kraw,
+                                       float *__restrict__ knorm, float *__restrict__ kpre,
+                                       const float *__restrict__ k_w, const float *__restrict__ vraw,
+                                       signed char *__restrict__ k_out, float *__restrict__ ks_out,
+                                       signed char *__restrict__ v_out, float *__restrict__ vs_out,
+                                       signed char *__restrict__ k_cache, float *__restrict__ ks_cache,
+                                       signed char *__restrict__ v_cache, float *__restrict__ vs_cache,
+                                       const float *__restrict__ cos_t, const float *__restrict__ sin_t, int n_q,
+                                       int n_kv, int hd, float eps, int pos0, const int *__restrict__ dpos,
+                                       int flags) {
+  pdl_wait();
+  if (dpos) pos0 = *dpos;
+  heads_fused_head(q, qn, qrope, q_w, kraw, knorm, kpre, k_w, vraw, k_out, ks_out, v_out, vs_out, k_cache, ks_cache,
+                   v_cache, vs_cache, cos_t, sin_t, n_q, n_kv, hd, eps, pos0, flags, blockIdx.x, blockIdx.y);
 }
 
 // y: [M, k, n] expert outputs, topw: [M, k], ores: [M, n] -> moe, x: [M, n] (column m); then
@@ -248,7 +269,7 @@ template <bool EXACT>
 __device__ __forceinline__ void experts_swiglu(const uint4 *Wg, const __half *Dg, const uint4 *Wu, const __half *Du,
                                                const int *eidx, const signed char *xq, const float *xd, int x_div,
                                                int out, int nb, float *a, signed char *aq, float *ad, int moe_exact,
-                                               int exact_exp, int exact_quant) {
+                                               int exact_exp, int exact_quant, const unsigned long long *expT) {
   __shared__ float gu[2][QK];  // g, u of the block's rows
   constexpr int HALF = QK / EXPERT_ROWS;  // warps a matrix
   const int warp = threadIdx.x >> 5, up = warp >= HALF, r0 = (warp % HALF) * EXPERT_ROWS;
@@ -263,8 +284,8 @@ __device__ __forceinline__ void experts_swiglu(const uint4 *Wg, const __half *Dg
   if (warp) return;
   const int lane = threadIdx.x;
   const size_t i = (size_t)pair * out + row0 + lane;
-  const float av = moe_exact ? silu_mul_value<true>(gu[0][lane], gu[1][lane], exact_exp)
-                             : silu_mul_value<false>(gu[0][lane], gu[1][lane], exact_exp);
+  const float av = moe_exact ? silu_mul_value<true>(gu[0][lane], gu[1][lane], exact_exp, expT)
+                             : silu_mul_value<false>(gu[0][lane], gu[1][lane], exact_exp, expT);
   a[i] = av;
   q8_0_warp(av, i, aq, ad, exact_quant ? 2 : 1);
 }
@@ -276,9 +297,11 @@ __device__ __forceinline__ void experts_swiglu(const uint4 *Wg, const __half *Dg
                               const int *eidx, const signed char *xq, const float *xd, int x_div, int out,   \
                               int nb, float *a, signed char *aq, float *ad, int moe_exact, int exact_exp,    \
                               int exact_quant) {                                                           \
-    pdl_wait(); /* first: the weights' addresses depend on the router's eidx */                        \
+    __shared__ unsigned long long expT[EXPF_TABLE_LEN];                                               \
+    if (exact_exp) expf_table_to_shared(expT); /* final: ahead of the wait */                          \
+    pdl_wait(); /* then: the weights' addresses depend on the router's eidx */                         \
     experts_swiglu<EXACT>(Wg, Dg, Wu, Du, eidx, xq, xd, x_div, out, nb, a, aq, ad, moe_exact, exact_exp,      \
-                          exact_quant);                                                                 \
+                          exact_quant, expT);                                                           \
   }
 
 EXPERTS_SWIGLU_KERNEL(exact, true)

@@ -25,13 +25,17 @@
 
 extern "C" __global__ void router_exact(const float *logits, int *topk, float *topw, int E, int k, int norm,
                                         int exact_exp) {
+  __shared__ unsigned long long expT[EXPF_TABLE_LEN];
+  if (exact_exp) expf_table_to_shared(expT);
   pdl_wait();
-  router<true>(logits, topk, topw, E, k, norm, exact_exp, blockIdx.x);
+  router<true>(logits, topk, topw, E, k, norm, exact_exp, blockIdx.x, expT);
 }
 extern "C" __global__ void router_fast(const float *logits, int *topk, float *topw, int E, int k, int norm,
                                        int exact_exp) {
+  __shared__ unsigned long long expT[EXPF_TABLE_LEN];
+  if (exact_exp) expf_table_to_shared(expT);
   pdl_wait();
-  router<false>(logits, topk, topw, E, k, norm, exact_exp, blockIdx.x);
+  router<false>(logits, topk, topw, E, k, norm, exact_exp, blockIdx.x, expT);
 }
 
 // g, u, a: [n_total] f32; aq/ad: q8_0 of a ([n_total] int8, [n_total/32] f32) or null

@@ -30,8 +30,9 @@ __device__ __forceinline__ float moe_combine(const float *__restrict__ y, const 
 
 // SwiGLU's a = silu(g) * u of one element (exact: contract T3, L8c).
 template <bool EXACT>
-__device__ __forceinline__ float silu_mul_value(float g, float u, int exact_exp) {
-  const float e = expf_sel(-g, exact_exp);
+__device__ __forceinline__ float silu_mul_value(float g, float u, int exact_exp,
+                                                const unsigned long long *expT = EXPF_T) {
+  const float e = expf_sel(-g, exact_exp, expT);
   const float s = EXACT ? FDIV(g, FADD(1.0f, e)) : g * __frcp_rn(1.0f + e);
   return EXACT ? FMUL(s, u) : s * u;
 }
@@ -56,7 +57,8 @@ __device__ __forceinline__ int router_rank(const float *__restrict__ v, int E, f
 
 // Column m: logits: [M, E]; topk: [M, k] int32; topw: [M, k]. A block of E threads rounded up to a
 // warp, and for the exact version one warp more, the last, which forms the ordered sum. Exact:
-// contract L8a, L8b.
+// contract L8a, L8b. expT: the exponential's table (expf_table_to_shared), read after the block's
+// first barrier.
 //
 // Exact ranks by e while the sum runs: p = e / S rounded is monotone in e, so the order by p is
 // the order by e with ties where rounding merges neighbours. Where the first k + 1 experts in
@@ -64,7 +66,8 @@ __device__ __forceinline__ int router_rank(const float *__restrict__ v, int E, f
 // a NaN) the ranks are counted again by p, as before.
 template <bool EXACT>
 __device__ __forceinline__ void router(const float *__restrict__ logits, int *__restrict__ topk,
-                                       float *__restrict__ topw, int E, int k, int norm, int exact_exp, int m) {
+                                       float *__restrict__ topw, int E, int k, int norm, int exact_exp, int m,
+                                       const unsigned long long *expT) {
   __shared__ __align__(16) float sp[MOE_MAX_EXPERTS];
   __shared__ float selp[MOE_MAX_TOPK + 1];
   __shared__ float red[32];
@@ -76,7 +79,7 @@ __device__ __forceinline__ void router(const float *__restrict__ logits, int *__
   __syncthreads();
   mx = red[0];
   for (int w2 = 1; w2 < nw; w2++) mx = fmaxf(mx, red[w2]);
-  const float e = i < E ? expf_sel(FSUB(r, mx), exact_exp) : 0.0f;
+  const float e = i < E ? expf_sel(FSUB(r, mx), exact_exp, expT) : 0.0f;
   float p;
   int rank;
   if (EXACT) {
