@@ -52,6 +52,35 @@ def test_replica_device_functions_equal_numpy(rt, fn):
     assert bad == 0, f"{fn}: {bad}/{n} differ, first inputs {first}"
 
 
+ROUTER_LOGITS = {  # a column's logits, by what they exercise in router_exact (kernels/moe.cuh)
+    "trained": lambda rng, E: 2 * rng.standard_normal(E),  # a trained router's scale
+    "wide": lambda rng, E: 50 * rng.standard_normal(E),  # the synthetic models': most e tiny, subnormal or 0
+    "ties": lambda rng, E: np.round(rng.standard_normal(E)),  # equal e and p at the top k: ranks counted again
+}
+
+
+@pytest.mark.parametrize("E,k", [(128, 8), (8, 2), (992, 64)])
+@pytest.mark.parametrize("case", list(ROUTER_LOGITS))
+def test_router_exact_equals_numpy(rt, case, E, k):
+    """router_exact (contract L8a, L8b with T1's expf), 64 columns a launch: the experts chosen and
+    their renormalised weights bit for bit ops_exact.route's, on each kind of logits."""
+    from kestrel_tui.backends import ops_exact
+
+    rng = np.random.default_rng(E + k + len(case))
+    logits = np.stack([ROUTER_LOGITS[case](rng, E) for _ in range(64)]).astype(np.float32)
+    cuda = rt.cuda
+    with rt.active():
+        d_logits, topk, topw = cuda.to_device(logits), cuda.mem_alloc(4 * 64 * k), cuda.mem_alloc(4 * 64 * k)
+        rt.kernel("moe", "router_exact").prepared_call((64, 1, 1), (-(-E // 32) * 32 + 32, 1, 1), int(d_logits),
+                                                       int(topk), int(topw), E, k, 1, 1)
+        got_idx, got_w = np.empty((64, k), np.int32), np.empty((64, k), np.float32)
+        cuda.memcpy_dtoh(got_idx, topk)
+        cuda.memcpy_dtoh(got_w, topw)
+    idx, w = ops_exact.route(logits, k, True)
+    assert np.array_equal(got_idx, idx.astype(np.int32))
+    assert np.array_equal(got_w.view(np.uint32), w.astype(np.float32).view(np.uint32))
+
+
 def test_device_fnv_equals_host(rt):
     from kestrel_tui.backends.cuda.backend import device_hash_work, launch_hash
     from kestrel_tui.backends.cuda.layout import HashWork

@@ -11,7 +11,10 @@ device expf or contract T1's, whose table is read from global memory (L2) or fro
 copy in shared memory (expf_table_to_shared, made before the clock starts, as the kernels make
 it ahead of their wait).
 
-    python3 scripts/gpu/gpu_heads_router_bench.py [--reps 200] [--experts 128] [--top-k 8]
+    python3 scripts/gpu/gpu_heads_router_bench.py [--reps 200] [--experts 128] [--top-k 8] [--logit-std 2 50]
+
+The router's logits are N(0, std²) for each --logit-std: 50 is what the full-size synthetic model's
+routers give (most experts' e underflow to tiny or zero values there), 2 a trained router's scale.
 
 Each row: cycles of thread 0 from entry to after the block's last store, min and median over
 --reps launches; and whether the outputs are the bits of the row the variant should match (the
@@ -73,6 +76,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--experts", type=int, default=128)
     ap.add_argument("--top-k", type=int, default=8)
+    ap.add_argument("--logit-std", type=float, nargs="+", default=[2.0, 50.0])
     args = ap.parse_args()
 
     import pycuda.autoinit  # noqa: F401
@@ -118,22 +122,25 @@ def main() -> None:
                              np.int32(flags), np.int32(head_of[kind]), cyc, block=(32, 1, 1), grid=(1, 1)))
         print(f"  heads {label:18} cycles min {min(c):6d}  median {int(np.median(c)):6d}")
 
-    logits = dev((2 * rng.standard_normal(E)).astype(f32))
     topk, topw = cuda.mem_alloc(4 * k), cuda.mem_alloc(4 * k)
     rfn = mod.get_function("router_timed")
     warps = -(-E // 32)
-    print(f"router: {E} experts, top {k}, renormalised; block {32 * warps} threads fast, {32 * warps + 32} exact")
-    ref = {}
-    for label, exact, exact_exp, shared in ROUTERS:
-        block = 32 * (warps + exact)
-        c = timed(lambda: rfn(logits, topk, topw, np.int32(E), np.int32(k), np.int32(exact), np.int32(exact_exp),
-                              np.int32(shared), cyc, block=(block, 1, 1), grid=(1, 1)))
-        got = (cuda.from_device(topk, (k,), np.int32).tobytes() + cuda.from_device(topw, (k,), f32).tobytes())
-        key = (exact, exact_exp)
-        same = "" if key not in ref else ("  same bits as with the global table" if ref[key] == got else
-                                          "  DIFFERS from the global table's")
-        ref.setdefault(key, got)
-        print(f"  router {label:18} cycles min {min(c):6d}  median {int(np.median(c)):6d}{same}")
+    z = rng.standard_normal(E)
+    for std in args.logit_std:
+        logits = dev((std * z).astype(f32))
+        print(f"router: {E} experts, top {k}, renormalised, logits N(0, {std:g}²); block {32 * warps} threads fast,"
+              f" {32 * warps + 32} exact")
+        ref = {}
+        for label, exact, exact_exp, shared in ROUTERS:
+            block = 32 * (warps + exact)
+            c = timed(lambda: rfn(logits, topk, topw, np.int32(E), np.int32(k), np.int32(exact),
+                                  np.int32(exact_exp), np.int32(shared), cyc, block=(block, 1, 1), grid=(1, 1)))
+            got = cuda.from_device(topk, (k,), np.int32).tobytes() + cuda.from_device(topw, (k,), f32).tobytes()
+            key = (exact, exact_exp)
+            same = "" if key not in ref else ("  same bits as with the global table" if ref[key] == got else
+                                              "  DIFFERS from the global table's")
+            ref.setdefault(key, got)
+            print(f"  router {label:18} cycles min {min(c):6d}  median {int(np.median(c)):6d}{same}")
 
 
 if __name__ == "__main__":
