@@ -50,7 +50,7 @@ __device__ __forceinline__ void rope_regs(float (&v)[HEAD_PER_LANE], const float
   }
 }
 
-// Head h of column m, by one warp (heads_fused below; scripts/gpu/gpu_heads_bench.py times it).
+// Head h of column m, by one warp (heads_fused below; scripts/gpu/gpu_heads_router_bench.py times it).
 // q: [M, n_q, hd] -> qn, qrope; kraw -> knorm, kpre -> k/ks (+ cache); vraw -> v/vs (+ cache).
 // h: q heads, then k heads, then v heads. cos_t/sin_t: [M, hd/2].
 __device__ __forceinline__ void heads_fused_head(
