@@ -881,9 +881,10 @@ def test_exact_router_has_a_warp_for_its_ordered_sum(monkeypatch, n_experts):
         assert fake.kernels[name].block == ((n_experts + 31) // 32 * 32 + extra, 1, 1)
 
 
-@pytest.mark.parametrize("what", ["experts", "top_k"])
-def test_router_beyond_its_block_refused_in_one_line(monkeypatch, what):
-    """Refused before any device work, so a long reference run does not end in the refusal."""
+@pytest.mark.parametrize("what", ["experts", "top_k", "attention_bias"])
+def test_unsupported_model_refused_in_one_line(monkeypatch, what):
+    """The router beyond its block, or a feature the kernels lack: refused before any device work, so a
+    long reference run does not end in the refusal, and by the backend made directly, with one line."""
     from dataclasses import replace
 
     from kestrel_tui.backends.cuda import backend as be
@@ -897,9 +898,12 @@ def test_router_beyond_its_block_refused_in_one_line(monkeypatch, what):
     if what == "experts":
         cfg, said = replace(default_config().with_layers(1), n_experts=MAX_EXPERTS + 1), (
             rf"{MAX_EXPERTS + 1} experts are not supported \(at most {MAX_EXPERTS}\)")
-    else:
+    elif what == "top_k":
         cfg, said = replace(default_config().with_layers(1), n_experts=128, top_k=MAX_TOPK + 1), (
             rf"top_k {MAX_TOPK + 1} is not supported \(at most {MAX_TOPK}\)")
+    else:
+        cfg, said = replace(default_config().with_layers(1), attention_bias=True), (
+            r"attention_bias \(q/k/v/o projection biases\) is not implemented")
     model = synthetic_model(cfg, "q4_0")
     refusal = rf"^cuda subject: {said}; the sim subject is the fallback \(--subject sim\)$"
     with pytest.raises(UsageError, match=refusal):  # when the engine table builds the engine

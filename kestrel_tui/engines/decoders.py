@@ -6,7 +6,6 @@ from __future__ import annotations
 from ..backends.base import Backend, NumpyBackend
 from ..backends.toggles import describe, parse_exact
 from ..errors import UsageError
-from ..model.config import cuda_unsupported
 from ..model.weights import Model
 
 BACKENDS = ("cpu", "sim", "cuda")
@@ -35,13 +34,10 @@ def check_decoder(name: str, model: Model) -> None:
     """What a built-in decoder refuses before any device work: a model the cuda kernels do not implement
     would be decoded as another model, silently. Asked by the engine table when a cuda engine is built
     (before the reference runs) and by make_backend (the app's auto probe makes a backend alone)."""
-    problem = None
     if name == "cuda":
-        from ..backends.cuda.launches import beyond_kernel_limits
+        from ..backends.cuda.launches import refuse_unsupported
 
-        problem = cuda_unsupported(model.cfg) or beyond_kernel_limits(model.cfg)
-    if problem:
-        raise UsageError(f"cuda subject: {problem}; the sim subject is the fallback (--subject sim)")
+        refuse_unsupported(model.cfg)
 
 
 def make_backend(name: str, model: Model, kv: str = "q8", exact: str | frozenset = "all",

@@ -155,7 +155,7 @@ class Config:
 
 def cuda_unsupported(cfg: Config) -> str | None:
     """What of cfg the cuda subject's kernels do not implement (one phrase), or None.
-    The engine table's cuda factory (engines/registry.py) asks before it builds a cuda backend."""
+    backends/cuda/launches.py refuse_unsupported asks it, with the kernels' size limits."""
     if cfg.attention_bias:
         return "attention_bias (q/k/v/o projection biases) is not implemented"
     if cfg.yarn is not None:

@@ -31,13 +31,12 @@ from dataclasses import replace
 
 import numpy as np
 
-from ...errors import UsageError
 from ...model.weights import Model
 from ...trace.keys import token_keys
 from ..base import KV_FIELDS, Backend, StepOut, key_of
 from ..toggles import describe
 from . import launches
-from .launches import FED, SCAN_THREADS, beyond_kernel_limits, blocks_for, launch
+from .launches import FED, SCAN_THREADS, blocks_for, launch, refuse_unsupported
 from .plan import plan
 from .graph import DecodeGraph
 from .layout import HASH_CHUNK, HASH_PIECE, HashWork, Layout
@@ -113,9 +112,7 @@ class CudaBackend(Backend):
     def __init__(self, model: Model, kv: str = "q8", exact: frozenset[str] = frozenset(), deep: bool = False,
                  graph: bool | None = None, hashing: bool = True, options: CudaOptions | None = None):
         cfg = model.cfg
-        problem = beyond_kernel_limits(cfg)
-        if problem:
-            raise UsageError(f"cuda subject: {problem}; the sim subject is the fallback (--subject sim)")
+        refuse_unsupported(cfg)
         self.model, self.kv, self.exact, self.deep = model, kv, frozenset(exact), deep
         # hashing=False: steps return no hashes and launch no hash kernels — only so that the
         # benchmarks can measure what hashing costs through the same step(); switchable any time

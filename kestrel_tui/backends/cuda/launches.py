@@ -13,7 +13,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ...model.config import Config
+from ...errors import UsageError
+from ...model.config import Config, cuda_unsupported
 from ..base import KV_FIELDS
 from ..toggles import REGISTRY
 from .runtime import KERNEL_DIR
@@ -49,16 +50,19 @@ SWIGLU_THREADS = _C["SWIGLU_THREADS"]  # experts_swiglu_*'s block
 FED = frozenset({"emb", "x", "nrm", "kraw", "knorm", "kpre", "qrope", "attn", "ores", *KV_FIELDS})
 
 
-def beyond_kernel_limits(cfg: Config) -> str | None:
-    """The size of cfg that the kernels' fixed blocks cannot hold (one phrase), or None. Asked before any
-    device work (engines/decoders.py check_decoder) and by the backend itself."""
-    if cfg.head_dim % 16 or cfg.head_dim > 256:
-        return f"head_dim {cfg.head_dim} is not supported (needs a multiple of 16, at most 256)"
-    if cfg.n_experts > MAX_EXPERTS:
-        return f"{cfg.n_experts} experts are not supported (at most {MAX_EXPERTS})"
-    if cfg.n_experts and cfg.top_k > MAX_TOPK:
-        return f"top_k {cfg.top_k} is not supported (at most {MAX_TOPK})"
-    return None
+def refuse_unsupported(cfg: Config) -> None:
+    """The one-line UsageError for a model the cuda subject would decode as another model: a feature its
+    kernels do not implement (model/config.py cuda_unsupported) or a size their fixed blocks cannot hold.
+    Asked before any device work (engines/decoders.py check_decoder) and by the backend itself."""
+    problem = cuda_unsupported(cfg)
+    if problem is None and (cfg.head_dim % 16 or cfg.head_dim > 256):
+        problem = f"head_dim {cfg.head_dim} is not supported (needs a multiple of 16, at most 256)"
+    if problem is None and cfg.n_experts > MAX_EXPERTS:
+        problem = f"{cfg.n_experts} experts are not supported (at most {MAX_EXPERTS})"
+    if problem is None and cfg.n_experts and cfg.top_k > MAX_TOPK:
+        problem = f"top_k {cfg.top_k} is not supported (at most {MAX_TOPK})"
+    if problem:
+        raise UsageError(f"cuda subject: {problem}; the sim subject is the fallback (--subject sim)")
 
 
 def blocks_for(n: int, per: int) -> int:
