@@ -588,3 +588,19 @@ def test_two_pass_hash_on_odd_spans():
     assert mixed.seg_key.tolist() == [0, 1, 2, 3, 4] and mixed.n_chunks == 3
     assert _fold(mixed, arena) == _fold(mixed, arena, _fold_onepass) == want
 
+
+
+def test_module_source_reads_the_headers_beside_a_version(tmp_path):
+    """The GPU scripts that compare attention.cu versions compile each with its own tree's headers
+    (kernels/launch.cuh sizes its blocks), not this tree's."""
+    from kestrel_tui.backends.cuda.runtime import module_source
+
+    for f in KERNEL_DIR.iterdir():
+        if f.suffix in (".cuh", ".h"):
+            (tmp_path / f.name).write_text(f.read_text())
+    launch = tmp_path / "launch.cuh"
+    assert "#define ATT_PV_STAGE 128 " in launch.read_text()
+    launch.write_text(launch.read_text().replace("#define ATT_PV_STAGE 128 ", "#define ATT_PV_STAGE 64 "))
+    version = (KERNEL_DIR / "attention.cu").read_text()
+    assert "#define ATT_PV_STAGE 64 " in module_source("attention", version, tmp_path)
+    assert "#define ATT_PV_STAGE 128 " in module_source("attention", version)

@@ -5,8 +5,9 @@ Qwen3-30B-A3B layer by default).
 
     python3 scripts/gpu/gpu_attn_bench.py old=path/to/attention.cu new=kernels/attention.cu
 
-A version is an attention.cu with the committed kernels' names and arguments; its
-attn_exact_pv_q8 block size is read from its own #defines (ATT_PV_THREADS). The times are
+A version is an attention.cu in a tree's kernels/, with the committed kernels' names and
+arguments; its headers are read from beside it (kernels/launch.cuh sizes its blocks: a version's
+ATT_PV_THREADS is its own tree's). The times are
 device time a launch: --reps launches between two events, queued behind ~1.2 ms of memset so
 that they run back to back whatever Python's launch rate (~9 us a launch, more than a scores
 kernel takes; before commit c558faa the figures under ~10 us were that rate). Compare versions
@@ -85,7 +86,7 @@ def main() -> None:
     for spec in args.versions:
         label, _, path = spec.partition("=")
         own = Path(path).read_text()
-        text = module_source("attention", own)
+        text = module_source("attention", own, Path(path).resolve().parent)  # with its own tree's headers
         mod = SourceModule(text, options=NVCC_OPTIONS, no_extern_c=True)
         ka, kb = mod.get_function("attn_exact_scores_q8"), mod.get_function("attn_exact_pv_q8")
         formats = ptx_formats(compile_ptx(text, "sm_90"))  # this version's own parameter lists

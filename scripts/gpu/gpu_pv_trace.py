@@ -56,8 +56,9 @@ def main() -> None:
     from kestrel_tui.backends.cuda.runtime import NVCC_OPTIONS, module_source
 
     T = int(sys.argv[1]) if len(sys.argv) > 1 else 1024
-    own = Path(sys.argv[2] if len(sys.argv) > 2 else ROOT / "kernels/attention.cu").read_text()
-    text = module_source("attention", traced(own))
+    path = Path(sys.argv[2] if len(sys.argv) > 2 else ROOT / "kernels/attention.cu").resolve()
+    own = path.read_text()
+    text = module_source("attention", traced(own), path.parent)  # with its own tree's headers
     tile, pv_block = define(own + "\n" + text, "ATT_SPLIT_TILE"), define(own + "\n" + text, "ATT_PV_THREADS")
     mod = SourceModule(text, options=NVCC_OPTIONS, no_extern_c=True)
     ka, kb = mod.get_function("attn_exact_scores_q8"), mod.get_function("attn_pv_trace")

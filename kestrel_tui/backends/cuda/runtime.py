@@ -99,9 +99,10 @@ _lock = threading.Lock()
 _runtime: "Runtime | None" = None
 
 
-def module_source(name: str, text: str | None = None) -> str:
+def module_source(name: str, text: str | None = None, kernel_dir: Path = KERNEL_DIR) -> str:
     """The .cu text (kernels/<name>.cu, or `text` in its place) with its kernels/*.cuh and *.h headers
-    inlined, each once (what PyCUDA compiles and caches on)."""
+    inlined, each once (what PyCUDA compiles and caches on). kernel_dir: where the headers are read
+    (another tree's kernels/, for the GPU scripts that compare versions)."""
     seen: set[str] = set()
 
     def inline(text: str) -> str:
@@ -109,10 +110,10 @@ def module_source(name: str, text: str | None = None) -> str:
             if m.group(1) in seen:
                 return ""
             seen.add(m.group(1))
-            return inline((KERNEL_DIR / m.group(1)).read_text().replace("#pragma once\n", ""))
+            return inline((kernel_dir / m.group(1)).read_text().replace("#pragma once\n", ""))
         return re.sub(r'#include "([\w.]+\.(?:cuh|h))"\n?', header, text)
 
-    return inline(text if text is not None else (KERNEL_DIR / f"{name}.cu").read_text())
+    return inline(text if text is not None else (kernel_dir / f"{name}.cu").read_text())
 
 
 class Runtime:
