@@ -589,7 +589,6 @@ def test_two_pass_hash_on_odd_spans():
     assert _fold(mixed, arena) == _fold(mixed, arena, _fold_onepass) == want
 
 
-
 def test_module_source_reads_the_headers_beside_a_version(tmp_path):
     """The GPU scripts that compare attention.cu versions compile each with its own tree's headers
     (kernels/launch.cuh sizes its blocks), not this tree's."""
